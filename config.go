@@ -1,0 +1,368 @@
+package goharvest
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/goharvest/goharvest/internal/pgname"
+	"github.com/goharvest/goharvest/internal/strictyaml"
+)
+
+// Defaults of Config. A zero field takes its default.
+const (
+	// DefaultBootstrapServers is used when BaseKafkaConfig has no "bootstrap.servers".
+	DefaultBootstrapServers = "localhost:9092"
+	// DefaultDataSource is a local Postgres reached as user postgres.
+	DefaultDataSource = "host=localhost port=5432 user=postgres dbname=postgres sslmode=disable"
+	// DefaultOutboxTable is the outbox table's name.
+	DefaultOutboxTable = "outbox"
+	// DefaultLeaderTopicPrefix is put before LeaderGroupID to make the default LeaderTopic.
+	DefaultLeaderTopicPrefix = "goharvest.neli."
+)
+
+// Defaults of Limits. A zero field takes its default.
+const (
+	DefaultIOErrorBackoff     = 500 * time.Millisecond
+	DefaultPollDuration       = time.Millisecond
+	DefaultMinPollInterval    = 100 * time.Millisecond
+	DefaultHeartbeatTimeout   = 5 * time.Second
+	DefaultQueueTimeout       = 30 * time.Second
+	DefaultMarkBackoff        = 10 * time.Millisecond
+	DefaultMaxInFlightRecords = 1000
+	DefaultSendConcurrency    = 8
+	DefaultSendBuffer         = 10
+	DefaultMarkQueryRecords   = 100
+	DefaultMinMetricsInterval = 5 * time.Second
+)
+
+// KafkaConfigMap holds librdkafka properties, such as "bootstrap.servers" or "compression.type".
+// Values are strings, booleans or numbers, as YAML gives them.
+type KafkaConfigMap map[string]any
+
+// Config configures a harvester. The zero value of every field means its documented default;
+// the caller's Config is never modified. Unmarshal reads one from YAML, using the names in the
+// yaml tags.
+type Config struct {
+	// BaseKafkaConfig holds the librdkafka properties shared by the leader-election consumer and
+	// the producer, such as "bootstrap.servers" (default DefaultBootstrapServers) and security
+	// settings. Properties that goharvest must own to keep its guarantees (group.id,
+	// session.timeout.ms, enable.auto.commit and the like) are rejected by Validate.
+	BaseKafkaConfig KafkaConfigMap `yaml:"baseKafkaConfig"`
+
+	// ProducerKafkaConfig holds properties for the producer only, such as "compression.type" or
+	// "linger.ms"; they override BaseKafkaConfig. Idempotence is always on and cannot be
+	// disabled.
+	ProducerKafkaConfig KafkaConfigMap `yaml:"producerKafkaConfig"`
+
+	// LeaderTopic is the topic whose partition 0 decides leadership. All harvesters of one
+	// outbox must share it, and nothing else may. Default: DefaultLeaderTopicPrefix followed by
+	// LeaderGroupID. A warning is logged when the default is used.
+	LeaderTopic string `yaml:"leaderTopic"`
+
+	// LeaderGroupID is the consumer group that contending harvesters join. All harvesters of one
+	// outbox must share it, and nothing else may. Default: the executable's file name, with
+	// characters Kafka does not allow replaced by '_'. A warning is logged when the default is
+	// used, because unrelated programs with the same name (or a debugger's __debug_bin) would
+	// otherwise compete for one leadership.
+	LeaderGroupID string `yaml:"leaderGroupID"`
+
+	// DataSource is the Postgres connection string, in key=value or URL form, for the
+	// harvester's own connections. Default: DefaultDataSource.
+	DataSource string `yaml:"dataSource"`
+
+	// OutboxTable is the outbox table, optionally schema-qualified ("app.outbox"). It is quoted
+	// as written, so case matters. Default: DefaultOutboxTable.
+	OutboxTable string `yaml:"outboxTable"`
+
+	// Limits tunes timing and throughput.
+	Limits Limits `yaml:"limits"`
+
+	// Name identifies this harvester in logs and as its group member name. Default: host name,
+	// process ID and start time, e.g. "host_4242_1700000000".
+	Name string `yaml:"name"`
+
+	// Logger receives the harvester's logs. Default: slog.Default().
+	Logger *slog.Logger `yaml:"-"`
+}
+
+// Limits tunes the harvester's timing and throughput. The zero value of every field means its
+// documented default.
+type Limits struct {
+	// IOErrorBackoff is how long to wait before retrying after a database error.
+	// Default: DefaultIOErrorBackoff. Range: 1ms to 10m.
+	IOErrorBackoff time.Duration `yaml:"ioErrorBackoff"`
+
+	// PollDuration is how long one poll of the leader-election consumer may block.
+	// Default: DefaultPollDuration. Range: 1ms to MinPollInterval.
+	PollDuration time.Duration `yaml:"pollDuration"`
+
+	// MinPollInterval is the shortest time between two polls of the leader-election consumer.
+	// Default: DefaultMinPollInterval. Range: PollDuration to MaxPollInterval.
+	MinPollInterval time.Duration `yaml:"minPollInterval"`
+
+	// MaxPollInterval is the longest time the harvester may go without polling the
+	// leader-election consumer, even while it waits for in-flight records to drain. The leader
+	// publishes its heartbeat on each poll, so this must be shorter than HeartbeatTimeout.
+	// Default: HeartbeatTimeout / 2. Range: MinPollInterval to below HeartbeatTimeout.
+	MaxPollInterval time.Duration `yaml:"maxPollInterval"`
+
+	// HeartbeatTimeout is how long a leader may go without receiving its own heartbeat before it
+	// assumes it has lost partition 0 and fences itself. The Kafka session timeout is derived
+	// from it (twice this value), so that a leader always fences itself before the group can
+	// hand partition 0 to another member; the broker's group.min.session.timeout.ms (6s by
+	// default in Kafka) therefore requires at least 3s against a default broker.
+	// Default: DefaultHeartbeatTimeout. Range: 100ms to 10m.
+	HeartbeatTimeout time.Duration `yaml:"heartbeatTimeout"`
+
+	// DrainInterval is how long the harvester waits at a time for an in-flight record to clear
+	// (the key barrier or the in-flight throttle) before it checks on leadership again.
+	// Default: the smaller of MaxPollInterval and QueueTimeout. Range: 1ms to MaxPollInterval.
+	DrainInterval time.Duration `yaml:"drainInterval"`
+
+	// QueueTimeout is how long a marked record may wait to be sent (behind an in-flight record
+	// of the same key) before the harvester gives up on the batch and remarks.
+	// Default: DefaultQueueTimeout. Range: DrainInterval to 1h.
+	QueueTimeout time.Duration `yaml:"queueTimeout"`
+
+	// MarkBackoff is how long to wait after a mark query that found nothing.
+	// Default: DefaultMarkBackoff. Range: 1ms to 1m.
+	MarkBackoff time.Duration `yaml:"markBackoff"`
+
+	// MaxInFlightRecords bounds the records sent but not yet acknowledged, and so the memory
+	// the harvester uses, whatever the backlog. Default: DefaultMaxInFlightRecords.
+	// Range: 1 to 1,000,000.
+	MaxInFlightRecords int `yaml:"maxInFlightRecords"`
+
+	// SendConcurrency is the number of send workers; records are sharded over them by key.
+	// Default: DefaultSendConcurrency. Range: 1 to 1024.
+	SendConcurrency int `yaml:"sendConcurrency"`
+
+	// SendBuffer is the capacity of each send worker's queue of marked records.
+	// Default: DefaultSendBuffer. Range: 1 to 100,000.
+	SendBuffer int `yaml:"sendBuffer"`
+
+	// MarkQueryRecords is the most records one mark query may return.
+	// Default: DefaultMarkQueryRecords. Range: 1 to 100,000.
+	MarkQueryRecords int `yaml:"markQueryRecords"`
+
+	// MinMetricsInterval is the shortest time between two throughput readings (MeterRead events).
+	// Default: DefaultMinMetricsInterval. Range: 1ms to 1h.
+	MinMetricsInterval time.Duration `yaml:"minMetricsInterval"`
+}
+
+// Unmarshal reads a Config from YAML. Unknown keys and values of the wrong type are errors that
+// name the key and its line; durations are written with a unit ("5s", "100ms"). Defaults are not
+// applied and the result is not validated: New does both, and callers may amend the Config first.
+func Unmarshal(data []byte) (Config, error) {
+	var c Config
+	if err := strictyaml.Unmarshal(data, &c); err != nil {
+		return Config{}, fmt.Errorf("harvest config: %w", err)
+	}
+	return c, nil
+}
+
+// WithDefaults returns a copy of c in which every zero field holds its default. The Kafka maps
+// are copied, so the result shares nothing mutable with c. When LeaderGroupID or LeaderTopic is
+// defaulted, a warning is logged through the (possibly defaulted) Logger.
+func (c Config) WithDefaults() Config {
+	c.BaseKafkaConfig = maps.Clone(c.BaseKafkaConfig)
+	if c.BaseKafkaConfig == nil {
+		c.BaseKafkaConfig = KafkaConfigMap{}
+	}
+	if _, ok := c.BaseKafkaConfig["bootstrap.servers"]; !ok {
+		c.BaseKafkaConfig["bootstrap.servers"] = DefaultBootstrapServers
+	}
+	c.ProducerKafkaConfig = maps.Clone(c.ProducerKafkaConfig)
+	if c.ProducerKafkaConfig == nil {
+		c.ProducerKafkaConfig = KafkaConfigMap{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.LeaderGroupID == "" {
+		c.LeaderGroupID = topicSafe(filepath.Base(os.Args[0]))
+		c.Logger.Warn("leaderGroupID not set; defaulting to the executable's name, which every harvester of this outbox must share and nothing else may use",
+			"leaderGroupID", c.LeaderGroupID)
+	}
+	if c.LeaderTopic == "" {
+		c.LeaderTopic = DefaultLeaderTopicPrefix + c.LeaderGroupID
+		c.Logger.Warn("leaderTopic not set; defaulting from the group ID", "leaderTopic", c.LeaderTopic)
+	}
+	if c.DataSource == "" {
+		c.DataSource = DefaultDataSource
+	}
+	if c.OutboxTable == "" {
+		c.OutboxTable = DefaultOutboxTable
+	}
+	if c.Name == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			host = "localhost"
+		}
+		c.Name = fmt.Sprintf("%s_%d_%d", topicSafe(host), os.Getpid(), time.Now().Unix())
+	}
+	c.Limits = c.Limits.WithDefaults()
+	return c
+}
+
+// WithDefaults returns a copy of l in which every zero field holds its default.
+func (l Limits) WithDefaults() Limits {
+	setDefault(&l.IOErrorBackoff, DefaultIOErrorBackoff)
+	setDefault(&l.PollDuration, DefaultPollDuration)
+	setDefault(&l.MinPollInterval, DefaultMinPollInterval)
+	setDefault(&l.HeartbeatTimeout, DefaultHeartbeatTimeout)
+	setDefault(&l.MaxPollInterval, l.HeartbeatTimeout/2)
+	setDefault(&l.QueueTimeout, DefaultQueueTimeout)
+	setDefault(&l.DrainInterval, min(l.MaxPollInterval, l.QueueTimeout))
+	setDefault(&l.MarkBackoff, DefaultMarkBackoff)
+	setDefault(&l.MaxInFlightRecords, DefaultMaxInFlightRecords)
+	setDefault(&l.SendConcurrency, DefaultSendConcurrency)
+	setDefault(&l.SendBuffer, DefaultSendBuffer)
+	setDefault(&l.MarkQueryRecords, DefaultMarkQueryRecords)
+	setDefault(&l.MinMetricsInterval, DefaultMinMetricsInterval)
+	return l
+}
+
+func setDefault[T comparable](field *T, def T) {
+	var zero T
+	if *field == zero {
+		*field = def
+	}
+}
+
+// ownedKafkaProperties are set by goharvest itself; a value from the user would break leader
+// election or the delivery guarantees. Each entry says why.
+var ownedKafkaProperties = map[string]string{
+	"group.id":                        "set from LeaderGroupID",
+	"group.instance.id":               "static membership would delay handing leadership over when a harvester dies",
+	"enable.auto.commit":              "leader election commits no offsets",
+	"enable.auto.offset.store":        "leader election commits no offsets",
+	"auto.offset.reset":               "leader election reads only its own heartbeats",
+	"session.timeout.ms":              "derived from Limits.HeartbeatTimeout so that a leader fences itself before its partition can be reassigned",
+	"heartbeat.interval.ms":           "derived from Limits.HeartbeatTimeout",
+	"max.poll.interval.ms":            "derived from Limits.HeartbeatTimeout",
+	"partition.assignment.strategy":   "leader election relies on eager assignment of partition 0",
+	"group.protocol":                  "leader election uses the classic group protocol",
+	"go.application.rebalance.enable": "leader election handles rebalances itself",
+	"enable.idempotence":              "always on: without it a retried batch can reorder a key's records",
+	"transactional.id":                "the producer is not transactional",
+	"go.delivery.reports":             "delivery reports decide whether a record is purged or reset",
+	"delivery.report.only.error":      "delivery reports decide whether a record is purged or reset",
+	"acks":                            "always all: a record is purged only once every in-sync replica has it",
+}
+
+var (
+	// topicChars are the characters Kafka allows in topic names (and goharvest in group IDs).
+	topicChars    = regexp.MustCompile(`^[a-zA-Z0-9._-]+$`)
+	notTopicChars = regexp.MustCompile(`[^a-zA-Z0-9._-]`)
+)
+
+func topicSafe(s string) string { return notTopicChars.ReplaceAllString(s, "_") }
+
+// Validate checks a Config whose defaults have been applied (see WithDefaults). It reports
+// every problem, each naming the field (with its YAML key) and what is allowed.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(field, yamlKey, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s (%s): %s", field, yamlKey, fmt.Sprintf(format, args...)))
+	}
+
+	checkKafkaMap := func(field, yamlKey string, m KafkaConfigMap) {
+		for _, key := range slices.Sorted(maps.Keys(m)) {
+			if why, owned := ownedKafkaProperties[key]; owned {
+				bad(field, yamlKey+"."+key, "goharvest sets this property itself (%s); remove it", why)
+				continue
+			}
+			switch m[key].(type) {
+			case string, bool, int, int64, float64:
+			default:
+				bad(field, yamlKey+"."+key, "value must be a string, number or boolean, got %T", m[key])
+			}
+		}
+	}
+	checkKafkaMap("BaseKafkaConfig", "baseKafkaConfig", c.BaseKafkaConfig)
+	checkKafkaMap("ProducerKafkaConfig", "producerKafkaConfig", c.ProducerKafkaConfig)
+	if s, _ := c.BaseKafkaConfig["bootstrap.servers"].(string); strings.TrimSpace(s) == "" {
+		bad("BaseKafkaConfig", "baseKafkaConfig.bootstrap.servers", "must name at least one host:port")
+	}
+
+	checkTopicLike := func(field, yamlKey, value string) {
+		switch {
+		case len(value) > 249:
+			bad(field, yamlKey, "%d characters; Kafka allows at most 249", len(value))
+		case !topicChars.MatchString(value) || value == "." || value == "..":
+			bad(field, yamlKey, "%q: use only letters, digits, '.', '_' and '-'", value)
+		}
+	}
+	checkTopicLike("LeaderTopic", "leaderTopic", c.LeaderTopic)
+	checkTopicLike("LeaderGroupID", "leaderGroupID", c.LeaderGroupID)
+
+	if _, err := pgxpool.ParseConfig(c.DataSource); err != nil {
+		bad("DataSource", "dataSource", "%v", err)
+	}
+	if _, err := pgname.QuoteTable(c.OutboxTable); err != nil {
+		bad("OutboxTable", "outboxTable", "%v", err)
+	}
+	if strings.TrimSpace(c.Name) == "" {
+		bad("Name", "name", "must not be blank")
+	}
+	if c.Logger == nil {
+		bad("Logger", "-", "must not be nil")
+	}
+	errs = append(errs, c.Limits.validate()...)
+	if len(errs) > 0 {
+		return fmt.Errorf("invalid harvest config: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// validate checks each limit against its range; the ranges of the polling and draining limits
+// depend on each other, as their comments explain.
+func (l Limits) validate() []error {
+	var errs []error
+	between := func(field, yamlKey string, v, lo, hi time.Duration, why string) {
+		if v < lo || v > hi {
+			msg := fmt.Sprintf("%v is out of range [%v, %v]", v, lo, hi)
+			if why != "" {
+				msg += ": " + why
+			}
+			errs = append(errs, fmt.Errorf("Limits.%s (limits.%s): %s", field, yamlKey, msg))
+		}
+	}
+	betweenInt := func(field, yamlKey string, v, lo, hi int) {
+		if v < lo || v > hi {
+			errs = append(errs, fmt.Errorf("Limits.%s (limits.%s): %d is out of range [%d, %d]", field, yamlKey, v, lo, hi))
+		}
+	}
+	between("IOErrorBackoff", "ioErrorBackoff", l.IOErrorBackoff, time.Millisecond, 10*time.Minute, "")
+	between("HeartbeatTimeout", "heartbeatTimeout", l.HeartbeatTimeout, 100*time.Millisecond, 10*time.Minute, "")
+	// The leader publishes a heartbeat each time it polls; polling less often than the heartbeat
+	// timeout would make it fence itself while healthy.
+	between("MaxPollInterval", "maxPollInterval", l.MaxPollInterval, l.MinPollInterval, l.HeartbeatTimeout-time.Millisecond,
+		"must be at least minPollInterval and below heartbeatTimeout, because the leader's heartbeat goes out on each poll")
+	between("MinPollInterval", "minPollInterval", l.MinPollInterval, l.PollDuration, 10*time.Minute,
+		"must be at least pollDuration")
+	between("PollDuration", "pollDuration", l.PollDuration, time.Millisecond, 10*time.Minute, "")
+	// A wait for a drain must end in time for the next poll.
+	between("DrainInterval", "drainInterval", l.DrainInterval, time.Millisecond, l.MaxPollInterval,
+		"a single wait for in-flight records must end in time for the next poll (maxPollInterval)")
+	between("QueueTimeout", "queueTimeout", l.QueueTimeout, l.DrainInterval, time.Hour,
+		"must be at least drainInterval")
+	between("MarkBackoff", "markBackoff", l.MarkBackoff, time.Millisecond, time.Minute, "")
+	between("MinMetricsInterval", "minMetricsInterval", l.MinMetricsInterval, time.Millisecond, time.Hour, "")
+	betweenInt("MaxInFlightRecords", "maxInFlightRecords", l.MaxInFlightRecords, 1, 1_000_000)
+	betweenInt("SendConcurrency", "sendConcurrency", l.SendConcurrency, 1, 1024)
+	betweenInt("SendBuffer", "sendBuffer", l.SendBuffer, 1, 100_000)
+	betweenInt("MarkQueryRecords", "markQueryRecords", l.MarkQueryRecords, 1, 100_000)
+	return errs
+}

@@ -1,0 +1,247 @@
+package goharvest
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+)
+
+func validConfig() Config {
+	return Config{
+		BaseKafkaConfig: KafkaConfigMap{"bootstrap.servers": "localhost:9092"},
+		LeaderTopic:     "orders.leader",
+		LeaderGroupID:   "orders",
+		DataSource:      "host=localhost dbname=orders",
+		Name:            "test",
+	}.WithDefaults()
+}
+
+func TestWithDefaults(t *testing.T) {
+	got := Config{}.WithDefaults()
+	l := got.Limits
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"bootstrap.servers", got.BaseKafkaConfig["bootstrap.servers"], DefaultBootstrapServers},
+		{"DataSource", got.DataSource, DefaultDataSource},
+		{"OutboxTable", got.OutboxTable, DefaultOutboxTable},
+		{"LeaderTopic", got.LeaderTopic, DefaultLeaderTopicPrefix + got.LeaderGroupID},
+		{"Logger", got.Logger, slog.Default()},
+		{"IOErrorBackoff", l.IOErrorBackoff, DefaultIOErrorBackoff},
+		{"PollDuration", l.PollDuration, DefaultPollDuration},
+		{"MinPollInterval", l.MinPollInterval, DefaultMinPollInterval},
+		{"HeartbeatTimeout", l.HeartbeatTimeout, DefaultHeartbeatTimeout},
+		{"MaxPollInterval", l.MaxPollInterval, DefaultHeartbeatTimeout / 2},
+		{"QueueTimeout", l.QueueTimeout, DefaultQueueTimeout},
+		{"DrainInterval", l.DrainInterval, DefaultHeartbeatTimeout / 2},
+		{"MarkBackoff", l.MarkBackoff, DefaultMarkBackoff},
+		{"MaxInFlightRecords", l.MaxInFlightRecords, DefaultMaxInFlightRecords},
+		{"SendConcurrency", l.SendConcurrency, DefaultSendConcurrency},
+		{"SendBuffer", l.SendBuffer, DefaultSendBuffer},
+		{"MarkQueryRecords", l.MarkQueryRecords, DefaultMarkQueryRecords},
+		{"MinMetricsInterval", l.MinMetricsInterval, DefaultMinMetricsInterval},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if got.LeaderGroupID == "" || got.Name == "" {
+		t.Errorf("LeaderGroupID %q and Name %q must be defaulted", got.LeaderGroupID, got.Name)
+	}
+	if err := got.Validate(); err != nil {
+		t.Errorf("the defaults do not validate: %v", err)
+	}
+}
+
+func TestWithDefaultsDerivesFromHeartbeatTimeout(t *testing.T) {
+	got := Limits{HeartbeatTimeout: 2 * time.Second, QueueTimeout: 300 * time.Millisecond}.WithDefaults()
+	if got.MaxPollInterval != time.Second {
+		t.Errorf("MaxPollInterval = %v, want half the heartbeat timeout", got.MaxPollInterval)
+	}
+	if got.DrainInterval != 300*time.Millisecond {
+		t.Errorf("DrainInterval = %v, want the smaller of MaxPollInterval and QueueTimeout", got.DrainInterval)
+	}
+}
+
+func TestWithDefaultsLeavesCallerUntouched(t *testing.T) {
+	in := Config{
+		BaseKafkaConfig:     KafkaConfigMap{"client.id": "x"},
+		ProducerKafkaConfig: KafkaConfigMap{"linger.ms": 5},
+		LeaderGroupID:       "g",
+		LeaderTopic:         "t",
+	}
+	out := in.WithDefaults()
+	out.BaseKafkaConfig["extra"] = "y"
+	out.ProducerKafkaConfig["extra"] = "y"
+	if len(in.BaseKafkaConfig) != 1 || len(in.ProducerKafkaConfig) != 1 {
+		t.Fatalf("the caller's maps were modified: %v %v", in.BaseKafkaConfig, in.ProducerKafkaConfig)
+	}
+	if in.DataSource != "" || in.Limits != (Limits{}) || in.Logger != nil {
+		t.Fatalf("the caller's config was modified: %+v", in)
+	}
+}
+
+func TestWithDefaultsWarnsAboutDefaultLeaderIDs(t *testing.T) {
+	var buf bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&buf, nil))
+	Config{Logger: logger}.WithDefaults()
+	for _, want := range []string{"level=WARN", "leaderGroupID not set", "leaderTopic not set"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("log %q lacks %q", buf.String(), want)
+		}
+	}
+
+	buf.Reset()
+	Config{Logger: logger, LeaderGroupID: "g", LeaderTopic: "t"}.WithDefaults()
+	if buf.Len() != 0 {
+		t.Errorf("warned although both IDs were set: %s", buf.String())
+	}
+}
+
+func TestValidateAcceptsValidConfig(t *testing.T) {
+	c := validConfig()
+	c.OutboxTable = "app.outbox"
+	c.ProducerKafkaConfig = KafkaConfigMap{"compression.type": "lz4", "linger.ms": 5, "batch.size": 1e6, "socket.nagle.disable": true}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestValidateNamesFieldAndRange(t *testing.T) {
+	cases := []struct {
+		name   string
+		modify func(*Config)
+		want   []string
+	}{
+		{"owned consumer property", func(c *Config) { c.BaseKafkaConfig["session.timeout.ms"] = 30000 },
+			[]string{"baseKafkaConfig.session.timeout.ms", "derived from Limits.HeartbeatTimeout"}},
+		{"owned group id", func(c *Config) { c.BaseKafkaConfig["group.id"] = "x" },
+			[]string{"baseKafkaConfig.group.id", "LeaderGroupID"}},
+		{"idempotence off", func(c *Config) { c.ProducerKafkaConfig["enable.idempotence"] = false },
+			[]string{"producerKafkaConfig.enable.idempotence"}},
+		{"nested value", func(c *Config) { c.ProducerKafkaConfig["x"] = map[string]any{} },
+			[]string{"producerKafkaConfig.x", "string, number or boolean"}},
+		{"no bootstrap servers", func(c *Config) { c.BaseKafkaConfig["bootstrap.servers"] = " " },
+			[]string{"baseKafkaConfig.bootstrap.servers"}},
+		{"bad leader topic", func(c *Config) { c.LeaderTopic = "my topic" }, []string{"LeaderTopic (leaderTopic)", `"my topic"`}},
+		{"long leader topic", func(c *Config) { c.LeaderTopic = strings.Repeat("t", 250) }, []string{"leaderTopic", "at most 249"}},
+		{"bad group", func(c *Config) { c.LeaderGroupID = "a/b" }, []string{"LeaderGroupID (leaderGroupID)"}},
+		{"bad data source", func(c *Config) { c.DataSource = "host=x port=notaport" }, []string{"DataSource (dataSource)"}},
+		{"bad table", func(c *Config) { c.OutboxTable = "outbox; drop table x" }, []string{"OutboxTable (outboxTable)", "not allowed"}},
+		{"blank name", func(c *Config) { c.Name = " " }, []string{"Name (name)"}},
+		{"negative backoff", func(c *Config) { c.Limits.IOErrorBackoff = -time.Second },
+			[]string{"Limits.IOErrorBackoff (limits.ioErrorBackoff)", "-1s is out of range [1ms, 10m0s]"}},
+		{"heartbeat too short", func(c *Config) { c.Limits.HeartbeatTimeout = 50 * time.Millisecond },
+			[]string{"limits.heartbeatTimeout", "[100ms, 10m0s]"}},
+		{"poll slower than heartbeat", func(c *Config) { c.Limits.MaxPollInterval = c.Limits.HeartbeatTimeout },
+			[]string{"limits.maxPollInterval", "below heartbeatTimeout"}},
+		{"poll interval below poll duration", func(c *Config) { c.Limits.PollDuration = 200 * time.Millisecond },
+			[]string{"limits.minPollInterval", "at least pollDuration"}},
+		{"drain longer than poll", func(c *Config) { c.Limits.DrainInterval = c.Limits.MaxPollInterval + time.Millisecond },
+			[]string{"limits.drainInterval", "maxPollInterval"}},
+		{"queue timeout below drain", func(c *Config) { c.Limits.QueueTimeout = c.Limits.DrainInterval - time.Millisecond },
+			[]string{"limits.queueTimeout", "at least drainInterval"}},
+		{"in-flight", func(c *Config) { c.Limits.MaxInFlightRecords = -1 },
+			[]string{"Limits.MaxInFlightRecords (limits.maxInFlightRecords): -1 is out of range [1, 1000000]"}},
+		{"concurrency", func(c *Config) { c.Limits.SendConcurrency = 5000 }, []string{"limits.sendConcurrency", "[1, 1024]"}},
+		{"buffer", func(c *Config) { c.Limits.SendBuffer = -3 }, []string{"limits.sendBuffer"}},
+		{"mark records", func(c *Config) { c.Limits.MarkQueryRecords = 1_000_000 }, []string{"limits.markQueryRecords"}},
+		{"mark backoff", func(c *Config) { c.Limits.MarkBackoff = time.Hour }, []string{"limits.markBackoff"}},
+		{"metrics", func(c *Config) { c.Limits.MinMetricsInterval = -1 }, []string{"limits.minMetricsInterval"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := validConfig()
+			tc.modify(&c)
+			err := c.Validate()
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	c := validConfig()
+	c.OutboxTable = "a.b.c"
+	c.Limits.SendConcurrency = -1
+	err := c.Validate()
+	if err == nil || !strings.Contains(err.Error(), "outboxTable") || !strings.Contains(err.Error(), "sendConcurrency") {
+		t.Fatalf("want both problems reported, got %v", err)
+	}
+}
+
+func TestUnmarshal(t *testing.T) {
+	c, err := Unmarshal([]byte(`
+baseKafkaConfig:
+  bootstrap.servers: kafka:9092
+producerKafkaConfig:
+  compression.type: lz4
+  delivery.timeout.ms: 10000
+leaderTopic: billing
+leaderGroupID: billing
+dataSource: host=db dbname=billing
+outboxTable: billing.outbox
+name: billing-1
+limits:
+  ioErrorBackoff: 250ms
+  pollDuration: 2ms
+  minPollInterval: 1s
+  maxPollInterval: 2s
+  heartbeatTimeout: 5s
+  drainInterval: 50ms
+  queueTimeout: 10s
+  markBackoff: 20ms
+  maxInFlightRecords: 500
+  sendConcurrency: 4
+  sendBuffer: 20
+  markQueryRecords: 200
+  minMetricsInterval: 1m
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Limits{
+		IOErrorBackoff: 250 * time.Millisecond, PollDuration: 2 * time.Millisecond,
+		MinPollInterval: time.Second, MaxPollInterval: 2 * time.Second, HeartbeatTimeout: 5 * time.Second,
+		DrainInterval: 50 * time.Millisecond, QueueTimeout: 10 * time.Second, MarkBackoff: 20 * time.Millisecond,
+		MaxInFlightRecords: 500, SendConcurrency: 4, SendBuffer: 20, MarkQueryRecords: 200,
+		MinMetricsInterval: time.Minute,
+	}
+	if c.Limits != want {
+		t.Errorf("limits = %+v\nwant     %+v", c.Limits, want)
+	}
+	if c.BaseKafkaConfig["bootstrap.servers"] != "kafka:9092" || c.ProducerKafkaConfig["delivery.timeout.ms"] != 10000 ||
+		c.LeaderTopic != "billing" || c.LeaderGroupID != "billing" || c.DataSource != "host=db dbname=billing" ||
+		c.OutboxTable != "billing.outbox" || c.Name != "billing-1" {
+		t.Errorf("decoded %+v", c)
+	}
+	if err := c.WithDefaults().Validate(); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestUnmarshalRejectsUnknownAndMalformed(t *testing.T) {
+	cases := map[string]string{
+		"outboxTabel: x\n":                         `line 1: unknown key "outboxTabel"`,
+		"limits:\n  heartbeatTimout: 5s\n":         `line 2: unknown key "limits.heartbeatTimout"`,
+		"limits:\n  heartbeatTimeout: 5\n":         "line 2: limits.heartbeatTimeout:",
+		"limits:\n  maxInFlightRecords: lots\n":    "line 2: limits.maxInFlightRecords:",
+		"name: a\nlimits:\n  queueTimeout: 10x\n": "line 3: limits.queueTimeout:",
+	}
+	for doc, want := range cases {
+		_, err := Unmarshal([]byte(doc))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Unmarshal(%q) error = %v, want one containing %q", doc, err, want)
+		}
+	}
+}

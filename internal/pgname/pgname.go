@@ -1,0 +1,48 @@
+// Package pgname turns a configured table name into a quoted SQL identifier. The name comes from
+// configuration, so it is checked and quoted, never pasted into SQL.
+package pgname
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// maxIdentifierLen is PostgreSQL's NAMEDATALEN-1; longer names are silently truncated by the
+// server, so two different configured names could refer to one table.
+const maxIdentifierLen = 63
+
+// QuoteTable checks that name is a table name, optionally qualified by a schema ("outbox" or
+// "app.outbox"), whose parts are plain identifiers: a letter or underscore followed by letters,
+// digits, underscores or dollar signs, at most 63 bytes each. It returns the name quoted for SQL.
+// The name is used exactly as written: it is quoted, so its case matters.
+func QuoteTable(name string) (string, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return "", fmt.Errorf("table name %q: at most one dot, between schema and table", name)
+	}
+	for _, part := range parts {
+		if err := checkIdentifier(part); err != nil {
+			return "", fmt.Errorf("table name %q: %w", name, err)
+		}
+	}
+	return pgx.Identifier(parts).Sanitize(), nil
+}
+
+func checkIdentifier(s string) error {
+	if s == "" {
+		return fmt.Errorf("empty identifier")
+	}
+	if len(s) > maxIdentifierLen {
+		return fmt.Errorf("identifier %q is longer than %d bytes", s, maxIdentifierLen)
+	}
+	for i, r := range s {
+		letter := r == '_' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')
+		if letter || (i > 0 && (r == '$' || (r >= '0' && r <= '9'))) {
+			continue
+		}
+		return fmt.Errorf("identifier %q: character %q at byte %d is not allowed", s, r, i)
+	}
+	return nil
+}

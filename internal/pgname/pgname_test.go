@@ -1,0 +1,38 @@
+package pgname
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestQuoteTable(t *testing.T) {
+	good := map[string]string{
+		"outbox":                `"outbox"`,
+		"app.outbox":            `"app"."outbox"`,
+		"Outbox_2":              `"Outbox_2"`,
+		"_x$":                   `"_x$"`,
+		strings.Repeat("a", 63): `"` + strings.Repeat("a", 63) + `"`,
+	}
+	for in, want := range good {
+		got, err := QuoteTable(in)
+		if err != nil || got != want {
+			t.Errorf("QuoteTable(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	bad := map[string]string{
+		"":                         "empty identifier",
+		"a.b.c":                    "at most one dot",
+		"outbox; DROP TABLE users": "not allowed",
+		`out"box`:                  "not allowed",
+		"1outbox":                  "not allowed",
+		"app.":                     "empty identifier",
+		strings.Repeat("a", 64):    "longer than 63",
+		"out box":                  "not allowed",
+	}
+	for in, want := range bad {
+		_, err := QuoteTable(in)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("QuoteTable(%q) error = %v; want one containing %q", in, err, want)
+		}
+	}
+}
