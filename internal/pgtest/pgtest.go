@@ -47,9 +47,12 @@ var (
 	dbCounter atomic.Int64
 )
 
+// Runner is what Run runs: a *testing.M, or a wrapper that prepares something first.
+type Runner interface{ Run() int }
+
 // Run runs the package's tests and then stops the throwaway cluster, if one was started. It
 // returns the exit code for os.Exit.
-func Run(m *testing.M) int {
+func Run(m Runner) int {
 	code := m.Run()
 	if server != nil {
 		if err := server.Stop(); err != nil {
@@ -63,6 +66,15 @@ func Run(m *testing.M) int {
 // the test when no server can be had.
 func Shared(tb testing.TB) *Server {
 	tb.Helper()
+	s, err := Get()
+	if err != nil {
+		tb.Fatalf("pgtest: start PostgreSQL: %v", err)
+	}
+	return s
+}
+
+// Get is Shared for code without a testing.TB, such as TestMain.
+func Get() (*Server, error) {
 	startOnce.Do(func() {
 		if dsn := os.Getenv(EnvDSN); dsn != "" {
 			server = &Server{adminDSN: dsn}
@@ -70,17 +82,24 @@ func Shared(tb testing.TB) *Server {
 		}
 		server, startErr = StartCluster()
 	})
-	if startErr != nil {
-		tb.Fatalf("pgtest: start PostgreSQL: %v", startErr)
-	}
-	return server
+	return server, startErr
 }
 
 // NewDatabase creates an empty database for the calling test and returns a data source name
-// (key=value form) that connects to it. The database is dropped when the test ends.
+// (key=value or URL form, as the server's) that connects to it. The database is dropped when
+// the test ends.
 func NewDatabase(tb testing.TB) string {
 	tb.Helper()
-	return Shared(tb).NewDatabase(tb)
+	dsn, drop, err := Shared(tb).CreateDatabase()
+	if err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := drop(); err != nil {
+			tb.Errorf("pgtest: %v", err)
+		}
+	})
+	return dsn
 }
 
 // Server is a PostgreSQL server that tests may create databases in.
@@ -96,21 +115,20 @@ type Server struct {
 // AdminDSN returns a data source name for the server's maintenance database.
 func (s *Server) AdminDSN() string { return s.adminDSN }
 
-// NewDatabase creates an empty database, dropped when the test ends, and returns its DSN.
-func (s *Server) NewDatabase(tb testing.TB) string {
-	tb.Helper()
-	ctx := context.Background()
+// CreateDatabase creates an empty database and returns its DSN and a function that drops it.
+func (s *Server) CreateDatabase() (dsn string, drop func() error, err error) {
 	name := fmt.Sprintf("goharvest_test_%d_%d", os.Getpid(), dbCounter.Add(1))
-	if err := s.exec(ctx, "CREATE DATABASE "+name); err != nil {
-		tb.Fatalf("pgtest: create database: %v", err)
+	if err := s.exec(context.Background(), "CREATE DATABASE "+name); err != nil {
+		return "", nil, fmt.Errorf("create database: %w", err)
 	}
-	tb.Cleanup(func() {
-		// FORCE ends connections a test left open, such as a pool closed after this cleanup runs.
+	drop = func() error {
+		// FORCE ends connections still open, such as a pool that is closed after this runs.
 		if err := s.exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			tb.Errorf("pgtest: drop database: %v", err)
+			return fmt.Errorf("drop database: %w", err)
 		}
-	})
-	return WithDatabase(s.adminDSN, name)
+		return nil
+	}
+	return WithDatabase(s.adminDSN, name), drop, nil
 }
 
 // WithDatabase returns dsn, in URL or key=value form, with its database replaced by name.

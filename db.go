@@ -1,0 +1,84 @@
+package goharvest
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// KafkaHeader is one header of a Kafka message.
+type KafkaHeader struct {
+	Key   string
+	Value string
+}
+
+// KafkaHeaders are a message's headers, in order. Keys may repeat.
+type KafkaHeaders []KafkaHeader
+
+// OutboxRecord is one row of the outbox table: a Kafka message waiting to be published.
+type OutboxRecord struct {
+	// ID is assigned by the database (BIGSERIAL). It orders the records of one key.
+	ID int64
+	// CreateTime is when the record was written.
+	CreateTime time.Time
+	// KafkaTopic is the topic to publish to. Records of one outbox may name different topics.
+	KafkaTopic string
+	// KafkaKey is the message key. Records with the same key are published in the order of
+	// their IDs, and land on the same partition.
+	KafkaKey string
+	// KafkaValue is the message value. nil publishes a message with no value (a tombstone, for
+	// compacted topics); a pointer to "" publishes an empty value.
+	KafkaValue *string
+	// KafkaHeaders are the message headers.
+	KafkaHeaders KafkaHeaders
+	// LeaderID is the harvester that has marked the record as in flight; nil when none has.
+	LeaderID *uuid.UUID
+}
+
+// String returns a pointer to s, for OutboxRecord.KafkaValue.
+func String(s string) *string { return &s }
+
+// MarkedRecord is a record returned by DatabaseBinding.Mark. A row that cannot be turned into a
+// message (say its header arrays differ in length) is still marked and returned in its place,
+// with Err set and whatever fields could be read, so that the harvester can report it by ID and
+// hold back its key rather than crash or drop it.
+type MarkedRecord struct {
+	OutboxRecord
+	// Err is a *RecordError when the row is malformed; such a record must not be published.
+	Err error
+}
+
+// RecordError says that the outbox row with the given ID cannot be published as it stands.
+type RecordError struct {
+	ID     int64
+	Reason string
+}
+
+func (e *RecordError) Error() string {
+	return fmt.Sprintf("outbox record %d: %s", e.ID, e.Reason)
+}
+
+// DatabaseBinding is the harvester's access to the outbox table. Every method may be called
+// from several goroutines at once. Implementations must check every result and rows error: a
+// statement that silently fails would lose or duplicate messages.
+type DatabaseBinding interface {
+	// Mark atomically sets leader_id to leaderID on up to limit of the oldest rows whose
+	// leader_id is NULL or different from leaderID, and returns them sorted by ID. Rows this
+	// leader has marked already are skipped; rows marked by any other leader ID are taken over.
+	Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]MarkedRecord, error)
+
+	// Purge deletes the rows with the given IDs, once Kafka has acknowledged them, and returns
+	// how many it deleted. IDs that no longer exist are ignored.
+	Purge(ctx context.Context, ids []int64) (int, error)
+
+	// Reset clears leader_id on those of the given rows that leaderID still holds, so that they
+	// are marked again, and returns how many it cleared. A row that another leader has taken over
+	// since is left alone.
+	Reset(ctx context.Context, leaderID uuid.UUID, ids []int64) (int, error)
+
+	// Dispose releases the binding's connections. It is called once, after the last call to the
+	// other methods has returned.
+	Dispose()
+}

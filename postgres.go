@@ -1,0 +1,221 @@
+package goharvest
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/goharvest/goharvest/internal/pgname"
+)
+
+// outboxDDLTemplate creates the outbox table. There is deliberately no index on leader_id:
+// marking rewrites leader_id on every row, and without an index on it Postgres can make that a
+// heap-only (HOT) update, which is much cheaper.
+const outboxDDLTemplate = `CREATE TABLE IF NOT EXISTS %s (
+  id                  BIGSERIAL PRIMARY KEY,
+  create_time         TIMESTAMP WITH TIME ZONE NOT NULL,
+  kafka_topic         VARCHAR(249) NOT NULL,
+  kafka_key           VARCHAR(100) NOT NULL,  -- pick your own maximum key size
+  kafka_value         VARCHAR(10000),         -- pick your own maximum value size
+  kafka_header_keys   TEXT[] NOT NULL,
+  kafka_header_values TEXT[] NOT NULL,
+  leader_id           UUID
+)`
+
+// OutboxTableDDL returns the CREATE TABLE IF NOT EXISTS statement for an outbox table with the
+// given (optionally schema-qualified) name.
+func OutboxTableDDL(table string) (string, error) {
+	quoted, err := pgname.QuoteTable(table)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf(outboxDDLTemplate, quoted), nil
+}
+
+// CreateOutboxTable connects to dataSource and creates the outbox table if it does not exist.
+// A schema in a qualified name must exist already.
+func CreateOutboxTable(ctx context.Context, dataSource, table string) error {
+	ddl, err := OutboxTableDDL(table)
+	if err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, dataSource)
+	if err != nil {
+		return fmt.Errorf("create outbox table: connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, ddl); err != nil {
+		return fmt.Errorf("create outbox table %s: %w", table, err)
+	}
+	return nil
+}
+
+// PostgresBinding is the DatabaseBinding for PostgreSQL, on a pgx connection pool.
+type PostgresBinding struct {
+	pool     *pgxpool.Pool
+	markSQL  string
+	purgeSQL string
+	resetSQL string
+}
+
+var _ DatabaseBinding = (*PostgresBinding)(nil)
+
+// NewPostgresBinding returns a binding to the outbox table through a new connection pool. The
+// pool connects lazily, so a database that is down now is not an error here. The pool's size
+// can be set in dataSource (pool_max_conns); it defaults to pgxpool's (the larger of 4 and the
+// number of CPUs).
+func NewPostgresBinding(dataSource, outboxTable string) (*PostgresBinding, error) {
+	table, err := pgname.QuoteTable(outboxTable)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(dataSource)
+	if err != nil {
+		return nil, fmt.Errorf("parse data source: %w", err)
+	}
+	// With a cached generic plan, Postgres would plan the mark query once for all values, and may
+	// settle on a sequential scan chosen while the table was small, whose cost then grows with the
+	// table. A custom plan for each execution keeps the mark an index walk from the head.
+	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
+		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	return &PostgresBinding{
+		pool: pool,
+		// The subquery walks the primary key from the head of the table; RETURNING gives the rows
+		// in no particular order, so Mark sorts them.
+		markSQL: `UPDATE ` + table + ` SET leader_id = $1
+WHERE id IN (
+  SELECT id FROM ` + table + `
+  WHERE leader_id IS NULL OR leader_id <> $1
+  ORDER BY id
+  LIMIT $2
+)
+RETURNING id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values, leader_id`,
+		purgeSQL: `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
+		resetSQL: `UPDATE ` + table + ` SET leader_id = NULL WHERE id = ANY($1) AND leader_id = $2`,
+	}, nil
+}
+
+// Mark implements DatabaseBinding.
+func (b *PostgresBinding) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]MarkedRecord, error) {
+	rows, err := b.pool.Query(ctx, b.markSQL, leaderID, limit)
+	if err != nil {
+		return nil, fmt.Errorf("mark outbox: %w", err)
+	}
+	defer rows.Close()
+
+	records := make([]MarkedRecord, 0, limit)
+	for rows.Next() {
+		// Every column is read in a form that accepts NULLs and any array shape, so that one odd
+		// row becomes a RecordError for that row instead of failing the whole batch: the batch is
+		// already marked, and rows marked but never returned would sit unpublished.
+		var (
+			row                   outboxRow
+			headerKeys, headerVal pgtype.Array[*string]
+		)
+		if err := rows.Scan(&row.id, &row.createTime, &row.topic, &row.key, &row.value,
+			&headerKeys, &headerVal, &row.leaderID); err != nil {
+			return nil, fmt.Errorf("mark outbox: read row: %w", err)
+		}
+		records = append(records, row.record(headerKeys, headerVal))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("mark outbox: %w", err)
+	}
+	slices.SortFunc(records, func(a, b MarkedRecord) int { return cmp.Compare(a.ID, b.ID) })
+	return records, nil
+}
+
+type outboxRow struct {
+	id         int64
+	createTime pgtype.Timestamptz
+	topic, key pgtype.Text
+	value      pgtype.Text
+	leaderID   pgtype.UUID
+}
+
+func (r outboxRow) record(headerKeys, headerValues pgtype.Array[*string]) MarkedRecord {
+	m := MarkedRecord{OutboxRecord: OutboxRecord{
+		ID:         r.id,
+		CreateTime: r.createTime.Time,
+		KafkaTopic: r.topic.String,
+		KafkaKey:   r.key.String,
+	}}
+	if r.value.Valid {
+		m.KafkaValue = &r.value.String
+	}
+	if r.leaderID.Valid {
+		id := uuid.UUID(r.leaderID.Bytes)
+		m.LeaderID = &id
+	}
+	var problems []string
+	if !r.topic.Valid {
+		problems = append(problems, "kafka_topic is NULL")
+	}
+	if !r.key.Valid {
+		problems = append(problems, "kafka_key is NULL")
+	}
+	if !r.createTime.Valid {
+		problems = append(problems, "create_time is NULL")
+	}
+	headers, headerProblem := pairHeaders(headerKeys, headerValues)
+	if headerProblem != "" {
+		problems = append(problems, headerProblem)
+	}
+	m.KafkaHeaders = headers
+	if len(problems) > 0 {
+		m.Err = &RecordError{ID: r.id, Reason: strings.Join(problems, "; ")}
+	}
+	return m
+}
+
+// pairHeaders zips the header key and value arrays. NULL arrays count as empty.
+func pairHeaders(keys, values pgtype.Array[*string]) (KafkaHeaders, string) {
+	if len(keys.Dims) > 1 || len(values.Dims) > 1 {
+		return nil, "header arrays must be one-dimensional"
+	}
+	if len(keys.Elements) != len(values.Elements) {
+		return nil, fmt.Sprintf("kafka_header_keys has %d elements but kafka_header_values has %d",
+			len(keys.Elements), len(values.Elements))
+	}
+	headers := make(KafkaHeaders, len(keys.Elements))
+	for i := range keys.Elements {
+		if keys.Elements[i] == nil || values.Elements[i] == nil {
+			return nil, fmt.Sprintf("header %d has a NULL key or value", i)
+		}
+		headers[i] = KafkaHeader{Key: *keys.Elements[i], Value: *values.Elements[i]}
+	}
+	return headers, ""
+}
+
+// Purge implements DatabaseBinding with one DELETE for all the IDs.
+func (b *PostgresBinding) Purge(ctx context.Context, ids []int64) (int, error) {
+	tag, err := b.pool.Exec(ctx, b.purgeSQL, ids)
+	if err != nil {
+		return 0, fmt.Errorf("purge outbox: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// Reset implements DatabaseBinding with one UPDATE for all the IDs.
+func (b *PostgresBinding) Reset(ctx context.Context, leaderID uuid.UUID, ids []int64) (int, error) {
+	tag, err := b.pool.Exec(ctx, b.resetSQL, ids, leaderID)
+	if err != nil {
+		return 0, fmt.Errorf("reset outbox: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// Dispose implements DatabaseBinding.
+func (b *PostgresBinding) Dispose() { b.pool.Close() }

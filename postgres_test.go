@@ -1,0 +1,398 @@
+package goharvest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/stasher"
+)
+
+// outbox gives a test a fresh database with an outbox table, a binding to it and a pool for
+// writing rows directly.
+type outbox struct {
+	dsn     string
+	binding *goharvest.PostgresBinding
+	pool    *pgxpool.Pool
+	stasher *stasher.Stasher
+}
+
+func newOutbox(t *testing.T, table string) *outbox {
+	t.Helper()
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	if schema, _, ok := strings.Cut(table, "."); ok {
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = conn.Exec(ctx, "CREATE SCHEMA "+schema)
+		conn.Close(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := goharvest.CreateOutboxTable(ctx, dsn, table); err != nil {
+		t.Fatal(err)
+	}
+	b, err := goharvest.NewPostgresBinding(dsn, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := stasher.New(table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Dispose(); pool.Close() })
+	return &outbox{dsn: dsn, binding: b, pool: pool, stasher: st}
+}
+
+func (o *outbox) stash(t *testing.T, records ...goharvest.OutboxRecord) {
+	t.Helper()
+	if err := o.stasher.StashPgx(context.Background(), o.pool, records...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (o *outbox) count(t *testing.T, where string) int {
+	t.Helper()
+	var n int
+	if err := o.pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox WHERE "+where).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func records(n int, key func(i int) string) []goharvest.OutboxRecord {
+	recs := make([]goharvest.OutboxRecord, n)
+	for i := range recs {
+		recs[i] = goharvest.OutboxRecord{KafkaTopic: "t", KafkaKey: key(i), KafkaValue: goharvest.String(fmt.Sprint(i))}
+	}
+	return recs
+}
+
+func ids(marked []goharvest.MarkedRecord) []int64 {
+	out := make([]int64, len(marked))
+	for i, m := range marked {
+		out[i] = m.ID
+	}
+	return out
+}
+
+func mark(t *testing.T, o *outbox, leader uuid.UUID, limit int) []goharvest.MarkedRecord {
+	t.Helper()
+	marked, err := o.binding.Mark(context.Background(), leader, limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range marked {
+		if m.Err != nil {
+			t.Fatalf("record %d: %v", m.ID, m.Err)
+		}
+		if m.LeaderID == nil || *m.LeaderID != leader {
+			t.Fatalf("record %d came back with leader %v, want %v", m.ID, m.LeaderID, leader)
+		}
+	}
+	return marked
+}
+
+func TestMarkReturnsOldestInIDOrderAndSkipsOwnMarks(t *testing.T) {
+	o := newOutbox(t, "outbox")
+	o.stash(t, records(25, func(i int) string { return fmt.Sprint(i % 3) })...)
+	leader := uuid.New()
+
+	first := mark(t, o, leader, 10)
+	second := mark(t, o, leader, 10)
+	third := mark(t, o, leader, 10)
+	fourth := mark(t, o, leader, 10)
+
+	all := slices.Concat(ids(first), ids(second), ids(third))
+	if len(first) != 10 || len(second) != 10 || len(third) != 5 || len(fourth) != 0 {
+		t.Fatalf("batch sizes %d %d %d %d, want 10 10 5 0", len(first), len(second), len(third), len(fourth))
+	}
+	if !slices.IsSorted(all) || len(slices.Compact(slices.Clone(all))) != 25 {
+		t.Fatalf("marks returned %v, want 25 distinct ids in ascending order", all)
+	}
+	var firstID int64
+	o.pool.QueryRow(context.Background(), "SELECT min(id) FROM outbox").Scan(&firstID)
+	if all[0] != firstID {
+		t.Fatalf("the first mark began at %d, not at the head of the table (%d)", all[0], firstID)
+	}
+}
+
+func TestMarkByNewLeaderTakesOverOldLeadersRows(t *testing.T) {
+	o := newOutbox(t, "outbox")
+	o.stash(t, records(6, func(i int) string { return "k" })...)
+	old := uuid.New()
+	oldMarked := mark(t, o, old, 4)
+
+	successor := uuid.New()
+	taken := mark(t, o, successor, 100)
+	if len(taken) != 6 || taken[0].ID != oldMarked[0].ID {
+		t.Fatalf("the new leader marked %v, want all 6 rows from the head", ids(taken))
+	}
+	if n := o.count(t, fmt.Sprintf("leader_id = '%s'", successor)); n != 6 {
+		t.Fatalf("%d rows carry the new leader's ID, want 6", n)
+	}
+}
+
+func TestPurgeAndResetTenThousandIDsInOneCallEach(t *testing.T) {
+	o := newOutbox(t, "outbox")
+	const n = 20_000
+	o.stash(t, records(n, func(i int) string { return fmt.Sprint(i) })...)
+	leader := uuid.New()
+	marked := mark(t, o, leader, n)
+	purge, reset := ids(marked[:10_000]), ids(marked[10_000:])
+
+	ctx := context.Background()
+	purged, err := o.binding.Purge(ctx, purge)
+	if err != nil || purged != 10_000 {
+		t.Fatalf("purged %d, %v; want 10000", purged, err)
+	}
+	// A reset by a leader that no longer holds the rows must leave them alone.
+	if cleared, err := o.binding.Reset(ctx, uuid.New(), reset); err != nil || cleared != 0 {
+		t.Fatalf("a stale leader reset %d rows (%v); want 0", cleared, err)
+	}
+	cleared, err := o.binding.Reset(ctx, leader, reset)
+	if err != nil || cleared != 10_000 {
+		t.Fatalf("reset %d, %v; want 10000", cleared, err)
+	}
+	if left := o.count(t, "true"); left != 10_000 {
+		t.Fatalf("%d rows left, want 10000", left)
+	}
+	if unmarked := o.count(t, "leader_id IS NULL"); unmarked != 10_000 {
+		t.Fatalf("%d rows unmarked, want 10000", unmarked)
+	}
+	// Purging ids that are gone already is not an error.
+	if again, err := o.binding.Purge(ctx, purge); err != nil || again != 0 {
+		t.Fatalf("second purge: %d, %v", again, err)
+	}
+	// The reset rows are marked again, from the head.
+	if again := mark(t, o, leader, n); !slices.Equal(ids(again), reset) {
+		t.Fatalf("after reset the mark returned %d rows, want the %d reset ones", len(again), len(reset))
+	}
+}
+
+func TestMarkSkipsNothingWhileEightWritersStash(t *testing.T) {
+	o := newOutbox(t, "outbox")
+	ctx := context.Background()
+	const writers, perWriter = 8, 400
+	leader := uuid.New()
+
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for w := range writers {
+		wg.Go(func() {
+			for i := range perWriter / 4 {
+				// Several records per transaction, as applications write them.
+				recs := records(4, func(j int) string { return fmt.Sprintf("w%d-%d", w, i*4+j) })
+				if err := pgx.BeginFunc(ctx, o.pool, func(tx pgx.Tx) error {
+					return o.stasher.StashPgx(ctx, tx, recs...)
+				}); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	writersDone := make(chan struct{})
+	go func() { wg.Wait(); close(writersDone) }()
+
+	seen := map[int64]int{}
+	for finished := false; ; {
+		select {
+		case <-writersDone:
+			finished = true
+		default:
+		}
+		batch := mark(t, o, leader, 50)
+		for _, id := range ids(batch) {
+			seen[id]++
+		}
+		// Only an empty mark that began after the writers finished proves nothing is left.
+		if finished && len(batch) == 0 {
+			break
+		}
+	}
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if len(seen) != writers*perWriter {
+		t.Fatalf("marked %d distinct rows, want %d", len(seen), writers*perWriter)
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Fatalf("row %d was marked %d times by one leader", id, n)
+		}
+	}
+	if unmarked := o.count(t, "leader_id IS NULL"); unmarked != 0 {
+		t.Fatalf("%d rows were never marked", unmarked)
+	}
+}
+
+// A transaction that took a lower id but commits after one with a higher id must still be
+// marked: the harvester reads from the head of the table rather than from an offset.
+func TestMarkReturnsLateCommittedLowerID(t *testing.T) {
+	o := newOutbox(t, "outbox")
+	ctx := context.Background()
+	leader := uuid.New()
+
+	early, err := o.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer early.Rollback(ctx)
+	if err := o.stasher.StashPgx(ctx, early, records(1, func(int) string { return "early" })...); err != nil {
+		t.Fatal(err)
+	}
+	o.stash(t, records(1, func(int) string { return "late" })...)
+
+	got := mark(t, o, leader, 10)
+	if len(got) != 1 || got[0].KafkaKey != "late" {
+		t.Fatalf("first mark returned %v, want only the committed record", got)
+	}
+	if err := early.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got = mark(t, o, leader, 10)
+	if len(got) != 1 || got[0].KafkaKey != "early" || got[0].ID >= ids(mark(t, o, uuid.New(), 10))[1] {
+		t.Fatalf("after the late commit the mark returned %v, want the early record with the lower id", got)
+	}
+}
+
+func TestRecordsRoundTripExactly(t *testing.T) {
+	for _, table := range []string{"outbox", "app.outbox"} {
+		t.Run(table, func(t *testing.T) {
+			o := newOutbox(t, table)
+			created := time.Date(2024, 2, 29, 23, 59, 58, 123456000, time.UTC)
+			want := []goharvest.OutboxRecord{
+				{KafkaTopic: "t.one", KafkaKey: "tombstone", KafkaValue: nil, KafkaHeaders: goharvest.KafkaHeaders{}},
+				{KafkaTopic: "t_two", KafkaKey: "empty", KafkaValue: goharvest.String(""), KafkaHeaders: goharvest.KafkaHeaders{}},
+				{KafkaTopic: "t-3", KafkaKey: "héllo 世界", KafkaValue: goharvest.String(`{"a": [1, "b\"c"]}`), CreateTime: created,
+					KafkaHeaders: goharvest.KafkaHeaders{
+						{Key: "traceparent", Value: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+						{Key: "dup", Value: "1"}, {Key: "dup", Value: "2"},
+						{Key: "", Value: ""},
+						{Key: `quote"back\slash`, Value: "{brace},comma"},
+						{Key: "NULL", Value: "null"},
+					}},
+			}
+			o.stash(t, want...)
+			got := mark(t, o, uuid.New(), 10)
+			if len(got) != len(want) {
+				t.Fatalf("got %d records, want %d", len(got), len(want))
+			}
+			for i := range want {
+				g := got[i].OutboxRecord
+				if g.KafkaTopic != want[i].KafkaTopic || g.KafkaKey != want[i].KafkaKey || !slices.Equal(g.KafkaHeaders, want[i].KafkaHeaders) {
+					t.Errorf("record %d: got %+v, want %+v", i, g, want[i])
+				}
+				if (g.KafkaValue == nil) != (want[i].KafkaValue == nil) || (g.KafkaValue != nil && *g.KafkaValue != *want[i].KafkaValue) {
+					t.Errorf("record %d: value %v, want %v", i, g.KafkaValue, want[i].KafkaValue)
+				}
+				if g.CreateTime.IsZero() {
+					t.Errorf("record %d: no create time", i)
+				}
+			}
+			if !got[2].CreateTime.Equal(created) {
+				t.Errorf("create time %v, want %v", got[2].CreateTime, created)
+			}
+		})
+	}
+}
+
+func TestMalformedRowsAreReportedByIDWithoutFailingTheBatch(t *testing.T) {
+	o := newOutbox(t, "outbox")
+	ctx := context.Background()
+	o.stash(t, records(1, func(int) string { return "good-before" })...)
+	var mismatched, nullHeader, twoDim int64
+	insert := func(keys, values string) int64 {
+		var id int64
+		err := o.pool.QueryRow(ctx, `INSERT INTO outbox (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
+			VALUES (now(), 't', 'bad', 'v', `+keys+`, `+values+`) RETURNING id`).Scan(&id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	mismatched = insert(`'{a,b}'`, `'{x}'`)
+	nullHeader = insert(`ARRAY['a', NULL]`, `'{x,y}'`)
+	twoDim = insert(`'{{a,b},{c,d}}'`, `'{{w,x},{y,z}}'`)
+	o.stash(t, records(1, func(int) string { return "good-after" })...)
+
+	marked, err := o.binding.Mark(ctx, uuid.New(), 10)
+	if err != nil {
+		t.Fatalf("one malformed row failed the whole mark: %v", err)
+	}
+	if len(marked) != 5 {
+		t.Fatalf("marked %d rows, want all 5 (malformed ones included)", len(marked))
+	}
+	wantErr := map[int64]string{
+		mismatched: "kafka_header_keys has 2 elements but kafka_header_values has 1",
+		nullHeader: "header 1 has a NULL key or value",
+		twoDim:     "one-dimensional",
+	}
+	for _, m := range marked {
+		want, bad := wantErr[m.ID]
+		if !bad {
+			if m.Err != nil {
+				t.Errorf("good record %d reported %v", m.ID, m.Err)
+			}
+			continue
+		}
+		var re *goharvest.RecordError
+		if !errors.As(m.Err, &re) || re.ID != m.ID || !strings.Contains(m.Err.Error(), want) ||
+			!strings.Contains(m.Err.Error(), fmt.Sprintf("outbox record %d", m.ID)) {
+			t.Errorf("record %d: error %v, want a RecordError naming it and containing %q", m.ID, m.Err, want)
+		}
+	}
+}
+
+func TestMarkReportsMissingTable(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	b, err := goharvest.NewPostgresBinding(dsn, "no_such_table")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Dispose()
+	_, err = b.Mark(context.Background(), uuid.New(), 10)
+	if err == nil || !strings.Contains(err.Error(), "mark outbox") || !strings.Contains(err.Error(), "no_such_table") {
+		t.Fatalf("got %v, want a mark error naming the table", err)
+	}
+}
+
+func TestNewPostgresBindingRejectsBadTableName(t *testing.T) {
+	_, err := goharvest.NewPostgresBinding("host=localhost", "outbox; DROP TABLE x")
+	if err == nil || !strings.Contains(err.Error(), "not allowed") {
+		t.Fatalf("got %v", err)
+	}
+	if _, err := goharvest.OutboxTableDDL("a.b.c"); err == nil {
+		t.Fatal("OutboxTableDDL accepted a.b.c")
+	}
+}
+
+func TestCreateOutboxTableIsIdempotent(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	for range 2 {
+		if err := goharvest.CreateOutboxTable(ctx, dsn, "outbox"); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

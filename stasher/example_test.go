@@ -1,0 +1,56 @@
+package stasher_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/stasher"
+)
+
+// Stash a message in the same transaction as the business change it announces: either both
+// commit or neither does.
+func Example() {
+	ctx := context.Background()
+	db, err := sql.Open("pgx", exampleDataSource) // any database/sql driver for Postgres works
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+
+	st, err := stasher.New("outbox")
+	if err != nil {
+		panic(err)
+	}
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer tx.Rollback()
+
+	if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, status) VALUES (42, 'placed')"); err != nil {
+		panic(err)
+	}
+	err = st.Stash(ctx, tx, goharvest.OutboxRecord{
+		KafkaTopic:   "orders",
+		KafkaKey:     "42",
+		KafkaValue:   goharvest.String(`{"status":"placed"}`),
+		KafkaHeaders: goharvest.KafkaHeaders{{Key: "source", Value: "order-service"}},
+	})
+	if err != nil {
+		panic(err)
+	}
+	if err := tx.Commit(); err != nil {
+		panic(err)
+	}
+
+	var topic, key, value string
+	err = db.QueryRowContext(ctx, "SELECT kafka_topic, kafka_key, kafka_value FROM outbox").Scan(&topic, &key, &value)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(topic, key, value)
+	// Output: orders 42 {"status":"placed"}
+}
