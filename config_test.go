@@ -232,10 +232,10 @@ limits:
 
 func TestUnmarshalRejectsUnknownAndMalformed(t *testing.T) {
 	cases := map[string]string{
-		"outboxTabel: x\n":                         `line 1: unknown key "outboxTabel"`,
-		"limits:\n  heartbeatTimout: 5s\n":         `line 2: unknown key "limits.heartbeatTimout"`,
-		"limits:\n  heartbeatTimeout: 5\n":         "line 2: limits.heartbeatTimeout:",
-		"limits:\n  maxInFlightRecords: lots\n":    "line 2: limits.maxInFlightRecords:",
+		"outboxTabel: x\n":                        `line 1: unknown key "outboxTabel"`,
+		"limits:\n  heartbeatTimout: 5s\n":        `line 2: unknown key "limits.heartbeatTimout"`,
+		"limits:\n  heartbeatTimeout: 5\n":        "line 2: limits.heartbeatTimeout:",
+		"limits:\n  maxInFlightRecords: lots\n":   "line 2: limits.maxInFlightRecords:",
 		"name: a\nlimits:\n  queueTimeout: 10x\n": "line 3: limits.queueTimeout:",
 	}
 	for doc, want := range cases {

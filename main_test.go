@@ -7,4 +7,12 @@ import (
 	"github.com/goharvest/goharvest/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+// exampleDataSource is an empty database for the examples.
+var exampleDataSource string
+
+func TestMain(m *testing.M) {
+	os.Exit(pgtest.RunWithDatabase(m, func(dsn string) error {
+		exampleDataSource = dsn
+		return nil
+	}))
+}

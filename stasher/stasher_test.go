@@ -23,43 +23,22 @@ import (
 var exampleDataSource string
 
 func TestMain(m *testing.M) {
-	os.Exit(pgtest.Run(&mainWithExamples{m}))
-}
-
-// mainWithExamples prepares the examples' database inside m.Run, so that pgtest.Run still
-// stops the cluster afterwards.
-type mainWithExamples struct{ m *testing.M }
-
-func (w *mainWithExamples) Run() int {
-	server, err := pgtest.Get()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	dsn, drop, err := server.CreateDatabase()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer drop()
-	ctx := context.Background()
-	if err := goharvest.CreateOutboxTable(ctx, dsn, "outbox"); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	_, err = conn.Exec(ctx, "CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL)")
-	conn.Close(ctx)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	exampleDataSource = dsn
-	return w.m.Run()
+	os.Exit(pgtest.RunWithDatabase(m, func(dsn string) error {
+		ctx := context.Background()
+		if err := goharvest.CreateOutboxTable(ctx, dsn, "outbox"); err != nil {
+			return err
+		}
+		conn, err := pgx.Connect(ctx, dsn)
+		if err != nil {
+			return err
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL)"); err != nil {
+			return err
+		}
+		exampleDataSource = dsn
+		return nil
+	}))
 }
 
 func newOutbox(t *testing.T) string {
@@ -233,12 +212,12 @@ func TestStashRejectsInvalidRecordAndWritesNothing(t *testing.T) {
 	defer db.Close()
 	st, _ := stasher.New("outbox")
 	cases := map[string]goharvest.OutboxRecord{
-		"stash record 1 (key \"k\"): kafka topic \"\" is not a valid topic name":         {KafkaKey: "k"},
-		"stash record 1 (key \"k\"): kafka topic \"a/b\"":                                {KafkaTopic: "a/b", KafkaKey: "k"},
-		"stash record 1 (key \"k\"): kafka topic \"..\"":                                 {KafkaTopic: "..", KafkaKey: "k"},
-		"stash record 1 (key \"k\\x00\"): kafka key contains a NUL byte":                 {KafkaTopic: "t", KafkaKey: "k\x00"},
-		"stash record 1 (key \"k\"): kafka value contains a NUL byte":                    {KafkaTopic: "t", KafkaKey: "k", KafkaValue: goharvest.String("\x00")},
-		"stash record 1 (key \"k\"): header 0 contains a NUL byte":                       {KafkaTopic: "t", KafkaKey: "k", KafkaHeaders: goharvest.KafkaHeaders{{Key: "\x00"}}},
+		"stash record 1 (key \"k\"): kafka topic \"\" is not a valid topic name":       {KafkaKey: "k"},
+		"stash record 1 (key \"k\"): kafka topic \"a/b\"":                              {KafkaTopic: "a/b", KafkaKey: "k"},
+		"stash record 1 (key \"k\"): kafka topic \"..\"":                               {KafkaTopic: "..", KafkaKey: "k"},
+		"stash record 1 (key \"k\\x00\"): kafka key contains a NUL byte":               {KafkaTopic: "t", KafkaKey: "k\x00"},
+		"stash record 1 (key \"k\"): kafka value contains a NUL byte":                  {KafkaTopic: "t", KafkaKey: "k", KafkaValue: goharvest.String("\x00")},
+		"stash record 1 (key \"k\"): header 0 contains a NUL byte":                     {KafkaTopic: "t", KafkaKey: "k", KafkaHeaders: goharvest.KafkaHeaders{{Key: "\x00"}}},
 		"stash record 1 (key \"k\"): kafka topic \"" + strings.Repeat("x", 250) + "\"": {KafkaTopic: strings.Repeat("x", 250), KafkaKey: "k"},
 	}
 	for want, bad := range cases {

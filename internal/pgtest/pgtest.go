@@ -62,6 +62,34 @@ func Run(m Runner) int {
 	return code
 }
 
+// RunWithDatabase is Run for a package whose examples need a database: before the tests run it
+// creates one and passes its DSN to setup (which creates tables and stores the DSN for the
+// examples); afterwards it drops it and stops the cluster.
+func RunWithDatabase(m Runner, setup func(dsn string) error) int {
+	return Run(runnerFunc(func() int {
+		s, err := Get()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest:", err)
+			return 1
+		}
+		dsn, drop, err := s.CreateDatabase()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest:", err)
+			return 1
+		}
+		defer drop()
+		if err := setup(dsn); err != nil {
+			fmt.Fprintln(os.Stderr, "pgtest: setup:", err)
+			return 1
+		}
+		return m.Run()
+	}))
+}
+
+type runnerFunc func() int
+
+func (f runnerFunc) Run() int { return f() }
+
 // Shared returns the server the tests use, starting a throwaway cluster on first use. It fails
 // the test when no server can be had.
 func Shared(tb testing.TB) *Server {

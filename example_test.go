@@ -1,0 +1,73 @@
+package goharvest_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/goharvest/goharvest"
+)
+
+// Read a harvester's configuration from YAML, as the reaper sidecar does. Unknown keys are
+// errors; zero fields take their defaults.
+func ExampleUnmarshal() {
+	config, err := goharvest.Unmarshal([]byte(`
+baseKafkaConfig:
+  bootstrap.servers: localhost:9092
+producerKafkaConfig:
+  compression.type: lz4
+leaderTopic: billing-api.leader
+leaderGroupID: billing-api
+dataSource: host=localhost port=5432 user=postgres dbname=billing sslmode=disable
+outboxTable: billing.outbox
+limits:
+  heartbeatTimeout: 5s
+  maxInFlightRecords: 1000
+`))
+	if err != nil {
+		panic(err)
+	}
+	config = config.WithDefaults()
+	if err := config.Validate(); err != nil {
+		panic(err)
+	}
+	fmt.Println(config.OutboxTable, config.Limits.HeartbeatTimeout, config.Limits.MaxPollInterval, config.Limits.SendConcurrency)
+	// Output: billing.outbox 5s 2.5s 8
+}
+
+// A misspelt key is reported with its line rather than silently ignored.
+func ExampleUnmarshal_unknownKey() {
+	_, err := goharvest.Unmarshal([]byte("limits:\n  heartbeatTimout: 5s\n"))
+	fmt.Println(err)
+	// Output: harvest config: line 2: unknown key "limits.heartbeatTimout"
+}
+
+// Validate names every offending field, its YAML key and the allowed range.
+func ExampleConfig_Validate() {
+	config := goharvest.Config{LeaderGroupID: "billing-api", LeaderTopic: "billing-api.leader", Name: "billing-1"}.WithDefaults()
+	config.Limits.MaxPollInterval = config.Limits.HeartbeatTimeout
+	config.BaseKafkaConfig["session.timeout.ms"] = 10000
+	fmt.Println(config.Validate())
+	// Output:
+	// invalid harvest config: BaseKafkaConfig (baseKafkaConfig.session.timeout.ms): goharvest sets this property itself (derived from Limits.HeartbeatTimeout so that a leader fences itself before its partition can be reassigned); remove it
+	// Limits.MaxPollInterval (limits.maxPollInterval): 5s is out of range [100ms, 4.999s]: must be at least minPollInterval and below heartbeatTimeout, because the leader's heartbeat goes out on each poll
+}
+
+// Create the outbox table if it does not exist yet.
+func ExampleCreateOutboxTable() {
+	if err := goharvest.CreateOutboxTable(context.Background(), exampleDataSource, "outbox"); err != nil {
+		panic(err)
+	}
+	ddl, _ := goharvest.OutboxTableDDL("outbox")
+	fmt.Println(ddl)
+	// Output:
+	// CREATE TABLE IF NOT EXISTS "outbox" (
+	//   id                  BIGSERIAL PRIMARY KEY,
+	//   create_time         TIMESTAMP WITH TIME ZONE NOT NULL,
+	//   kafka_topic         VARCHAR(249) NOT NULL,
+	//   kafka_key           VARCHAR(100) NOT NULL,  -- pick your own maximum key size
+	//   kafka_value         VARCHAR(10000),         -- pick your own maximum value size
+	//   kafka_header_keys   TEXT[] NOT NULL,
+	//   kafka_header_values TEXT[] NOT NULL,
+	//   leader_id           UUID
+	// )
+}
