@@ -16,6 +16,7 @@ import (
 
 	"github.com/goharvest/goharvest/internal/pgname"
 	"github.com/goharvest/goharvest/internal/strictyaml"
+	"github.com/goharvest/goharvest/neli"
 )
 
 // Defaults of Config. A zero field takes its default.
@@ -240,25 +241,23 @@ func setDefault[T comparable](field *T, def T) {
 	}
 }
 
-// ownedKafkaProperties are set by goharvest itself; a value from the user would break leader
-// election or the delivery guarantees. Each entry says why.
-var ownedKafkaProperties = map[string]string{
-	"group.id":                        "set from LeaderGroupID",
-	"group.instance.id":               "static membership would delay handing leadership over when a harvester dies",
-	"enable.auto.commit":              "leader election commits no offsets",
-	"enable.auto.offset.store":        "leader election commits no offsets",
-	"auto.offset.reset":               "leader election reads only its own heartbeats",
-	"session.timeout.ms":              "derived from Limits.HeartbeatTimeout so that a leader fences itself before its partition can be reassigned",
-	"heartbeat.interval.ms":           "derived from Limits.HeartbeatTimeout",
-	"max.poll.interval.ms":            "derived from Limits.HeartbeatTimeout",
-	"partition.assignment.strategy":   "leader election relies on eager assignment of partition 0",
-	"group.protocol":                  "leader election uses the classic group protocol",
-	"go.application.rebalance.enable": "leader election handles rebalances itself",
-	"enable.idempotence":              "always on: without it a retried batch can reorder a key's records",
-	"transactional.id":                "the producer is not transactional",
-	"go.delivery.reports":             "delivery reports decide whether a record is purged or reset",
-	"delivery.report.only.error":      "delivery reports decide whether a record is purged or reset",
-	"acks":                            "always all: a record is purged only once every in-sync replica has it",
+// producerOwnedProperties are set by goharvest on its producer; a value from the user would break
+// the delivery guarantees. Leader election owns more (neli.OwnedProperties).
+var producerOwnedProperties = map[string]string{
+	"enable.idempotence":         "always on: without it a retried batch can reorder a key's records",
+	"transactional.id":           "the producer is not transactional",
+	"go.delivery.reports":        "delivery reports decide whether a record is purged or reset",
+	"delivery.report.only.error": "delivery reports decide whether a record is purged or reset",
+	"acks":                       "always all: a record is purged only once every in-sync replica has it",
+}
+
+// ownedKafkaProperties returns why goharvest owns key, if it does.
+func ownedKafkaProperties(key string) (string, bool) {
+	if why, ok := neli.OwnedProperties[key]; ok {
+		return why, true
+	}
+	why, ok := producerOwnedProperties[key]
+	return why, ok
 }
 
 var (
@@ -279,7 +278,7 @@ func (c Config) Validate() error {
 
 	checkKafkaMap := func(field, yamlKey string, m KafkaConfigMap) {
 		for _, key := range slices.Sorted(maps.Keys(m)) {
-			if why, owned := ownedKafkaProperties[key]; owned {
+			if why, owned := ownedKafkaProperties(key); owned {
 				bad(field, yamlKey+"."+key, "goharvest sets this property itself (%s); remove it", why)
 				continue
 			}

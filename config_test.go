@@ -118,9 +118,9 @@ func TestValidateNamesFieldAndRange(t *testing.T) {
 		want   []string
 	}{
 		{"owned consumer property", func(c *Config) { c.BaseKafkaConfig["session.timeout.ms"] = 30000 },
-			[]string{"baseKafkaConfig.session.timeout.ms", "derived from Limits.HeartbeatTimeout"}},
+			[]string{"baseKafkaConfig.session.timeout.ms", "derived from the heartbeat timeout"}},
 		{"owned group id", func(c *Config) { c.BaseKafkaConfig["group.id"] = "x" },
-			[]string{"baseKafkaConfig.group.id", "LeaderGroupID"}},
+			[]string{"baseKafkaConfig.group.id", "leader group ID"}},
 		{"idempotence off", func(c *Config) { c.ProducerKafkaConfig["enable.idempotence"] = false },
 			[]string{"producerKafkaConfig.enable.idempotence"}},
 		{"nested value", func(c *Config) { c.ProducerKafkaConfig["x"] = map[string]any{} },

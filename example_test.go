@@ -48,7 +48,7 @@ func ExampleConfig_Validate() {
 	config.BaseKafkaConfig["session.timeout.ms"] = 10000
 	fmt.Println(config.Validate())
 	// Output:
-	// invalid harvest config: BaseKafkaConfig (baseKafkaConfig.session.timeout.ms): goharvest sets this property itself (derived from Limits.HeartbeatTimeout so that a leader fences itself before its partition can be reassigned); remove it
+	// invalid harvest config: BaseKafkaConfig (baseKafkaConfig.session.timeout.ms): goharvest sets this property itself (derived from the heartbeat timeout so that a leader fences itself before its partition can be reassigned); remove it
 	// Limits.MaxPollInterval (limits.maxPollInterval): 5s is out of range [100ms, 4.999s]: must be at least minPollInterval and below heartbeatTimeout, because the leader's heartbeat goes out on each poll
 }
 

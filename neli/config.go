@@ -1,0 +1,192 @@
+package neli
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+)
+
+// Defaults of Config. A zero field takes its default.
+const (
+	DefaultHeartbeatTimeout = 5 * time.Second
+	DefaultPollDuration     = time.Millisecond
+	DefaultMinPollInterval  = 100 * time.Millisecond
+)
+
+// Config configures one contender for leadership.
+type Config struct {
+	// KafkaConfig holds librdkafka properties for the election's consumer and heartbeat producer:
+	// "bootstrap.servers" (required) and any security settings. The properties listed in
+	// OwnedProperties are set by NELI and rejected here.
+	KafkaConfig map[string]any
+
+	// LeaderTopic is the topic whose partition 0 decides leadership; it is created with one
+	// partition if it does not exist. Required.
+	LeaderTopic string
+
+	// LeaderGroupID is the consumer group of the contenders. Required.
+	LeaderGroupID string
+
+	// Name identifies this contender in logs, heartbeats and (as client.id, unless KafkaConfig
+	// sets one) in the group. Required.
+	Name string
+
+	// HeartbeatTimeout is how long a leader may go without receiving its own heartbeat before it
+	// fences itself. The consumer's session.timeout.ms and max.poll.interval.ms are twice this and
+	// heartbeat.interval.ms a fifth of it (see doc.go for why). Default: DefaultHeartbeatTimeout.
+	HeartbeatTimeout time.Duration
+
+	// PollDuration is how long one Pulse may block waiting for the consumer.
+	// Default: DefaultPollDuration.
+	PollDuration time.Duration
+
+	// MinPollInterval is the time between pulses in Run. Default: DefaultMinPollInterval.
+	// It must be below HeartbeatTimeout/2 so that heartbeats flow often enough.
+	MinPollInterval time.Duration
+
+	// OnEvent receives LeaderAcquired, LeaderFenced and LeaderRevoked events, in order, on a
+	// goroutine of its own: a slow or blocked handler delays later events but never the
+	// election loop. Optional.
+	OnEvent func(Event)
+
+	// Barrier is called synchronously, on the goroutine that pulses, as soon as leadership is
+	// lost (revoked or fenced), after IsLeader has turned false. On a revoke, the group cannot
+	// assign partition 0 to another member until Barrier returns, so a harvester can use it to
+	// stop sending and wait for its in-flight messages. It must return well within
+	// HeartbeatTimeout: while it runs, the consumer is not polled. Optional.
+	Barrier func()
+
+	// Logger receives the election's logs. Default: slog.Default().
+	Logger *slog.Logger
+}
+
+// OwnedProperties are the Kafka properties NELI sets itself, each with the reason. A user
+// value would break the guarantee that a leader fences itself before another is elected.
+var OwnedProperties = map[string]string{
+	"group.id":                        "set from the leader group ID",
+	"group.instance.id":               "static membership would delay handing leadership over when a contender dies",
+	"enable.auto.commit":              "leader election commits no offsets",
+	"enable.auto.offset.store":        "leader election commits no offsets",
+	"auto.offset.reset":               "leader election reads only its own heartbeats",
+	"session.timeout.ms":              "derived from the heartbeat timeout so that a leader fences itself before its partition can be reassigned",
+	"heartbeat.interval.ms":           "derived from the heartbeat timeout",
+	"max.poll.interval.ms":            "derived from the heartbeat timeout",
+	"partition.assignment.strategy":   "leader election relies on eager assignment of partition 0",
+	"group.protocol":                  "leader election uses the classic group protocol",
+	"go.application.rebalance.enable": "leader election handles rebalances itself",
+}
+
+// WithDefaults returns a copy of c in which every zero field holds its default. KafkaConfig is
+// copied.
+func (c Config) WithDefaults() Config {
+	c.KafkaConfig = maps.Clone(c.KafkaConfig)
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = DefaultHeartbeatTimeout
+	}
+	if c.PollDuration == 0 {
+		c.PollDuration = DefaultPollDuration
+	}
+	if c.MinPollInterval == 0 {
+		c.MinPollInterval = DefaultMinPollInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+var kafkaName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+
+// Validate checks a Config whose defaults have been applied, reporting every problem.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	for _, key := range slices.Sorted(maps.Keys(c.KafkaConfig)) {
+		if why, owned := OwnedProperties[key]; owned {
+			bad("KafkaConfig[%q]: NELI sets this property itself (%s); remove it", key, why)
+		}
+	}
+	if s, _ := c.KafkaConfig["bootstrap.servers"].(string); strings.TrimSpace(s) == "" {
+		bad(`KafkaConfig["bootstrap.servers"]: required`)
+	}
+	if !kafkaName.MatchString(c.LeaderTopic) || c.LeaderTopic == "." || c.LeaderTopic == ".." {
+		bad("LeaderTopic %q: use 1 to 249 letters, digits, '.', '_' or '-'", c.LeaderTopic)
+	}
+	if !kafkaName.MatchString(c.LeaderGroupID) {
+		bad("LeaderGroupID %q: use 1 to 249 letters, digits, '.', '_' or '-'", c.LeaderGroupID)
+	}
+	if strings.TrimSpace(c.Name) == "" {
+		bad("Name: required")
+	}
+	if c.HeartbeatTimeout < 100*time.Millisecond || c.HeartbeatTimeout > 10*time.Minute {
+		bad("HeartbeatTimeout %v: out of range [100ms, 10m]", c.HeartbeatTimeout)
+	}
+	if c.PollDuration < time.Millisecond || c.PollDuration > c.MinPollInterval {
+		bad("PollDuration %v: out of range [1ms, MinPollInterval (%v)]", c.PollDuration, c.MinPollInterval)
+	}
+	// A leader must publish and read back several heartbeats within each timeout.
+	if c.MinPollInterval >= c.HeartbeatTimeout/2 {
+		bad("MinPollInterval %v: must be below half the heartbeat timeout (%v)", c.MinPollInterval, c.HeartbeatTimeout/2)
+	}
+	if c.Logger == nil {
+		bad("Logger: required")
+	}
+	return errors.Join(errs...)
+}
+
+// timeouts are the consumer-group timings derived from the heartbeat timeout.
+//
+// A leader cut off from Kafka at time t has read its last heartbeat by t, so it fences itself by
+// t + heartbeatTimeout. The coordinator last heard from it no earlier than t - heartbeatInterval
+// and so evicts it no earlier than t + sessionTimeout - heartbeatInterval = t + 1.8 heartbeat
+// timeouts. A leader whose loop stalls stops reading heartbeats at once and is fenced after one
+// heartbeat timeout, while librdkafka only leaves the group after maxPollInterval, two of them.
+// Either way the old leader is fenced before any other member can be given partition 0.
+func timeouts(heartbeatTimeout time.Duration) (session, heartbeatInterval, maxPoll time.Duration) {
+	return 2 * heartbeatTimeout, heartbeatTimeout / 5, 2 * heartbeatTimeout
+}
+
+// consumerConfig builds the election consumer's properties.
+func (c Config) consumerConfig() kafka.ConfigMap {
+	session, interval, maxPoll := timeouts(c.HeartbeatTimeout)
+	cm := kafka.ConfigMap{"client.id": c.Name}
+	for k, v := range c.KafkaConfig {
+		cm[k] = v
+	}
+	maps.Copy(cm, kafka.ConfigMap{
+		"group.id":                      c.LeaderGroupID,
+		"enable.auto.commit":            false,
+		"enable.auto.offset.store":      false,
+		"auto.offset.reset":             "latest",
+		"session.timeout.ms":            int(session.Milliseconds()),
+		"heartbeat.interval.ms":         max(1, int(interval.Milliseconds())),
+		"max.poll.interval.ms":          int(maxPoll.Milliseconds()),
+		"partition.assignment.strategy": "range",
+		// A heartbeat should be seen as soon as it lands, not after a full fetch wait.
+		"fetch.wait.max.ms": max(1, int(interval.Milliseconds())),
+	})
+	return cm
+}
+
+// producerConfig builds the heartbeat producer's properties. A heartbeat older than the timeout
+// proves nothing, so the producer gives up on it rather than delivering it late.
+func (c Config) producerConfig() kafka.ConfigMap {
+	cm := kafka.ConfigMap{"client.id": c.Name + ".heartbeat"}
+	for k, v := range c.KafkaConfig {
+		cm[k] = v
+	}
+	maps.Copy(cm, kafka.ConfigMap{
+		"linger.ms":           0,
+		"message.timeout.ms":  max(1, int(c.HeartbeatTimeout.Milliseconds())),
+		"go.delivery.reports": false,
+	})
+	return cm
+}

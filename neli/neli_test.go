@@ -1,0 +1,489 @@
+package neli
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/goharvest/goharvest/internal/kafkatest"
+)
+
+// Short timings keep the tests quick: a leader fences itself after one second of silence, and
+// the group evicts a silent member after two.
+const (
+	testHeartbeatTimeout = time.Second
+	testPollInterval     = 50 * time.Millisecond
+)
+
+type timedEvent struct {
+	at time.Time
+	ev Event
+}
+
+// contender drives one Neli from its own loop, which a test can pause to simulate a stalled
+// process.
+type contender struct {
+	name   string
+	n      *Neli
+	paused atomic.Bool
+	cancel context.CancelFunc
+	done   chan error
+
+	mu     sync.Mutex
+	events []timedEvent
+}
+
+func startContender(t *testing.T, b *kafkatest.Broker, group, name string, modify ...func(*Config)) *contender {
+	t.Helper()
+	c := &contender{name: name, done: make(chan error, 1)}
+	cfg := Config{
+		KafkaConfig:      map[string]any{"bootstrap.servers": b.Addr()},
+		LeaderTopic:      group + ".leader",
+		LeaderGroupID:    group,
+		Name:             name,
+		HeartbeatTimeout: testHeartbeatTimeout,
+		MinPollInterval:  testPollInterval,
+		OnEvent: func(e Event) {
+			c.mu.Lock()
+			c.events = append(c.events, timedEvent{time.Now(), e})
+			c.mu.Unlock()
+		},
+	}
+	for _, m := range modify {
+		m(&cfg)
+	}
+	n, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.n = n
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	go func() {
+		for ctx.Err() == nil {
+			if !c.paused.Load() {
+				if _, err := n.Pulse(ctx); err != nil {
+					c.done <- err
+					return
+				}
+			}
+			time.Sleep(testPollInterval)
+		}
+		closeCtx, cancelClose := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancelClose()
+		c.done <- n.Close(closeCtx)
+	}()
+	t.Cleanup(func() { c.stop(t) })
+	return c
+}
+
+// stop ends the contender's loop and closes it; calling it again does nothing.
+func (c *contender) stop(t *testing.T) {
+	if c.cancel == nil {
+		return
+	}
+	c.cancel()
+	c.cancel = nil
+	select {
+	case err := <-c.done:
+		if err != nil {
+			t.Errorf("%s: %v", c.name, err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Errorf("%s did not stop", c.name)
+	}
+}
+
+func (c *contender) eventLog() []timedEvent {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]timedEvent(nil), c.events...)
+}
+
+// checkEventOrder checks a contender's events against the state machine of doc.go.
+func checkEventOrder(t *testing.T, c *contender) {
+	t.Helper()
+	state := Follower
+	for i, te := range c.eventLog() {
+		next := state
+		switch te.ev.(type) {
+		case LeaderAcquired:
+			if state == Follower {
+				next = Leader
+			}
+		case LeaderFenced:
+			if state == Leader {
+				next = Fenced
+			}
+		case LeaderRevoked:
+			if state == Leader || state == Fenced {
+				next = Follower
+			}
+		}
+		if next == state {
+			t.Errorf("%s: event %d (%v) is not allowed in state %v; events %v", c.name, i, te.ev, state, c.eventLog())
+			return
+		}
+		state = next
+	}
+}
+
+// sampler checks, every two milliseconds, that at most one contender considers itself leader.
+type sampler struct {
+	contenders []*contender
+	stopCh     chan struct{}
+	done       chan struct{}
+
+	mu         sync.Mutex
+	violations []string
+	leaderFrom map[string]time.Time // when each contender was last seen becoming leader
+	leaderTill map[string]time.Time // when each contender was last seen stopping being leader
+}
+
+func startSampler(t *testing.T, cs ...*contender) *sampler {
+	s := &sampler{contenders: cs, stopCh: make(chan struct{}), done: make(chan struct{}),
+		leaderFrom: map[string]time.Time{}, leaderTill: map[string]time.Time{}}
+	was := map[string]bool{}
+	go func() {
+		defer close(s.done)
+		tick := time.NewTicker(2 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-s.stopCh:
+				return
+			case <-tick.C:
+			}
+			var leaders []string
+			now := time.Now()
+			s.mu.Lock()
+			for _, c := range s.contenders {
+				is := c.n.IsLeader()
+				if is {
+					leaders = append(leaders, c.name)
+				}
+				if is && !was[c.name] {
+					s.leaderFrom[c.name] = now
+				}
+				if !is && was[c.name] {
+					s.leaderTill[c.name] = now
+				}
+				was[c.name] = is
+			}
+			if len(leaders) > 1 {
+				s.violations = append(s.violations, fmt.Sprintf("%s: leaders %v", now.Format("15:04:05.000"), leaders))
+			}
+			s.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { s.stop(t) })
+	return s
+}
+
+func (s *sampler) stop(t *testing.T) {
+	select {
+	case <-s.stopCh:
+		return
+	default:
+	}
+	close(s.stopCh)
+	<-s.done
+	if len(s.violations) > 0 {
+		t.Errorf("two unfenced leaders at once, %d times: %v", len(s.violations), s.violations[:min(5, len(s.violations))])
+	}
+}
+
+func (s *sampler) times(name string) (from, till time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.leaderFrom[name], s.leaderTill[name]
+}
+
+// waitForLeader waits until exactly one of cs leads, and returns it.
+func waitForLeader(t *testing.T, within time.Duration, cs ...*contender) *contender {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		var leaders []*contender
+		for _, c := range cs {
+			if c.n.IsLeader() {
+				leaders = append(leaders, c)
+			}
+		}
+		if len(leaders) == 1 {
+			return leaders[0]
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("no single leader among %d contenders within %v", len(cs), within)
+	return nil
+}
+
+func others(all []*contender, not *contender) []*contender {
+	var out []*contender
+	for _, c := range all {
+		if c != not {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func TestThreeContendersElectExactlyOneLeader(t *testing.T) {
+	b := kafkatest.Start(t)
+	var cs []*contender
+	for i := range 3 {
+		cs = append(cs, startContender(t, b, "three", fmt.Sprintf("c%d", i)))
+	}
+	s := startSampler(t, cs...)
+	start := time.Now()
+	leader := waitForLeader(t, 15*time.Second, cs...)
+	t.Logf("%s elected %v after start", leader.name, time.Since(start))
+
+	// Hold steady: the same single leader throughout, heartbeats keeping it unfenced.
+	time.Sleep(3 * testHeartbeatTimeout)
+	if !leader.n.IsLeader() {
+		t.Fatalf("%s lost leadership in a steady group; events %v", leader.name, leader.eventLog())
+	}
+	s.stop(t)
+	for _, c := range cs {
+		checkEventOrder(t, c)
+	}
+}
+
+func TestCloseHandsOverWithinTwoSeconds(t *testing.T) {
+	b := kafkatest.Start(t)
+	var cs []*contender
+	for i := range 3 {
+		cs = append(cs, startContender(t, b, "handover", fmt.Sprintf("c%d", i)))
+	}
+	s := startSampler(t, cs...)
+	for round := range 2 {
+		leader := waitForLeader(t, 15*time.Second, cs...)
+		// Let the group settle so the handover measured is the one Close causes.
+		time.Sleep(testHeartbeatTimeout)
+		leader = waitForLeader(t, 5*time.Second, cs...)
+		start := time.Now()
+		leader.stop(t)
+		cs = others(cs, leader)
+		next := waitForLeader(t, 2*time.Second, cs...)
+		t.Logf("round %d: %s closed, %s took over after %v", round, leader.name, next.name, time.Since(start))
+		checkEventOrder(t, leader)
+		if log := leader.eventLog(); len(log) == 0 || log[len(log)-1].ev != (LeaderRevoked{}) {
+			t.Errorf("closed leader's last event is not LeaderRevoked: %v", log)
+		}
+	}
+	s.stop(t)
+}
+
+// A leader whose loop stalls (a long GC pause, a stuck callback, a frozen process) must count
+// itself fenced before the group can give partition 0 to anyone else.
+func TestStalledLeaderIsFencedBeforeAnotherIsElected(t *testing.T) {
+	b := kafkatest.Start(t)
+	var cs []*contender
+	for i := range 3 {
+		cs = append(cs, startContender(t, b, "stall", fmt.Sprintf("c%d", i)))
+	}
+	s := startSampler(t, cs...)
+	leader := waitForLeader(t, 15*time.Second, cs...)
+	time.Sleep(testHeartbeatTimeout)
+	leader = waitForLeader(t, 5*time.Second, cs...)
+
+	leader.paused.Store(true)
+	stalledAt := time.Now()
+	next := waitForLeader(t, 10*time.Second, others(cs, leader)...)
+	_, fencedAt := s.times(leader.name)
+	electedAt, _ := s.times(next.name)
+	t.Logf("stalled %s fenced after %v; %s elected after %v", leader.name, fencedAt.Sub(stalledAt), next.name, electedAt.Sub(stalledAt))
+	if fencedAt.IsZero() || !fencedAt.Before(electedAt) {
+		t.Fatalf("stalled leader fenced at %v, successor elected at %v: not fenced first", fencedAt, electedAt)
+	}
+
+	// When the stalled loop resumes it learns it was revoked, and never leads alongside.
+	leader.paused.Store(false)
+	time.Sleep(2 * testHeartbeatTimeout)
+	if leader.n.IsLeader() && next.n.IsLeader() {
+		t.Fatal("both lead after the stalled loop resumed")
+	}
+	waitForLeader(t, 10*time.Second, cs...)
+	s.stop(t)
+	for _, c := range cs {
+		checkEventOrder(t, c)
+	}
+}
+
+func TestBrokerRestartFencesLeaderAndLeadershipResumes(t *testing.T) {
+	b := kafkatest.Start(t)
+	cs := []*contender{startContender(t, b, "restart", "c0"), startContender(t, b, "restart", "c1")}
+	s := startSampler(t, cs...)
+	leader := waitForLeader(t, 15*time.Second, cs...)
+	time.Sleep(testHeartbeatTimeout)
+	leader = waitForLeader(t, 5*time.Second, cs...)
+
+	if err := b.Restart(2 * testHeartbeatTimeout); err != nil {
+		t.Fatal(err)
+	}
+	fenced := false
+	for _, te := range leader.eventLog() {
+		if _, ok := te.ev.(LeaderFenced); ok {
+			fenced = true
+		}
+	}
+	if !fenced {
+		t.Fatalf("the leader was not fenced while the broker was down; events %v", leader.eventLog())
+	}
+	again := waitForLeader(t, 20*time.Second, cs...)
+	t.Logf("%s leads again after the restart", again.name)
+	s.stop(t)
+	for _, c := range cs {
+		checkEventOrder(t, c)
+	}
+}
+
+func TestBlockingEventHandlerDoesNotBlockTheLoop(t *testing.T) {
+	b := kafkatest.Start(t)
+	release := make(chan struct{})
+	handlerEntered := make(chan struct{}, 1)
+	n, err := New(Config{
+		KafkaConfig:      map[string]any{"bootstrap.servers": b.Addr()},
+		LeaderTopic:      "blocking.leader",
+		LeaderGroupID:    "blocking",
+		Name:             "only",
+		HeartbeatTimeout: testHeartbeatTimeout,
+		MinPollInterval:  testPollInterval,
+		OnEvent: func(Event) {
+			select {
+			case handlerEntered <- struct{}{}:
+			default:
+			}
+			<-release
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- n.Run(ctx) }()
+
+	select {
+	case <-handlerEntered:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no event")
+	}
+	// The handler is stuck in LeaderAcquired; the loop must go on heartbeating regardless.
+	time.Sleep(3 * testHeartbeatTimeout)
+	if !n.IsLeader() {
+		t.Fatalf("the leader lost leadership while its event handler blocked (state %v)", n.State())
+	}
+	cancel()
+	select {
+	case err := <-runErr:
+		// Close gives up on the stuck handler after its bound and says so.
+		if err == nil || !strings.Contains(err.Error(), "event handler still busy") {
+			t.Fatalf("Run returned %v", err)
+		}
+	case <-time.After(4*testHeartbeatTimeout + 5*time.Second):
+		t.Fatal("Run did not return while the event handler blocked")
+	}
+	close(release)
+}
+
+func TestLeaderTopicIsCreatedWithOnePartition(t *testing.T) {
+	b := kafkatest.Start(t)
+	c := startContender(t, b, "created", "c0")
+	waitForLeader(t, 15*time.Second, c)
+	admin, err := kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": b.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	topic := "created.leader"
+	md, err := admin.GetMetadata(&topic, false, 5000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(md.Topics[topic].Partitions); got != 1 {
+		t.Fatalf("leader topic has %d partitions, want 1", got)
+	}
+}
+
+func TestLeaderTopicCreationDeniedIsAClearError(t *testing.T) {
+	b := kafkatest.Start(t, kafkatest.WithKfake())
+	b.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Err: kerr.TopicAuthorizationFailed, Count: -1})
+	n, err := New(Config{
+		KafkaConfig:   map[string]any{"bootstrap.servers": b.Addr()},
+		LeaderTopic:   "denied.leader",
+		LeaderGroupID: "denied",
+		Name:          "c0",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close(context.Background())
+	_, err = n.Pulse(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "may not create it") || !strings.Contains(err.Error(), "denied.leader") {
+		t.Fatalf("got %v, want an error naming the topic and the missing permission", err)
+	}
+}
+
+func TestConfigRejectsOwnedPropertiesAndBadValues(t *testing.T) {
+	base := Config{
+		KafkaConfig:   map[string]any{"bootstrap.servers": "localhost:9092"},
+		LeaderTopic:   "t",
+		LeaderGroupID: "g",
+		Name:          "n",
+	}
+	cases := map[string]func(*Config){
+		`KafkaConfig["session.timeout.ms"]: NELI sets this property itself`: func(c *Config) { c.KafkaConfig["session.timeout.ms"] = 1000 },
+		`KafkaConfig["group.id"]`:                func(c *Config) { c.KafkaConfig["group.id"] = "x" },
+		`KafkaConfig["enable.auto.commit"]`:      func(c *Config) { c.KafkaConfig["enable.auto.commit"] = true },
+		`KafkaConfig["max.poll.interval.ms"]`:    func(c *Config) { c.KafkaConfig["max.poll.interval.ms"] = 1 },
+		`KafkaConfig["bootstrap.servers"]`:       func(c *Config) { delete(c.KafkaConfig, "bootstrap.servers") },
+		`LeaderTopic "a b"`:                      func(c *Config) { c.LeaderTopic = "a b" },
+		"LeaderGroupID":                          func(c *Config) { c.LeaderGroupID = "" },
+		"Name: required":                         func(c *Config) { c.Name = "" },
+		"HeartbeatTimeout 10ms":                  func(c *Config) { c.HeartbeatTimeout = 10 * time.Millisecond },
+		"MinPollInterval 3s: must be below half": func(c *Config) { c.MinPollInterval = 3 * time.Second },
+		"PollDuration 200ms: out of range":       func(c *Config) { c.PollDuration = 200 * time.Millisecond },
+	}
+	for want, modify := range cases {
+		c := base
+		c.KafkaConfig = map[string]any{"bootstrap.servers": "localhost:9092"}
+		modify(&c)
+		_, err := New(c)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("got %v, want an error containing %q", err, want)
+		}
+	}
+}
+
+func TestDerivedTimeoutsFenceBeforeEviction(t *testing.T) {
+	for _, hb := range []time.Duration{100 * time.Millisecond, time.Second, 5 * time.Second, time.Minute} {
+		session, interval, maxPoll := timeouts(hb)
+		// Partitioned leader: fenced by t+hb; evicted no earlier than t+session-interval.
+		if hb >= session-interval {
+			t.Errorf("hb %v: fence at %v is not before eviction at %v", hb, hb, session-interval)
+		}
+		// Stalled loop: fenced by t+hb; librdkafka leaves the group at t+maxPoll.
+		if hb >= maxPoll {
+			t.Errorf("hb %v: fence is not before max.poll.interval (%v)", hb, maxPoll)
+		}
+		if maxPoll < session {
+			t.Errorf("hb %v: librdkafka requires max.poll.interval.ms >= session.timeout.ms", hb)
+		}
+		cm := Config{HeartbeatTimeout: hb, KafkaConfig: map[string]any{"client.id": "mine"}}.consumerConfig()
+		if cm["session.timeout.ms"] != int(session.Milliseconds()) || cm["client.id"] != "mine" {
+			t.Errorf("consumer config %v", cm)
+		}
+	}
+}
