@@ -40,7 +40,7 @@ type Config struct {
 
 	// HeartbeatTimeout is how long a leader may go without receiving its own heartbeat before it
 	// fences itself. The consumer's session.timeout.ms and max.poll.interval.ms are twice this and
-	// heartbeat.interval.ms a fifth of it (see doc.go for why). Default: DefaultHeartbeatTimeout.
+	// heartbeat.interval.ms a tenth of it (see doc.go for why). Default: DefaultHeartbeatTimeout.
 	HeartbeatTimeout time.Duration
 
 	// PollDuration is how long one Pulse may block waiting for the consumer.
@@ -146,12 +146,12 @@ func (c Config) Validate() error {
 //
 // A leader cut off from Kafka at time t has read its last heartbeat by t, so it fences itself by
 // t + heartbeatTimeout. The coordinator last heard from it no earlier than t - heartbeatInterval
-// and so evicts it no earlier than t + sessionTimeout - heartbeatInterval = t + 1.8 heartbeat
+// and so evicts it no earlier than t + sessionTimeout - heartbeatInterval = t + 1.9 heartbeat
 // timeouts. A leader whose loop stalls stops reading heartbeats at once and is fenced after one
 // heartbeat timeout, while librdkafka only leaves the group after maxPollInterval, two of them.
 // Either way the old leader is fenced before any other member can be given partition 0.
 func timeouts(heartbeatTimeout time.Duration) (session, heartbeatInterval, maxPoll time.Duration) {
-	return 2 * heartbeatTimeout, heartbeatTimeout / 5, 2 * heartbeatTimeout
+	return 2 * heartbeatTimeout, heartbeatTimeout / 10, 2 * heartbeatTimeout
 }
 
 // consumerConfig builds the election consumer's properties.

@@ -46,11 +46,13 @@
 //
 //	session.timeout.ms    = 2H
 //	max.poll.interval.ms  = 2H
-//	heartbeat.interval.ms = H/5
+//	heartbeat.interval.ms = H/10
 //
 // A leader cut off from Kafka at time t read its last heartbeat no later than t, so it is fenced
-// by t+H. The coordinator heard from it no earlier than t-H/5, so it evicts it no earlier than
-// t+2H-H/5 = t+1.8H, and only then can another member be assigned. A leader whose loop stalls at
+// by t+H. The coordinator heard from it no earlier than t-H/10, so it evicts it no earlier than
+// t+2H-H/10 = t+1.9H, and only then can another member be assigned. The short heartbeat interval
+// also tells followers of a rebalance quickly, which keeps a graceful handover well under a second
+// or two. A leader whose loop stalls at
 // t reads no heartbeat after t and is fenced by t+H, while librdkafka leaves the group only at
 // t+2H. A graceful handover (a rebalance, or Close) revokes the leader, and runs Barrier, before
 // the group can reassign, because the eager protocol waits for every member to give up its

@@ -29,6 +29,8 @@ type timedEvent struct {
 	ev Event
 }
 
+func (te timedEvent) String() string { return te.at.Format("15:04:05.000") + " " + te.ev.String() }
+
 // contender drives one Neli from its own loop, which a test can pause to simulate a stalled
 // process.
 type contender struct {
@@ -246,10 +248,13 @@ func TestThreeContendersElectExactlyOneLeader(t *testing.T) {
 	}
 	s := startSampler(t, cs...)
 	start := time.Now()
-	leader := waitForLeader(t, 15*time.Second, cs...)
-	t.Logf("%s elected %v after start", leader.name, time.Since(start))
+	first := waitForLeader(t, 15*time.Second, cs...)
+	t.Logf("%s elected %v after start", first.name, time.Since(start))
 
-	// Hold steady: the same single leader throughout, heartbeats keeping it unfenced.
+	// Members joining after the first election may move partition 0; once all have joined, the
+	// same leader must hold steady, its heartbeats keeping it unfenced.
+	time.Sleep(testHeartbeatTimeout)
+	leader := waitForLeader(t, 5*time.Second, cs...)
 	time.Sleep(3 * testHeartbeatTimeout)
 	if !leader.n.IsLeader() {
 		t.Fatalf("%s lost leadership in a steady group; events %v", leader.name, leader.eventLog())
@@ -261,28 +266,33 @@ func TestThreeContendersElectExactlyOneLeader(t *testing.T) {
 }
 
 func TestCloseHandsOverWithinTwoSeconds(t *testing.T) {
-	b := kafkatest.Start(t)
-	var cs []*contender
-	for i := range 3 {
-		cs = append(cs, startContender(t, b, "handover", fmt.Sprintf("c%d", i)))
+	for _, hb := range []time.Duration{testHeartbeatTimeout, DefaultHeartbeatTimeout} {
+		t.Run(hb.String(), func(t *testing.T) {
+			b := kafkatest.Start(t)
+			var cs []*contender
+			for i := range 3 {
+				cs = append(cs, startContender(t, b, "handover", fmt.Sprintf("c%d", i),
+					func(c *Config) { c.HeartbeatTimeout = hb }))
+			}
+			s := startSampler(t, cs...)
+			for round := range 2 {
+				waitForLeader(t, 15*time.Second, cs...)
+				// Let the group settle so the handover measured is the one Close causes.
+				time.Sleep(time.Second)
+				leader := waitForLeader(t, 5*time.Second, cs...)
+				start := time.Now()
+				leader.stop(t)
+				cs = others(cs, leader)
+				next := waitForLeader(t, 2*time.Second, cs...)
+				t.Logf("round %d: %s closed, %s took over after %v", round, leader.name, next.name, time.Since(start))
+				checkEventOrder(t, leader)
+				if log := leader.eventLog(); len(log) == 0 || log[len(log)-1].ev != (LeaderRevoked{}) {
+					t.Errorf("closed leader's last event is not LeaderRevoked: %v", log)
+				}
+			}
+			s.stop(t)
+		})
 	}
-	s := startSampler(t, cs...)
-	for round := range 2 {
-		leader := waitForLeader(t, 15*time.Second, cs...)
-		// Let the group settle so the handover measured is the one Close causes.
-		time.Sleep(testHeartbeatTimeout)
-		leader = waitForLeader(t, 5*time.Second, cs...)
-		start := time.Now()
-		leader.stop(t)
-		cs = others(cs, leader)
-		next := waitForLeader(t, 2*time.Second, cs...)
-		t.Logf("round %d: %s closed, %s took over after %v", round, leader.name, next.name, time.Since(start))
-		checkEventOrder(t, leader)
-		if log := leader.eventLog(); len(log) == 0 || log[len(log)-1].ev != (LeaderRevoked{}) {
-			t.Errorf("closed leader's last event is not LeaderRevoked: %v", log)
-		}
-	}
-	s.stop(t)
 }
 
 // A leader whose loop stalls (a long GC pause, a stuck callback, a frozen process) must count
