@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/goharvest/goharvest/internal/dispatch"
 )
 
 // State is a contender's view of its own leadership.
@@ -79,7 +81,7 @@ type Neli struct {
 	log      *slog.Logger
 	consumer *kafka.Consumer
 	producer *kafka.Producer
-	events   *dispatcher
+	events   *dispatch.Dispatcher[Event]
 
 	// loop serialises Pulse and Close; the fields below it belong to whoever holds it.
 	loop           sync.Mutex
@@ -123,7 +125,7 @@ func New(cfg Config) (*Neli, error) {
 		log:            cfg.Logger.With("group", cfg.LeaderGroupID, "member", cfg.Name),
 		consumer:       consumer,
 		producer:       producer,
-		events:         newDispatcher(cfg.OnEvent),
+		events:         dispatch.New(cfg.OnEvent),
 		heartbeatEvery: max(cfg.MinPollInterval, cfg.HeartbeatTimeout/10),
 	}
 	// Heartbeats need no delivery reports; the channel carries only client errors, which are
@@ -337,7 +339,7 @@ func (n *Neli) acquire() {
 	n.mu.Unlock()
 	n.kafkaTrouble = ""
 	n.log.Info("acquired leadership")
-	n.events.emit(LeaderAcquired{})
+	n.events.Emit(LeaderAcquired{})
 	n.sendHeartbeat()
 }
 
@@ -347,7 +349,7 @@ func (n *Neli) revoke() {
 	n.assigned, n.fenced = false, false
 	n.mu.Unlock()
 	n.log.Info("leadership revoked")
-	n.events.emit(LeaderRevoked{})
+	n.events.Emit(LeaderRevoked{})
 	// A leader that fenced itself has run the barrier already.
 	if !wasFenced {
 		n.barrier()
@@ -370,7 +372,7 @@ func (n *Neli) fenceIfSilent() {
 	}
 	n.log.Warn("no heartbeat came back within the timeout; stepping down and rejoining the group",
 		"heartbeatTimeout", n.cfg.HeartbeatTimeout)
-	n.events.emit(LeaderFenced{})
+	n.events.Emit(LeaderFenced{})
 	n.barrier()
 	if err := n.consumer.Unsubscribe(); err != nil {
 		n.log.Warn("leave group after fencing", "error", err)
@@ -454,7 +456,7 @@ func (n *Neli) Close(ctx context.Context) error {
 		err := n.consumer.Close()
 		n.producer.Purge(kafka.PurgeQueue | kafka.PurgeInFlight | kafka.PurgeNonBlocking)
 		n.producer.Close()
-		n.events.close()
+		n.events.Close()
 		done <- err
 	}()
 	select {
@@ -466,69 +468,9 @@ func (n *Neli) Close(ctx context.Context) error {
 		return fmt.Errorf("neli: close: %w", ctx.Err())
 	}
 	select {
-	case <-n.events.done:
+	case <-n.events.Done():
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("neli: close: event handler still busy: %w", ctx.Err())
-	}
-}
-
-// dispatcher delivers events in order on a goroutine of its own, so that the election loop
-// never waits for the handler. Its queue is unbounded; leadership changes are rare.
-type dispatcher struct {
-	mu      sync.Mutex
-	wake    chan struct{} // one slot: repeated wake-ups merge
-	queue   []Event
-	closing bool
-	done    chan struct{}
-}
-
-func newDispatcher(handler func(Event)) *dispatcher {
-	d := &dispatcher{wake: make(chan struct{}, 1), done: make(chan struct{})}
-	go func() {
-		defer close(d.done)
-		for {
-			<-d.wake
-			for {
-				d.mu.Lock()
-				if len(d.queue) == 0 {
-					closing := d.closing
-					d.mu.Unlock()
-					if closing {
-						return
-					}
-					break
-				}
-				ev := d.queue[0]
-				d.queue = d.queue[1:]
-				d.mu.Unlock()
-				if handler != nil {
-					handler(ev)
-				}
-			}
-		}
-	}()
-	return d
-}
-
-func (d *dispatcher) emit(ev Event) {
-	d.mu.Lock()
-	d.queue = append(d.queue, ev)
-	d.mu.Unlock()
-	d.poke()
-}
-
-// close lets the dispatcher finish the queue and stop.
-func (d *dispatcher) close() {
-	d.mu.Lock()
-	d.closing = true
-	d.mu.Unlock()
-	d.poke()
-}
-
-func (d *dispatcher) poke() {
-	select {
-	case d.wake <- struct{}{}:
-	default:
 	}
 }
