@@ -39,6 +39,7 @@ const (
 	DefaultHeartbeatTimeout   = 5 * time.Second
 	DefaultQueueTimeout       = 30 * time.Second
 	DefaultMarkBackoff        = 10 * time.Millisecond
+	DefaultMaxMarkBackoff     = 500 * time.Millisecond
 	DefaultMaxInFlightRecords = 1000
 	DefaultSendConcurrency    = 8
 	DefaultSendBuffer         = 10
@@ -94,6 +95,26 @@ type Config struct {
 
 	// Logger receives the harvester's logs. Default: slog.Default().
 	Logger *slog.Logger `yaml:"-"`
+
+	// DatabaseBindingProvider opens the outbox. Default: NewPostgresBinding.
+	DatabaseBindingProvider DatabaseBindingProvider `yaml:"-"`
+
+	// KafkaProducerProvider creates the producer for each leader epoch.
+	// Default: StandardKafkaProducerProvider (confluent-kafka-go).
+	KafkaProducerProvider KafkaProducerProvider `yaml:"-"`
+
+	// NeliProvider creates the leader election. Default: StandardNeliProvider (package neli).
+	NeliProvider NeliProvider `yaml:"-"`
+}
+
+// DatabaseBindingProvider opens a DatabaseBinding for an outbox table.
+type DatabaseBindingProvider func(dataSource, outboxTable string) (DatabaseBinding, error)
+
+// StandardPostgresBindingProvider opens a PostgresBinding.
+func StandardPostgresBindingProvider() DatabaseBindingProvider {
+	return func(dataSource, outboxTable string) (DatabaseBinding, error) {
+		return NewPostgresBinding(dataSource, outboxTable)
+	}
 }
 
 // Limits tunes the harvester's timing and throughput. The zero value of every field means its
@@ -111,10 +132,11 @@ type Limits struct {
 	// Default: DefaultMinPollInterval. Range: PollDuration to MaxPollInterval.
 	MinPollInterval time.Duration `yaml:"minPollInterval"`
 
-	// MaxPollInterval is the longest time the harvester may go without polling the
-	// leader-election consumer, even while it waits for in-flight records to drain. The leader
-	// publishes its heartbeat on each poll, so this must be shorter than HeartbeatTimeout.
-	// Default: HeartbeatTimeout / 2. Range: MinPollInterval to below HeartbeatTimeout.
+	// MaxPollInterval is the longest the harvester may go without polling the leader-election
+	// consumer. When leadership ends (revoked, fenced, a remark, Stop) the harvester waits up to
+	// this long for the records it has in flight to be acknowledged and purged before it gives up
+	// on them, and a fenced leader must be done before another can be elected; hence the bound.
+	// Default: HeartbeatTimeout / 2. Range: MinPollInterval to HeartbeatTimeout / 2.
 	MaxPollInterval time.Duration `yaml:"maxPollInterval"`
 
 	// HeartbeatTimeout is how long a leader may go without receiving its own heartbeat before it
@@ -125,19 +147,26 @@ type Limits struct {
 	// Default: DefaultHeartbeatTimeout. Range: 100ms to 10m.
 	HeartbeatTimeout time.Duration `yaml:"heartbeatTimeout"`
 
-	// DrainInterval is how long the harvester waits at a time for an in-flight record to clear
-	// (the key barrier or the in-flight throttle) before it checks on leadership again.
+	// DrainInterval is how long the marker waits at a time for room in the pipeline (see
+	// MaxInFlightRecords) before it checks on leadership again.
 	// Default: the smaller of MaxPollInterval and QueueTimeout. Range: 1ms to MaxPollInterval.
 	DrainInterval time.Duration `yaml:"drainInterval"`
 
-	// QueueTimeout is how long a marked record may wait to be sent (behind an in-flight record
-	// of the same key) before the harvester gives up on the batch and remarks.
+	// QueueTimeout is how long the producer keeps trying to deliver a message before it reports
+	// it failed (librdkafka's message.timeout.ms, unless ProducerKafkaConfig sets that or
+	// delivery.timeout.ms). A failed record is reset and published again under a new leader ID.
 	// Default: DefaultQueueTimeout. Range: DrainInterval to 1h.
 	QueueTimeout time.Duration `yaml:"queueTimeout"`
 
-	// MarkBackoff is how long to wait after a mark query that found nothing.
-	// Default: DefaultMarkBackoff. Range: 1ms to 1m.
+	// MarkBackoff is how long to wait after a mark query that found nothing. Each further empty
+	// mark doubles the wait, up to MaxMarkBackoff, so an idle outbox costs few queries.
+	// Default: DefaultMarkBackoff. Range: 1ms to MaxMarkBackoff.
 	MarkBackoff time.Duration `yaml:"markBackoff"`
+
+	// MaxMarkBackoff bounds the wait between marks of an idle outbox, and so how long a record
+	// written to an idle outbox may wait to be noticed. Default: DefaultMaxMarkBackoff.
+	// Range: MarkBackoff to 1m.
+	MaxMarkBackoff time.Duration `yaml:"maxMarkBackoff"`
 
 	// MaxInFlightRecords bounds the records sent but not yet acknowledged, and so the memory
 	// the harvester uses, whatever the backlog. Default: DefaultMaxInFlightRecords.
@@ -190,6 +219,15 @@ func (c Config) WithDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.DatabaseBindingProvider == nil {
+		c.DatabaseBindingProvider = StandardPostgresBindingProvider()
+	}
+	if c.KafkaProducerProvider == nil {
+		c.KafkaProducerProvider = StandardKafkaProducerProvider(c.Logger)
+	}
+	if c.NeliProvider == nil {
+		c.NeliProvider = StandardNeliProvider()
+	}
 	if c.LeaderGroupID == "" {
 		c.LeaderGroupID = topicSafe(filepath.Base(os.Args[0]))
 		c.Logger.Warn("leaderGroupID not set; defaulting to the executable's name, which every harvester of this outbox must share and nothing else may use",
@@ -226,6 +264,7 @@ func (l Limits) WithDefaults() Limits {
 	setDefault(&l.QueueTimeout, DefaultQueueTimeout)
 	setDefault(&l.DrainInterval, min(l.MaxPollInterval, l.QueueTimeout))
 	setDefault(&l.MarkBackoff, DefaultMarkBackoff)
+	setDefault(&l.MaxMarkBackoff, max(DefaultMaxMarkBackoff, l.MarkBackoff))
 	setDefault(&l.MaxInFlightRecords, DefaultMaxInFlightRecords)
 	setDefault(&l.SendConcurrency, DefaultSendConcurrency)
 	setDefault(&l.SendBuffer, DefaultSendBuffer)
@@ -318,6 +357,9 @@ func (c Config) Validate() error {
 	if c.Logger == nil {
 		bad("Logger", "-", "must not be nil")
 	}
+	if c.DatabaseBindingProvider == nil || c.KafkaProducerProvider == nil || c.NeliProvider == nil {
+		bad("providers", "-", "DatabaseBindingProvider, KafkaProducerProvider and NeliProvider must not be nil")
+	}
 	errs = append(errs, c.Limits.validate()...)
 	if len(errs) > 0 {
 		return fmt.Errorf("invalid harvest config: %w", errors.Join(errs...))
@@ -345,19 +387,21 @@ func (l Limits) validate() []error {
 	}
 	between("IOErrorBackoff", "ioErrorBackoff", l.IOErrorBackoff, time.Millisecond, 10*time.Minute, "")
 	between("HeartbeatTimeout", "heartbeatTimeout", l.HeartbeatTimeout, 100*time.Millisecond, 10*time.Minute, "")
-	// The leader publishes a heartbeat each time it polls; polling less often than the heartbeat
-	// timeout would make it fence itself while healthy.
-	between("MaxPollInterval", "maxPollInterval", l.MaxPollInterval, l.MinPollInterval, l.HeartbeatTimeout-time.Millisecond,
-		"must be at least minPollInterval and below heartbeatTimeout, because the leader's heartbeat goes out on each poll")
-	between("MinPollInterval", "minPollInterval", l.MinPollInterval, l.PollDuration, 10*time.Minute,
-		"must be at least pollDuration")
+	// A leader that loses leadership waits up to MaxPollInterval for its in-flight records; a
+	// fenced one must be done before the group can elect another, which takes at least 1.9
+	// heartbeat timeouts (see package neli), so half a timeout leaves a safe margin.
+	between("MaxPollInterval", "maxPollInterval", l.MaxPollInterval, l.MinPollInterval, l.HeartbeatTimeout/2,
+		"must be at least minPollInterval and at most half of heartbeatTimeout, so that a fenced leader has finished before another can be elected")
+	between("MinPollInterval", "minPollInterval", l.MinPollInterval, l.PollDuration, l.HeartbeatTimeout/2-time.Millisecond,
+		"must be at least pollDuration and below half of heartbeatTimeout, so that several heartbeats go out within each timeout")
 	between("PollDuration", "pollDuration", l.PollDuration, time.Millisecond, 10*time.Minute, "")
 	// A wait for a drain must end in time for the next poll.
 	between("DrainInterval", "drainInterval", l.DrainInterval, time.Millisecond, l.MaxPollInterval,
 		"a single wait for in-flight records must end in time for the next poll (maxPollInterval)")
 	between("QueueTimeout", "queueTimeout", l.QueueTimeout, l.DrainInterval, time.Hour,
 		"must be at least drainInterval")
-	between("MarkBackoff", "markBackoff", l.MarkBackoff, time.Millisecond, time.Minute, "")
+	between("MarkBackoff", "markBackoff", l.MarkBackoff, time.Millisecond, l.MaxMarkBackoff, "must not exceed maxMarkBackoff")
+	between("MaxMarkBackoff", "maxMarkBackoff", l.MaxMarkBackoff, time.Millisecond, time.Minute, "")
 	between("MinMetricsInterval", "minMetricsInterval", l.MinMetricsInterval, time.Millisecond, time.Hour, "")
 	betweenInt("MaxInFlightRecords", "maxInFlightRecords", l.MaxInFlightRecords, 1, 1_000_000)
 	betweenInt("SendConcurrency", "sendConcurrency", l.SendConcurrency, 1, 1024)

@@ -38,6 +38,7 @@ func TestWithDefaults(t *testing.T) {
 		{"QueueTimeout", l.QueueTimeout, DefaultQueueTimeout},
 		{"DrainInterval", l.DrainInterval, DefaultHeartbeatTimeout / 2},
 		{"MarkBackoff", l.MarkBackoff, DefaultMarkBackoff},
+		{"MaxMarkBackoff", l.MaxMarkBackoff, DefaultMaxMarkBackoff},
 		{"MaxInFlightRecords", l.MaxInFlightRecords, DefaultMaxInFlightRecords},
 		{"SendConcurrency", l.SendConcurrency, DefaultSendConcurrency},
 		{"SendBuffer", l.SendBuffer, DefaultSendBuffer},
@@ -80,7 +81,7 @@ func TestWithDefaultsLeavesCallerUntouched(t *testing.T) {
 	if len(in.BaseKafkaConfig) != 1 || len(in.ProducerKafkaConfig) != 1 {
 		t.Fatalf("the caller's maps were modified: %v %v", in.BaseKafkaConfig, in.ProducerKafkaConfig)
 	}
-	if in.DataSource != "" || in.Limits != (Limits{}) || in.Logger != nil {
+	if in.DataSource != "" || in.Limits != (Limits{}) || in.Logger != nil || in.NeliProvider != nil {
 		t.Fatalf("the caller's config was modified: %+v", in)
 	}
 }
@@ -137,8 +138,15 @@ func TestValidateNamesFieldAndRange(t *testing.T) {
 			[]string{"Limits.IOErrorBackoff (limits.ioErrorBackoff)", "-1s is out of range [1ms, 10m0s]"}},
 		{"heartbeat too short", func(c *Config) { c.Limits.HeartbeatTimeout = 50 * time.Millisecond },
 			[]string{"limits.heartbeatTimeout", "[100ms, 10m0s]"}},
-		{"poll slower than heartbeat", func(c *Config) { c.Limits.MaxPollInterval = c.Limits.HeartbeatTimeout },
-			[]string{"limits.maxPollInterval", "below heartbeatTimeout"}},
+		{"poll slower than half the heartbeat", func(c *Config) { c.Limits.MaxPollInterval = c.Limits.HeartbeatTimeout/2 + time.Millisecond },
+			[]string{"limits.maxPollInterval", "at most half of heartbeatTimeout"}},
+		{"min poll too slow", func(c *Config) {
+			c.Limits.MinPollInterval = c.Limits.HeartbeatTimeout / 2
+			c.Limits.MaxPollInterval = c.Limits.MinPollInterval
+		}, []string{"limits.minPollInterval", "below half of heartbeatTimeout"}},
+		{"mark backoff above its max", func(c *Config) { c.Limits.MarkBackoff = c.Limits.MaxMarkBackoff + time.Millisecond },
+			[]string{"limits.markBackoff", "maxMarkBackoff"}},
+		{"no providers", func(c *Config) { c.NeliProvider = nil }, []string{"NeliProvider"}},
 		{"poll interval below poll duration", func(c *Config) { c.Limits.PollDuration = 200 * time.Millisecond },
 			[]string{"limits.minPollInterval", "at least pollDuration"}},
 		{"drain longer than poll", func(c *Config) { c.Limits.DrainInterval = c.Limits.MaxPollInterval + time.Millisecond },
@@ -150,7 +158,7 @@ func TestValidateNamesFieldAndRange(t *testing.T) {
 		{"concurrency", func(c *Config) { c.Limits.SendConcurrency = 5000 }, []string{"limits.sendConcurrency", "[1, 1024]"}},
 		{"buffer", func(c *Config) { c.Limits.SendBuffer = -3 }, []string{"limits.sendBuffer"}},
 		{"mark records", func(c *Config) { c.Limits.MarkQueryRecords = 1_000_000 }, []string{"limits.markQueryRecords"}},
-		{"mark backoff", func(c *Config) { c.Limits.MarkBackoff = time.Hour }, []string{"limits.markBackoff"}},
+		{"mark backoff", func(c *Config) { c.Limits.MaxMarkBackoff = time.Hour }, []string{"limits.maxMarkBackoff"}},
 		{"metrics", func(c *Config) { c.Limits.MinMetricsInterval = -1 }, []string{"limits.minMetricsInterval"}},
 	}
 	for _, tc := range cases {
@@ -201,6 +209,7 @@ limits:
   drainInterval: 50ms
   queueTimeout: 10s
   markBackoff: 20ms
+  maxMarkBackoff: 200ms
   maxInFlightRecords: 500
   sendConcurrency: 4
   sendBuffer: 20
@@ -214,6 +223,7 @@ limits:
 		IOErrorBackoff: 250 * time.Millisecond, PollDuration: 2 * time.Millisecond,
 		MinPollInterval: time.Second, MaxPollInterval: 2 * time.Second, HeartbeatTimeout: 5 * time.Second,
 		DrainInterval: 50 * time.Millisecond, QueueTimeout: 10 * time.Second, MarkBackoff: 20 * time.Millisecond,
+		MaxMarkBackoff:     200 * time.Millisecond,
 		MaxInFlightRecords: 500, SendConcurrency: 4, SendBuffer: 20, MarkQueryRecords: 200,
 		MinMetricsInterval: time.Minute,
 	}

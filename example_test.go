@@ -49,7 +49,7 @@ func ExampleConfig_Validate() {
 	fmt.Println(config.Validate())
 	// Output:
 	// invalid harvest config: BaseKafkaConfig (baseKafkaConfig.session.timeout.ms): goharvest sets this property itself (derived from the heartbeat timeout so that a leader fences itself before its partition can be reassigned); remove it
-	// Limits.MaxPollInterval (limits.maxPollInterval): 5s is out of range [100ms, 4.999s]: must be at least minPollInterval and below heartbeatTimeout, because the leader's heartbeat goes out on each poll
+	// Limits.MaxPollInterval (limits.maxPollInterval): 5s is out of range [100ms, 2.5s]: must be at least minPollInterval and at most half of heartbeatTimeout, so that a fenced leader has finished before another can be elected
 }
 
 // Create the outbox table if it does not exist yet.

@@ -1,0 +1,64 @@
+package goharvest
+
+import (
+	"fmt"
+
+	"github.com/google/uuid"
+
+	"github.com/goharvest/goharvest/metric"
+)
+
+// Event is something the harvester reports to its EventHandler.
+type Event interface {
+	fmt.Stringer
+	event()
+}
+
+// EventHandler receives events in the order they happen, on a goroutine of its own: a slow
+// handler delays later events but never the harvester. It need not be safe for concurrent use.
+type EventHandler func(Event)
+
+// LeaderAcquired: this harvester became the leader and starts publishing under LeaderID.
+type LeaderAcquired struct{ LeaderID uuid.UUID }
+
+// LeaderRefreshed: the leader moved to a new leader ID, so that records whose delivery failed
+// (or whose fate is unknown after a database error) are marked and published again.
+type LeaderRefreshed struct{ LeaderID uuid.UUID }
+
+// LeaderRevoked: Kafka gave leadership to another harvester (or this one is stopping). In-flight
+// records were awaited, within MaxPollInterval, before the handover.
+type LeaderRevoked struct{}
+
+// LeaderFenced: the leader lost contact with Kafka and stopped publishing, assuming another
+// harvester may be elected.
+type LeaderFenced struct{}
+
+// MeterRead carries a throughput reading: records published and purged.
+type MeterRead struct{ Stats metric.MeterStats }
+
+// RecordFailed: an outbox record could not be published. Its key is held back (later records
+// with that key wait) while the harvester retries it with backoff; other keys carry on.
+// Malformed rows (see RecordError) are retried when the leader ID next changes.
+type RecordFailed struct {
+	ID       int64
+	Topic    string
+	Key      string
+	Attempts int
+	Err      error
+}
+
+func (LeaderAcquired) event()  {}
+func (LeaderRefreshed) event() {}
+func (LeaderRevoked) event()   {}
+func (LeaderFenced) event()    {}
+func (MeterRead) event()       {}
+func (RecordFailed) event()    {}
+
+func (e LeaderAcquired) String() string  { return "leader acquired: " + e.LeaderID.String() }
+func (e LeaderRefreshed) String() string { return "leader refreshed: " + e.LeaderID.String() }
+func (LeaderRevoked) String() string     { return "leader revoked" }
+func (LeaderFenced) String() string      { return "leader fenced" }
+func (e MeterRead) String() string       { return "meter read: " + e.Stats.String() }
+func (e RecordFailed) String() string {
+	return fmt.Sprintf("record %d (topic %s, key %q) failed, attempt %d: %v", e.ID, e.Topic, e.Key, e.Attempts, e.Err)
+}

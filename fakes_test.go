@@ -1,0 +1,381 @@
+package goharvest
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/goharvest/goharvest/neli"
+)
+
+// fakeDB is an in-memory outbox with the semantics of the Postgres binding.
+type fakeDB struct {
+	mu      sync.Mutex
+	rows    map[int64]*OutboxRecord
+	nextID  int64
+	down    bool // every call fails while set
+	marks   int
+	purges  int
+	purged  []int64
+	failMk  int // fail this many coming marks
+	markErr map[int64]error
+}
+
+func newFakeDB() *fakeDB { return &fakeDB{rows: map[int64]*OutboxRecord{}} }
+
+// insert adds records in order, returning their ids.
+func (d *fakeDB) insert(recs ...OutboxRecord) []int64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var ids []int64
+	for _, r := range recs {
+		d.nextID++
+		r.ID = d.nextID
+		d.rows[r.ID] = &r
+		ids = append(ids, r.ID)
+	}
+	return ids
+}
+
+// insertAt adds a record with a given id, as a transaction that took a lower id and committed
+// late would.
+func (d *fakeDB) insertAt(id int64, r OutboxRecord) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r.ID = id
+	d.rows[id] = &r
+}
+
+func (d *fakeDB) setDown(down bool) {
+	d.mu.Lock()
+	d.down = down
+	d.mu.Unlock()
+}
+
+func (d *fakeDB) exists(id int64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.rows[id] != nil
+}
+
+func (d *fakeDB) len() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.rows)
+}
+
+func (d *fakeDB) markCount() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.marks
+}
+
+var errDBDown = errors.New("fake database down")
+
+func (d *fakeDB) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]MarkedRecord, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.marks++
+	if d.down {
+		return nil, errDBDown
+	}
+	if d.failMk > 0 {
+		d.failMk--
+		return nil, errDBDown
+	}
+	var ids []int64
+	for id, r := range d.rows {
+		if r.LeaderID == nil || *r.LeaderID != leaderID {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	var out []MarkedRecord
+	for _, id := range ids[:min(limit, len(ids))] {
+		r := d.rows[id]
+		l := leaderID
+		r.LeaderID = &l
+		out = append(out, MarkedRecord{OutboxRecord: *r, Err: d.markErr[id]})
+	}
+	return out, nil
+}
+
+func (d *fakeDB) Purge(ctx context.Context, ids []int64) (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.down {
+		return 0, errDBDown
+	}
+	d.purges++
+	n := 0
+	for _, id := range ids {
+		if d.rows[id] != nil {
+			delete(d.rows, id)
+			d.purged = append(d.purged, id)
+			n++
+		}
+	}
+	return n, nil
+}
+
+func (d *fakeDB) Reset(ctx context.Context, leaderID uuid.UUID, ids []int64) (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.down {
+		return 0, errDBDown
+	}
+	n := 0
+	for _, id := range ids {
+		if r := d.rows[id]; r != nil && r.LeaderID != nil && *r.LeaderID == leaderID {
+			r.LeaderID = nil
+			n++
+		}
+	}
+	return n, nil
+}
+
+func (d *fakeDB) Dispose() {}
+
+// published is one message as the fake broker stored it.
+type published struct {
+	id       int64
+	key      string
+	value    *string
+	producer int
+}
+
+// fakeKafka is a broker and producer factory. Each producer delivers asynchronously, after
+// delay, and checks the harvester's promises as messages arrive.
+type fakeKafka struct {
+	t  *testing.T
+	db *fakeDB
+
+	mu          sync.Mutex
+	delay       time.Duration
+	log         []published
+	failOnce    map[int64]error // fail the next delivery of these ids with this error
+	rejectN     map[int64]int   // reject these ids this many times
+	producers   int
+	open        int              // producers created and not closed
+	newest      int              // index of the newest producer
+	outstanding map[string]int64 // key -> id awaiting a delivery report
+	lastAcked   map[string]int64 // key -> last id acknowledged
+	maxOut      int
+	violations  []string
+}
+
+func newFakeKafka(t *testing.T, db *fakeDB) *fakeKafka {
+	return &fakeKafka{t: t, db: db, failOnce: map[int64]error{}, rejectN: map[int64]int{},
+		outstanding: map[string]int64{}, lastAcked: map[string]int64{}}
+}
+
+func (k *fakeKafka) violate(format string, args ...any) {
+	k.violations = append(k.violations, fmt.Sprintf(format, args...))
+}
+
+func (k *fakeKafka) provider(KafkaConfigMap) (KafkaProducer, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.producers++
+	k.open++
+	k.newest = k.producers
+	if k.open > 1 {
+		k.violate("producer %d created while an older one is still open", k.producers)
+	}
+	return &fakeProducer{k: k, index: k.producers, deliveries: make(chan Delivery, 100_000)}, nil
+}
+
+type fakeProducer struct {
+	k          *fakeKafka
+	index      int
+	deliveries chan Delivery
+	wg         sync.WaitGroup
+	abandoned  chan struct{}
+	once       sync.Once
+}
+
+func (p *fakeProducer) Produce(msg Message) error {
+	k := p.k
+	f := msg.Opaque.(*flight)
+	id, key := f.rec.ID, string(msg.Key)
+	k.mu.Lock()
+	if p.index != k.newest {
+		k.violate("producer %d sent record %d after producer %d was created", p.index, id, k.newest)
+	}
+	if other, ok := k.outstanding[key]; ok {
+		k.violate("key %s: record %d sent while record %d is still in flight", key, id, other)
+	}
+	// The previous record of this key, once acknowledged, must be purged before the next is sent.
+	if prev, ok := k.lastAcked[key]; ok && prev != id && k.db.exists(prev) {
+		k.violate("key %s: record %d sent before the purge of record %d committed", key, id, prev)
+	}
+	k.outstanding[key] = id
+	if n := len(k.outstanding); n > k.maxOut {
+		k.maxOut = n
+	}
+	var err error
+	if k.rejectN[id] > 0 {
+		k.rejectN[id]--
+		err = &RejectedError{Err: errors.New("message too large")}
+	} else if e, ok := k.failOnce[id]; ok {
+		delete(k.failOnce, id)
+		err = e
+	}
+	delay := k.delay
+	k.mu.Unlock()
+
+	p.wg.Go(func() {
+		time.Sleep(delay)
+		k.mu.Lock()
+		delete(k.outstanding, key)
+		if err == nil {
+			k.log = append(k.log, published{id: id, key: key, value: f.rec.KafkaValue, producer: p.index})
+			k.lastAcked[key] = id
+		}
+		k.mu.Unlock()
+		p.deliveries <- Delivery{Opaque: msg.Opaque, Err: err}
+	})
+	return nil
+}
+
+func (p *fakeProducer) Deliveries() <-chan Delivery { return p.deliveries }
+func (p *fakeProducer) Abandon()                    {}
+func (p *fakeProducer) Close() {
+	p.wg.Wait()
+	p.k.mu.Lock()
+	p.k.open--
+	p.k.mu.Unlock()
+	close(p.deliveries)
+}
+
+func (k *fakeKafka) published() []published {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Clone(k.log)
+}
+
+// checkOrder verifies that every id in want was published and that, per key, ids never go
+// backwards except for an immediate repeat.
+func (k *fakeKafka) checkOrder(t *testing.T, want []int64, keyOf func(int64) string, orderOf func(int64) int64) {
+	t.Helper()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, v := range k.violations {
+		t.Error(v)
+	}
+	seen := map[int64]bool{}
+	last := map[string]int64{}
+	for _, m := range k.log {
+		seen[m.id] = true
+		o := orderOf(m.id)
+		if prev, ok := last[m.key]; ok && o < prev {
+			t.Errorf("key %s went backwards: %d after %d", m.key, o, prev)
+		}
+		last[m.key] = o
+	}
+	for _, id := range want {
+		if !seen[id] {
+			t.Errorf("record %d (key %s) was never published", id, keyOf(id))
+		}
+	}
+}
+
+// fakeElector is leader election under the test's control.
+type fakeElector struct {
+	mu            sync.Mutex
+	state         neli.State
+	barrier       func()
+	revokePending bool
+	pulses        int
+	closed        bool
+}
+
+// revoke takes leadership away as neli does: the state turns to follower and the next Pulse runs
+// the barrier before it returns.
+func (e *fakeElector) revoke() {
+	e.mu.Lock()
+	e.state = neli.Follower
+	e.revokePending = true
+	e.mu.Unlock()
+}
+
+func (e *fakeElector) provider(cfg neli.Config) (Elector, error) {
+	e.barrier = cfg.Barrier
+	return e, nil
+}
+
+func (e *fakeElector) Pulse(ctx context.Context) (bool, error) {
+	e.mu.Lock()
+	e.pulses++
+	revoke := e.revokePending
+	e.revokePending = false
+	e.mu.Unlock()
+	if revoke {
+		e.barrier()
+	}
+	return e.State() == neli.Leader, nil
+}
+
+func (e *fakeElector) State() neli.State {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.state
+}
+
+func (e *fakeElector) set(s neli.State) {
+	e.mu.Lock()
+	e.state = s
+	e.mu.Unlock()
+}
+
+func (e *fakeElector) Close(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.closed = true
+	e.state = neli.Follower
+	return nil
+}
+
+// eventLog collects events for assertions.
+type eventLog struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+func (l *eventLog) handle(e Event) {
+	l.mu.Lock()
+	l.events = append(l.events, e)
+	l.mu.Unlock()
+}
+
+func (l *eventLog) all() []Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.events)
+}
+
+func countEvents[T Event](l *eventLog) int {
+	n := 0
+	for _, e := range l.all() {
+		if _, ok := e.(T); ok {
+			n++
+		}
+	}
+	return n
+}
+
+func sortedIDs(m map[int64]string) []int64 {
+	ids := make([]int64, 0, len(m))
+	for id := range m {
+		ids = append(ids, id)
+	}
+	slices.SortFunc(ids, cmp.Compare)
+	return ids
+}

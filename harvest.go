@@ -1,0 +1,415 @@
+// Package goharvest publishes the rows of a Postgres transactional outbox to Kafka, at least once,
+// in per-key order, with exactly one publisher elected through Kafka.
+//
+// Applications write outbox rows in the same transaction as their business data (see package
+// stasher, or plain SQL). A Harvest elects a leader among its peers (package neli); the leader
+// marks rows from the head of the outbox, publishes them with at most one record in flight per
+// key, and deletes each row once Kafka has acknowledged it. See README.md for the guarantees,
+// the schema and the configuration.
+//
+//	h, err := goharvest.New(goharvest.Config{
+//		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": "localhost:9092"},
+//		DataSource:      "host=localhost dbname=app",
+//		LeaderGroupID:   "app",
+//		LeaderTopic:     "app.leader",
+//	})
+//	...
+//	err = h.Run(ctx) // until ctx ends, or Start, Stop and Await
+package goharvest
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/goharvest/goharvest/internal/dispatch"
+	"github.com/goharvest/goharvest/metric"
+	"github.com/goharvest/goharvest/neli"
+)
+
+// State is a Harvest's place in its lifecycle.
+type State int
+
+const (
+	// Created: configured, not started.
+	Created State = iota
+	// Running: started.
+	Running
+	// Stopping: Stop was called (or a fatal error happened); work is winding down.
+	Stopping
+	// Stopped: everything has been released.
+	Stopped
+)
+
+func (s State) String() string {
+	return [...]string{"created", "running", "stopping", "stopped"}[s]
+}
+
+// Harvest publishes an outbox table to Kafka. Create it with New, then Run it, or Start it and
+// later Stop and Await it. It runs once.
+type Harvest struct {
+	cfg            Config
+	producerConfig KafkaConfigMap
+	log            *slog.Logger
+	meter          *metric.Meter
+	dbTrouble      *episode
+
+	mu       sync.Mutex // guards the fields below
+	state    State
+	handler  EventHandler
+	events   *dispatch.Dispatcher[Event]
+	db       DatabaseBinding
+	elector  Elector
+	pipeline *pipeline // the current epoch; nil while not leading
+	err      error     // what stopped the harvester
+
+	stopOnce sync.Once
+	stopCh   chan struct{}
+	done     chan struct{}
+}
+
+// New validates the config (after applying defaults to a copy) and returns a harvester ready
+// to start. It does not connect to anything.
+func New(config Config) (*Harvest, error) {
+	cfg := config.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	producerConfig := maps.Clone(cfg.BaseKafkaConfig)
+	maps.Copy(producerConfig, cfg.ProducerKafkaConfig)
+	if _, ok := cfg.ProducerKafkaConfig["client.id"]; !ok {
+		producerConfig["client.id"] = cfg.Name
+	}
+	_, hasMessageTimeout := producerConfig["message.timeout.ms"]
+	_, hasDeliveryTimeout := producerConfig["delivery.timeout.ms"]
+	if !hasMessageTimeout && !hasDeliveryTimeout {
+		producerConfig["message.timeout.ms"] = int(cfg.Limits.QueueTimeout.Milliseconds())
+	}
+	maps.Copy(producerConfig, KafkaConfigMap{
+		"enable.idempotence":  true,
+		"acks":                "all",
+		"go.delivery.reports": true,
+	})
+	return &Harvest{
+		cfg:            cfg,
+		producerConfig: producerConfig,
+		log:            cfg.Logger.With("harvest", cfg.Name),
+		dbTrouble:      &episode{what: "database"},
+		state:          Created,
+		stopCh:         make(chan struct{}),
+		done:           make(chan struct{}),
+	}, nil
+}
+
+// SetEventHandler registers the handler for events (see Event); call it before Start.
+func (h *Harvest) SetEventHandler(handler EventHandler) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.handler = handler
+}
+
+// Start opens the outbox and joins the leader election, then returns; the work goes on in the
+// background until Stop. It fails if the harvester was started before or cannot be set up.
+func (h *Harvest) Start() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state != Created {
+		return fmt.Errorf("harvest: cannot start in state %v", h.state)
+	}
+	db, err := h.cfg.DatabaseBindingProvider(h.cfg.DataSource, h.cfg.OutboxTable)
+	if err != nil {
+		return fmt.Errorf("harvest: open outbox: %w", err)
+	}
+	elector, err := h.cfg.NeliProvider(neli.Config{
+		KafkaConfig:      h.cfg.BaseKafkaConfig,
+		LeaderTopic:      h.cfg.LeaderTopic,
+		LeaderGroupID:    h.cfg.LeaderGroupID,
+		Name:             h.cfg.Name,
+		HeartbeatTimeout: h.cfg.Limits.HeartbeatTimeout,
+		PollDuration:     h.cfg.Limits.PollDuration,
+		MinPollInterval:  h.cfg.Limits.MinPollInterval,
+		Barrier:          h.leadershipLost,
+		Logger:           h.cfg.Logger,
+	})
+	if err != nil {
+		db.Dispose()
+		return fmt.Errorf("harvest: leader election: %w", err)
+	}
+	h.db, h.elector = db, elector
+	h.events = dispatch.New(h.handler)
+	h.meter = metric.NewMeter("throughput", h.cfg.Limits.MinMetricsInterval)
+	h.state = Running
+	go h.run()
+	return nil
+}
+
+// Stop asks the harvester to stop and returns at once; Await waits for it. A leader stops
+// marking, waits (up to MaxPollInterval) for the records it has in flight, and leaves the
+// election so that another harvester takes over at once.
+func (h *Harvest) Stop() {
+	h.stopOnce.Do(func() { close(h.stopCh) })
+}
+
+// Await blocks until the harvester has stopped, and returns the error that stopped it, if
+// any. It returns at once for a harvester that was never started.
+func (h *Harvest) Await() error {
+	h.mu.Lock()
+	started := h.state != Created
+	h.mu.Unlock()
+	if !started {
+		return nil
+	}
+	<-h.done
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
+// Run starts the harvester and stops it when ctx ends. It returns nil after a stop caused by
+// ctx, or the error that stopped the harvester.
+func (h *Harvest) Run(ctx context.Context) error {
+	if err := h.Start(); err != nil {
+		return err
+	}
+	go func() {
+		select {
+		case <-ctx.Done():
+			h.Stop()
+		case <-h.done:
+		}
+	}()
+	return h.Await()
+}
+
+// State returns where the harvester is in its lifecycle.
+func (h *Harvest) State() State {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.state
+}
+
+// IsLeader reports whether this harvester is publishing now.
+func (h *Harvest) IsLeader() bool { return h.LeaderID() != nil }
+
+// LeaderID returns the ID under which this harvester is marking records, or nil when it is not
+// the leader. It changes on every remark.
+func (h *Harvest) LeaderID() *uuid.UUID {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.pipeline == nil {
+		return nil
+	}
+	id := h.pipeline.leaderID
+	return &id
+}
+
+// InFlightRecords returns how many records have been sent and not yet acknowledged and purged
+// (including records held back for a retry).
+func (h *Harvest) InFlightRecords() int {
+	_, n := h.inFlight()
+	return n
+}
+
+// InFlightRecordKeys returns the keys of the records counted by InFlightRecords; each appears
+// once, as at most one record per key is in flight.
+func (h *Harvest) InFlightRecordKeys() []string {
+	keys, _ := h.inFlight()
+	return keys
+}
+
+func (h *Harvest) inFlight() ([]string, int) {
+	h.mu.Lock()
+	p := h.pipeline
+	h.mu.Unlock()
+	if p == nil {
+		return nil, 0
+	}
+	return p.inFlight()
+}
+
+func (h *Harvest) emit(e Event) { h.events.Emit(e) }
+
+// run is the owner loop: it pulses the election and starts and ends leader epochs. Every epoch
+// change happens on this goroutine (leadershipLost runs inside Pulse), so epochs never overlap.
+func (h *Harvest) run() {
+	defer close(h.done)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ticker := time.NewTicker(h.cfg.Limits.MinPollInterval)
+	defer ticker.Stop()
+
+	var (
+		acquired    bool      // the current leadership has had an epoch already
+		nextEpochAt time.Time // after an error, the next epoch waits for IOErrorBackoff
+		err         error
+	)
+	for {
+		var leading bool
+		leading, err = h.elector.Pulse(ctx)
+		if err != nil {
+			break
+		}
+		if !leading {
+			acquired = false
+			if h.current() != nil {
+				// The clock fenced us between pulses (neli's barrier follows when it notices).
+				h.endEpoch(h.lossEvent())
+			}
+		} else if h.current() == nil && !time.Now().Before(nextEpochAt) {
+			h.startEpoch(acquired)
+			acquired = true
+		}
+		var remark <-chan struct{}
+		if p := h.current(); p != nil {
+			remark = p.remark()
+		}
+		select {
+		case <-h.stopCh:
+		case <-remark:
+			p := h.current()
+			h.endEpoch(nil)
+			if p.remarkErr.Load() {
+				nextEpochAt = time.Now().Add(h.cfg.Limits.IOErrorBackoff)
+			}
+			continue
+		case <-ticker.C:
+			continue
+		}
+		break
+	}
+	h.shutdown(err)
+}
+
+func (h *Harvest) current() *pipeline {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.pipeline
+}
+
+// startEpoch begins publishing under a new leader ID, with a new producer.
+func (h *Harvest) startEpoch(refresh bool) {
+	producer, err := h.cfg.KafkaProducerProvider(h.producerConfig)
+	if err != nil {
+		h.log.Error("cannot create the Kafka producer; will retry", "error", err)
+		return
+	}
+	leaderID := uuid.New()
+	p := startPipeline(pipelineDeps{
+		leaderID:  leaderID,
+		limits:    h.cfg.Limits,
+		db:        h.db,
+		producer:  producer,
+		log:       h.log,
+		emit:      h.emit,
+		meter:     h.meter,
+		dbTrouble: h.dbTrouble,
+		leading:   func() bool { return h.elector.State() == neli.Leader },
+	})
+	h.mu.Lock()
+	h.pipeline = p
+	h.mu.Unlock()
+	if refresh {
+		h.log.Info("leader refreshed", "leaderID", leaderID)
+		h.emit(LeaderRefreshed{LeaderID: leaderID})
+	} else {
+		h.log.Info("leader acquired", "leaderID", leaderID)
+		h.emit(LeaderAcquired{LeaderID: leaderID})
+	}
+}
+
+// endEpoch drains and closes the current epoch, within about MaxPollInterval, then reports why
+// it ended (nil for a remark, which LeaderRefreshed reports when the next epoch starts).
+func (h *Harvest) endEpoch(why Event) {
+	h.mu.Lock()
+	p := h.pipeline
+	h.mu.Unlock()
+	if p != nil {
+		p.stop(h.cfg.Limits.MaxPollInterval)
+		h.mu.Lock()
+		h.pipeline = nil
+		h.mu.Unlock()
+	}
+	if why != nil {
+		h.log.Info(why.String())
+		h.emit(why)
+	}
+}
+
+// leadershipLost is neli's Barrier: it runs on the owner goroutine, inside Pulse, when
+// leadership is revoked or fenced, and the handover waits for it.
+func (h *Harvest) leadershipLost() {
+	if h.current() != nil {
+		h.endEpoch(h.lossEvent())
+	}
+}
+
+// lossEvent says how leadership was lost.
+func (h *Harvest) lossEvent() Event {
+	if h.elector.State() == neli.Fenced {
+		return LeaderFenced{}
+	}
+	return LeaderRevoked{}
+}
+
+// shutdown ends the epoch, leaves the election and releases everything.
+func (h *Harvest) shutdown(cause error) {
+	h.mu.Lock()
+	h.state = Stopping
+	h.mu.Unlock()
+	h.log.Info("stopping", "error", cause)
+	if h.current() != nil {
+		h.endEpoch(LeaderRevoked{})
+	}
+	closeCtx, cancel := context.WithTimeout(context.Background(), 2*h.cfg.Limits.HeartbeatTimeout)
+	defer cancel()
+	if err := h.elector.Close(closeCtx); err != nil {
+		h.log.Warn("leave the leader election", "error", err)
+	}
+	h.db.Dispose()
+	h.events.Close()
+	select {
+	case <-h.events.Done():
+	case <-closeCtx.Done():
+		h.log.Warn("event handler still busy at shutdown")
+	}
+	h.mu.Lock()
+	h.state = Stopped
+	h.err = cause
+	h.mu.Unlock()
+	h.log.Info("stopped")
+}
+
+// episode logs an outage once when it begins and once when it ends, however many operations
+// fail in between.
+type episode struct {
+	what string
+
+	mu       sync.Mutex
+	failing  bool
+	since    time.Time
+	failures int
+}
+
+func (e *episode) fail(log *slog.Logger, op string, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.failures++
+	if !e.failing {
+		e.failing, e.since = true, time.Now()
+		log.Warn(e.what+" unavailable; retrying", "op", op, "error", err)
+	}
+}
+
+func (e *episode) ok(log *slog.Logger) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.failing {
+		log.Info(e.what+" available again", "after", time.Since(e.since).Round(time.Millisecond), "failures", e.failures)
+		e.failing, e.failures = false, 0
+	}
+}

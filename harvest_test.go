@@ -1,0 +1,433 @@
+package goharvest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/goharvest/goharvest/neli"
+)
+
+// syncBuffer is a log sink safe for concurrent writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// rig wires a harvester to fakes.
+type rig struct {
+	t       *testing.T
+	db      *fakeDB
+	kafka   *fakeKafka
+	elector *fakeElector
+	events  *eventLog
+	logs    *syncBuffer
+	h       *Harvest
+	keyOf   map[int64]string
+	seqOf   map[int64]int64 // per-key sequence, the order records must be published in
+	nextSeq map[string]int64
+}
+
+func fastLimits() Limits {
+	return Limits{
+		HeartbeatTimeout: time.Second,
+		MinPollInterval:  10 * time.Millisecond,
+		IOErrorBackoff:   20 * time.Millisecond,
+		MarkBackoff:      time.Millisecond,
+		MaxMarkBackoff:   20 * time.Millisecond,
+	}
+}
+
+func newRig(t *testing.T, limits Limits) *rig {
+	r := &rig{t: t, db: newFakeDB(), elector: &fakeElector{state: neli.Leader}, events: &eventLog{},
+		logs: &syncBuffer{}, keyOf: map[int64]string{}, seqOf: map[int64]int64{}, nextSeq: map[string]int64{}}
+	r.kafka = newFakeKafka(t, r.db)
+	r.h = r.newHarvest(limits)
+	return r
+}
+
+func (r *rig) newHarvest(limits Limits) *Harvest {
+	h, err := New(Config{
+		LeaderGroupID:           "g",
+		LeaderTopic:             "t",
+		Name:                    "test",
+		Limits:                  limits,
+		Logger:                  slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		DatabaseBindingProvider: func(string, string) (DatabaseBinding, error) { return r.db, nil },
+		KafkaProducerProvider:   r.kafka.provider,
+		NeliProvider:            r.elector.provider,
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	h.SetEventHandler(r.events.handle)
+	return h
+}
+
+// load writes perKey records for each of keys keys, interleaved as concurrent writers would.
+func (r *rig) load(keys, perKey int) []int64 {
+	var recs []OutboxRecord
+	for i := range perKey {
+		for k := range keys {
+			recs = append(recs, OutboxRecord{KafkaTopic: "t", KafkaKey: fmt.Sprintf("k%d", k), KafkaValue: String(fmt.Sprint(i))})
+		}
+	}
+	return r.add(recs...)
+}
+
+func (r *rig) add(recs ...OutboxRecord) []int64 {
+	ids := r.db.insert(recs...)
+	for i, id := range ids {
+		r.note(id, recs[i].KafkaKey)
+	}
+	return ids
+}
+
+func (r *rig) note(id int64, key string) {
+	r.keyOf[id] = key
+	r.seqOf[id] = r.nextSeq[key]
+	r.nextSeq[key]++
+}
+
+func (r *rig) start() {
+	r.t.Helper()
+	if err := r.h.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(func() { r.h.Stop(); r.h.Await() })
+}
+
+func (r *rig) waitFor(what string, within time.Duration, cond func() bool) {
+	r.t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func (r *rig) waitEmpty(within time.Duration) {
+	r.t.Helper()
+	r.waitFor("an empty outbox", within, func() bool { return r.db.len() == 0 })
+}
+
+func (r *rig) checkOrder(want []int64) {
+	r.t.Helper()
+	r.kafka.checkOrder(r.t, want, func(id int64) string { return r.keyOf[id] }, func(id int64) int64 { return r.seqOf[id] })
+}
+
+func (r *rig) stop() {
+	r.t.Helper()
+	r.h.Stop()
+	done := make(chan error, 1)
+	go func() { done <- r.h.Await() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			r.t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		r.t.Fatal("Stop did not complete within 10s")
+	}
+}
+
+func TestDrainsEverythingInPerKeyOrder(t *testing.T) {
+	r := newRig(t, fastLimits())
+	r.kafka.delay = time.Millisecond
+	ids := r.load(50, 40)
+	r.start()
+	r.waitEmpty(20 * time.Second)
+	r.stop()
+	r.checkOrder(ids)
+	if got := len(r.kafka.published()); got != len(ids) {
+		t.Errorf("published %d messages for %d records without any fault", got, len(ids))
+	}
+	if n := countEvents[LeaderAcquired](r.events); n != 1 {
+		t.Errorf("%d LeaderAcquired events, want 1", n)
+	}
+	if r.h.State() != Stopped {
+		t.Errorf("state %v after Await, want stopped", r.h.State())
+	}
+}
+
+func TestInFlightThrottle(t *testing.T) {
+	limits := fastLimits()
+	limits.MaxInFlightRecords = 5
+	r := newRig(t, limits)
+	r.kafka.delay = 2 * time.Millisecond
+	ids := r.load(100, 3)
+	r.start()
+	r.waitEmpty(20 * time.Second)
+	r.stop()
+	r.checkOrder(ids)
+	if r.kafka.maxOut > 5 {
+		t.Fatalf("%d records were in flight at once; the limit is 5", r.kafka.maxOut)
+	}
+	if r.kafka.maxOut < 2 {
+		t.Fatalf("at most %d record in flight: the pipeline did not pipeline", r.kafka.maxOut)
+	}
+}
+
+// One hot key: every record must wait for its predecessor's purge (the fake producer flags any
+// record sent earlier), and all arrive in order.
+func TestOneRecordPerKeyInFlight(t *testing.T) {
+	r := newRig(t, fastLimits())
+	ids := r.load(1, 300)
+	r.start()
+	r.waitEmpty(20 * time.Second)
+	r.stop()
+	r.checkOrder(ids)
+}
+
+func TestDeliveryFailureResetsAndRemarks(t *testing.T) {
+	r := newRig(t, fastLimits())
+	r.kafka.delay = time.Millisecond
+	ids := r.load(20, 20)
+	r.kafka.failOnce[ids[100]] = errors.New("request timed out")
+	r.kafka.failOnce[ids[250]] = errors.New("broker went away")
+	r.start()
+	r.waitEmpty(20 * time.Second)
+	r.stop()
+	r.checkOrder(ids)
+	if n := countEvents[LeaderRefreshed](r.events); n < 1 {
+		t.Fatalf("no LeaderRefreshed after a failed delivery; events %v", r.events.all())
+	}
+	if r.kafka.producers < 2 {
+		t.Fatalf("the remark did not start a new epoch with a new producer")
+	}
+}
+
+// A transaction that took a lower id but committed after a higher id of the same key was sent
+// is published in the order observed, and is no cause for alarm.
+func TestLateCommittedLowerIDIsPublished(t *testing.T) {
+	r := newRig(t, fastLimits())
+	high := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("second by id")})
+	// Leave a gap below the first record, as a transaction still in progress would.
+	r.db.nextID += 10
+	r.start()
+	r.waitEmpty(10 * time.Second)
+	r.db.insertAt(high[0]-1, OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("first by id")})
+	r.note(high[0]-1, "k")
+	r.waitEmpty(10 * time.Second)
+	if r.h.State() != Running {
+		t.Fatalf("state %v after a late commit", r.h.State())
+	}
+	r.stop()
+	got := r.kafka.published()
+	if len(got) != 2 || got[0].id != high[0] || got[1].id != high[0]-1 {
+		t.Fatalf("published %+v, want the higher id then the late lower one", got)
+	}
+}
+
+func TestRejectedRecordHoldsOnlyItsKey(t *testing.T) {
+	r := newRig(t, fastLimits())
+	bad := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("too big")})[0]
+	after := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})[0]
+	others := r.load(20, 10)
+	r.kafka.rejectN[bad] = 3
+	r.start()
+	// Other keys drain while the bad record is retried.
+	r.waitFor("other keys to drain", 10*time.Second, func() bool { return r.db.len() <= 2 })
+	r.waitEmpty(10 * time.Second)
+	r.stop()
+	r.checkOrder(append([]int64{bad, after}, others...))
+	failures := 0
+	for _, e := range r.events.all() {
+		if f, ok := e.(RecordFailed); ok {
+			if f.ID != bad || f.Key != "bad" {
+				t.Errorf("RecordFailed for %d (%s), want only %d", f.ID, f.Key, bad)
+			}
+			failures++
+		}
+	}
+	if failures != 3 {
+		t.Errorf("%d RecordFailed events, want one per rejection (3)", failures)
+	}
+	if n := strings.Count(r.logs.String(), "outbox record rejected"); n != 3 {
+		t.Errorf("%d rejection log lines, want 3", n)
+	}
+	if !strings.Contains(r.logs.String(), fmt.Sprintf("id=%d", bad)) {
+		t.Errorf("the log does not name record %d", bad)
+	}
+	if countEvents[LeaderRefreshed](r.events) != 0 {
+		t.Errorf("a rejected record caused a remark of everything in flight")
+	}
+}
+
+func TestMalformedRecordIsHeldAndReported(t *testing.T) {
+	r := newRig(t, fastLimits())
+	bad := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
+	after := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
+	r.db.markErr = map[int64]error{bad: &RecordError{ID: bad, Reason: "header arrays differ"}}
+	others := r.load(10, 10)
+	r.start()
+	r.waitFor("other keys to drain", 10*time.Second, func() bool { return r.db.len() == 2 })
+	time.Sleep(100 * time.Millisecond)
+	r.stop()
+	r.checkOrder(others)
+	if !r.db.exists(bad) || !r.db.exists(after) {
+		t.Fatal("the malformed record or its successor was dropped")
+	}
+	for _, p := range r.kafka.published() {
+		if p.key == "bad" {
+			t.Fatalf("record %d of the held key was published", p.id)
+		}
+	}
+	var reported bool
+	for _, e := range r.events.all() {
+		if f, ok := e.(RecordFailed); ok && f.ID == bad && strings.Contains(f.Err.Error(), "header arrays differ") {
+			reported = true
+		}
+	}
+	if !reported {
+		t.Fatalf("no RecordFailed for the malformed record; events %v", r.events.all())
+	}
+}
+
+func TestMarkErrorRemarks(t *testing.T) {
+	r := newRig(t, fastLimits())
+	ids := r.load(5, 20)
+	r.db.failMk = 2
+	r.start()
+	r.waitEmpty(10 * time.Second)
+	r.stop()
+	r.checkOrder(ids)
+	if n := countEvents[LeaderRefreshed](r.events); n < 2 {
+		t.Fatalf("%d LeaderRefreshed events after two failed marks, want 2", n)
+	}
+}
+
+// During a database outage the harvester backs off, logs the outage once, and still stops
+// promptly; when the database returns it carries on.
+func TestDatabaseOutage(t *testing.T) {
+	r := newRig(t, fastLimits())
+	r.kafka.delay = time.Millisecond
+	ids := r.load(20, 30)
+	r.start()
+	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids) })
+	r.db.setDown(true)
+	time.Sleep(500 * time.Millisecond)
+	r.db.setDown(false)
+	r.waitEmpty(20 * time.Second)
+	logs := r.logs.String()
+	if n := strings.Count(logs, "database unavailable"); n != 1 {
+		t.Errorf("the outage was logged %d times, want once", n)
+	}
+	if !strings.Contains(logs, "database available again") {
+		t.Errorf("the recovery was not logged")
+	}
+	r.checkOrder(ids)
+
+	// Stop during a second outage.
+	r.load(5, 2)
+	r.db.setDown(true)
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	r.stop()
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("Stop took %v during a database outage", took)
+	}
+}
+
+func TestIdleOutboxBacksOff(t *testing.T) {
+	r := newRig(t, Limits{HeartbeatTimeout: time.Second, MinPollInterval: 10 * time.Millisecond})
+	r.start()
+	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
+	time.Sleep(500 * time.Millisecond) // the backoff climbs to its bound
+	before := r.db.markCount()
+	time.Sleep(2 * time.Second)
+	perSecond := float64(r.db.markCount()-before) / 2
+	if perSecond > 3 {
+		t.Fatalf("an idle outbox was marked %.1f times a second; the bound (maxMarkBackoff 500ms) allows 2", perSecond)
+	}
+	id := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "k"})[0]
+	r.waitFor("the new record", 2*time.Second, func() bool { return !r.db.exists(id) })
+	r.stop()
+}
+
+// On a revoke the epoch drains before the next begins: the fake producer flags any overlap of
+// producers and any message sent through an old one.
+func TestRevokeAndFenceEndTheEpochBeforeTheNext(t *testing.T) {
+	r := newRig(t, fastLimits())
+	r.kafka.delay = 5 * time.Millisecond
+	ids := r.load(50, 20)
+	r.start()
+	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids)-100 })
+
+	r.elector.revoke()
+	r.waitFor("the revoke to be noticed", 5*time.Second, func() bool { return !r.h.IsLeader() })
+	r.elector.set(neli.Leader)
+	r.waitFor("progress after re-election", 10*time.Second, func() bool { return r.db.len() < len(ids)-400 })
+
+	// Fence: no barrier, the owner notices on its next pulse.
+	r.elector.set(neli.Fenced)
+	r.waitFor("the fence to be noticed", 5*time.Second, func() bool { return !r.h.IsLeader() })
+	r.elector.set(neli.Leader)
+	r.waitEmpty(20 * time.Second)
+	r.stop()
+	r.checkOrder(ids)
+	if n := countEvents[LeaderFenced](r.events); n != 1 {
+		t.Errorf("%d LeaderFenced events, want 1; events %v", n, r.events.all())
+	}
+	if n := countEvents[LeaderRevoked](r.events); n != 2 {
+		t.Errorf("%d LeaderRevoked events, want 2 (the revoke, and Stop)", n)
+	}
+	if n := countEvents[LeaderAcquired](r.events); n != 3 {
+		t.Errorf("%d LeaderAcquired events, want 3", n)
+	}
+	if r.kafka.producers < 3 {
+		t.Errorf("%d producers for three epochs", r.kafka.producers)
+	}
+}
+
+func TestStopMidRunThenStartAgain(t *testing.T) {
+	r := newRig(t, fastLimits())
+	r.kafka.delay = time.Millisecond
+	ids := r.load(30, 30)
+	r.start()
+	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids)-200 })
+	r.stop()
+	if r.db.len() == 0 {
+		t.Fatal("the run finished before Stop; nothing left to test")
+	}
+	r.elector.set(neli.Leader)
+	r.h = r.newHarvest(fastLimits())
+	r.start()
+	r.waitEmpty(20 * time.Second)
+	r.stop()
+	r.checkOrder(ids)
+}
+
+func TestLifecycle(t *testing.T) {
+	r := newRig(t, fastLimits())
+	if err := r.h.Await(); err != nil || r.h.State() != Created {
+		t.Fatalf("Await before Start: %v, state %v", err, r.h.State())
+	}
+	r.start()
+	if err := r.h.Start(); err == nil {
+		t.Fatal("a second Start succeeded")
+	}
+	r.stop()
+	if r.h.State() != Stopped || !r.elector.closed {
+		t.Fatalf("state %v, elector closed %v", r.h.State(), r.elector.closed)
+	}
+}

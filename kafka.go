@@ -1,0 +1,161 @@
+package goharvest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/goharvest/goharvest/neli"
+)
+
+// Message is what the harvester asks a KafkaProducer to publish.
+type Message struct {
+	Topic string
+	Key   []byte
+	// Value is nil for a message without a value (a tombstone); an empty, non-nil slice
+	// publishes an empty value.
+	Value   []byte
+	Headers KafkaHeaders
+	// Opaque comes back, untouched, in the message's Delivery.
+	Opaque any
+}
+
+// Delivery reports what became of one produced message.
+type Delivery struct {
+	Opaque any
+	// Err is nil once every in-sync replica has the message. A *RejectedError means Kafka
+	// refused this message as it stands (too large, topic missing or forbidden); any other error
+	// is worth retrying as is (a timeout, a broker that went away).
+	Err error
+}
+
+// RejectedError says that Kafka refused a message for a reason that retrying it right away
+// will not cure. The harvester holds back that record's key, reports it, and retries it with
+// backoff, in case the topic is created or the broker's limits raised.
+type RejectedError struct{ Err error }
+
+func (e *RejectedError) Error() string { return "rejected by Kafka: " + e.Err.Error() }
+func (e *RejectedError) Unwrap() error { return e.Err }
+
+// KafkaProducer publishes messages asynchronously. The harvester uses one producer per leader
+// epoch and closes it before the next epoch starts, so a message of an old epoch can never be
+// delivered after the new epoch has begun.
+type KafkaProducer interface {
+	// Produce queues msg. Its outcome arrives later on Deliveries. An error means the message was
+	// not queued and no Delivery will follow; ErrQueueFull means try again shortly.
+	Produce(msg Message) error
+	// Deliveries reports every queued message exactly once, and is closed by Close.
+	Deliveries() <-chan Delivery
+	// Abandon gives up on every queued and in-flight message; each is then reported on
+	// Deliveries with an error. Messages already on the wire may still reach the broker.
+	Abandon()
+	// Close releases the producer. The caller first waits for every Delivery (after Abandon if
+	// need be); Close then closes Deliveries.
+	Close()
+}
+
+// KafkaProducerProvider creates a producer from librdkafka properties.
+type KafkaProducerProvider func(config KafkaConfigMap) (KafkaProducer, error)
+
+// Elector is leader election as the harvester sees it; neli.Neli implements it.
+type Elector interface {
+	Pulse(ctx context.Context) (bool, error)
+	State() neli.State
+	Close(ctx context.Context) error
+}
+
+// NeliProvider creates the leader election for a harvester; the harvester fills in the config's
+// OnEvent and Barrier.
+type NeliProvider func(config neli.Config) (Elector, error)
+
+// ErrQueueFull is returned by Produce when the producer's queue has no room.
+var ErrQueueFull = errors.New("producer queue full")
+
+// StandardKafkaProducerProvider creates producers on confluent-kafka-go (librdkafka).
+func StandardKafkaProducerProvider(logger *slog.Logger) KafkaProducerProvider {
+	return func(config KafkaConfigMap) (KafkaProducer, error) {
+		cm := kafka.ConfigMap{}
+		for k, v := range config {
+			cm[k] = v
+		}
+		p, err := kafka.NewProducer(&cm)
+		if err != nil {
+			return nil, fmt.Errorf("create producer: %w", err)
+		}
+		cp := &confluentProducer{p: p, deliveries: make(chan Delivery, 1024), log: logger}
+		go cp.forward()
+		return cp, nil
+	}
+}
+
+// StandardNeliProvider creates neli.Neli electors.
+func StandardNeliProvider() NeliProvider {
+	return func(config neli.Config) (Elector, error) { return neli.New(config) }
+}
+
+type confluentProducer struct {
+	p          *kafka.Producer
+	deliveries chan Delivery
+	log        *slog.Logger
+}
+
+// forward turns librdkafka's delivery reports into Deliveries until Close closes Events.
+func (c *confluentProducer) forward() {
+	defer close(c.deliveries)
+	for ev := range c.p.Events() {
+		switch e := ev.(type) {
+		case *kafka.Message:
+			c.deliveries <- Delivery{Opaque: e.Opaque, Err: classify(e.TopicPartition.Error)}
+		case kafka.Error:
+			// Client-level trouble (brokers down, authentication); the messages affected get their
+			// own delivery reports.
+			c.log.Debug("producer error", "error", e)
+		}
+	}
+}
+
+func (c *confluentProducer) Produce(msg Message) error {
+	headers := make([]kafka.Header, len(msg.Headers))
+	for i, h := range msg.Headers {
+		headers[i] = kafka.Header{Key: h.Key, Value: []byte(h.Value)}
+	}
+	topic := msg.Topic
+	err := c.p.Produce(&kafka.Message{
+		TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
+		Key:            msg.Key,
+		Value:          msg.Value,
+		Headers:        headers,
+		Opaque:         msg.Opaque,
+	}, nil)
+	var kerr kafka.Error
+	if errors.As(err, &kerr) && kerr.Code() == kafka.ErrQueueFull {
+		return ErrQueueFull
+	}
+	return classify(err)
+}
+
+func (c *confluentProducer) Deliveries() <-chan Delivery { return c.deliveries }
+
+func (c *confluentProducer) Abandon() {
+	c.p.Purge(kafka.PurgeQueue | kafka.PurgeInFlight | kafka.PurgeNonBlocking)
+}
+
+func (c *confluentProducer) Close() { c.p.Close() }
+
+// classify marks errors that retrying the same message will not cure.
+func classify(err error) error {
+	var kerr kafka.Error
+	if !errors.As(err, &kerr) {
+		return err
+	}
+	switch kerr.Code() {
+	case kafka.ErrMsgSizeTooLarge, kafka.ErrRecordListTooLarge, kafka.ErrInvalidMsg, kafka.ErrInvalidRecord,
+		kafka.ErrUnknownTopic, kafka.ErrUnknownTopicOrPart, kafka.ErrTopicException,
+		kafka.ErrTopicAuthorizationFailed, kafka.ErrPolicyViolation:
+		return &RejectedError{Err: kerr}
+	}
+	return err
+}
