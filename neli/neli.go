@@ -288,6 +288,11 @@ func (n *Neli) handle(ev kafka.Event) error {
 		if e.IsFatal() {
 			return fmt.Errorf("neli: fatal Kafka error: %w", e)
 		}
+		if e.Code() == kafka.ErrUnknownTopicOrPart && n.topicChecked {
+			// Just after the topic is created, metadata may not have caught up yet.
+			n.log.Debug("leader topic not in metadata yet", "error", e)
+			return nil
+		}
 		n.trouble("Kafka error", e)
 	}
 	return nil

@@ -92,10 +92,10 @@ func (b *Broker) Restart(down time.Duration) error {
 	return fmt.Errorf("kafkatest: restart on port %d: %w", b.port, err)
 }
 
-// FailProduce makes the broker answer the first of every n produce requests with a retriable
-// NOT_LEADER_FOR_PARTITION error, without storing the batch, until the returned function is
-// fault is removed. The handle counts the requests it failed.
-func (b *Broker) FailProduce(n int) *kfake.FaultHandle {
+// FailProduce makes the broker answer the first of every n produce requests with err (without
+// storing the batch, except for REQUEST_TIMED_OUT, which kfake applies before answering, as a
+// real broker may), until the fault is removed. The handle counts the requests it failed.
+func (b *Broker) FailProduce(n int, err *kerr.Error) *kfake.FaultHandle {
 	// kfake may ask When more than once about one request (once per partition it carries), so
 	// the decision is made once per request and remembered. When runs on the cluster goroutine
 	// only, so these need no lock.
@@ -106,7 +106,7 @@ func (b *Broker) FailProduce(n int) *kfake.FaultHandle {
 	)
 	h := b.Fault(kfake.Fault{
 		Keys:  []kmsg.Key{kmsg.Produce},
-		Err:   kerr.NotLeaderForPartition,
+		Err:   err,
 		Count: -1,
 		When: func(req kmsg.Request) bool {
 			if req != last {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/twmb/franz-go/pkg/kerr"
 )
 
 // The broker is only useful if the production client talks to it as it would to Kafka.
@@ -42,7 +43,7 @@ func TestConfluentClientRoundTrip(t *testing.T) {
 
 func TestFailProduceFailsSomeRequests(t *testing.T) {
 	b := Start(t, WithTopics(1, "faulty"))
-	fault := b.FailProduce(2)
+	fault := b.FailProduce(2, kerr.NotLeaderForPartition)
 	defer fault.Remove()
 	// The client retries NOT_LEADER_FOR_PARTITION by itself, so every message still lands; the
 	// fault shows up only as failed produce requests.
