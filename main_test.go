@@ -4,6 +4,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgtest"
 )
 
@@ -11,6 +12,7 @@ import (
 var exampleDataSource string
 
 func TestMain(m *testing.M) {
+	kafkatest.ServeIfChild() // benchmarks run their broker in a child process
 	os.Exit(pgtest.RunWithDatabase(m, func(dsn string) error {
 		exampleDataSource = dsn
 		return nil

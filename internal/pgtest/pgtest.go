@@ -179,8 +179,15 @@ func (s *Server) exec(ctx context.Context, sql string) error {
 	return err
 }
 
-// StartCluster initialises and starts a throwaway cluster in a new temporary directory.
-func StartCluster() (*Server, error) {
+// StartCluster initialises and starts a throwaway cluster in a new temporary directory, with
+// durability off (fsync, synchronous commit), as tests want.
+func StartCluster() (*Server, error) { return startCluster(false) }
+
+// StartDurableCluster starts a throwaway cluster with PostgreSQL's default durability (fsync and
+// synchronous commit on), for benchmarks whose figures should mean something.
+func StartDurableCluster() (*Server, error) { return startCluster(true) }
+
+func startCluster(durable bool) (*Server, error) {
 	binDir, err := findBinDir()
 	if err != nil {
 		return nil, err
@@ -200,29 +207,29 @@ func StartCluster() (*Server, error) {
 			return nil, err
 		}
 	}
-	if err := s.initAndStart(dir); err != nil {
+	if err := s.initAndStart(dir, durable); err != nil {
 		s.Stop()
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *Server) initAndStart(dir string) error {
+func (s *Server) initAndStart(dir string, durable bool) error {
 	owner := "postgres"
 	if err := s.run("initdb", "--no-sync", "--auth=trust", "--username="+owner, "--encoding=UTF8",
 		"--locale=C", "-D", s.dataDir); err != nil {
 		return err
 	}
-	// Durability is off: the cluster is thrown away, and fsync only slows the tests down.
-	// Benchmarks that need real durability run against GOHARVEST_TEST_DSN or their own cluster.
-	opts := strings.Join([]string{
+	settings := []string{
 		"-c listen_addresses=''",
 		"-c unix_socket_directories=" + dir,
-		"-c fsync=off",
-		"-c synchronous_commit=off",
-		"-c full_page_writes=off",
 		"-c max_connections=300",
-	}, " ")
+	}
+	if !durable {
+		// The cluster is thrown away, and fsync only slows the tests down.
+		settings = append(settings, "-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off")
+	}
+	opts := strings.Join(settings, " ")
 	if err := s.run("pg_ctl", "start", "-w", "-t", "60", "-D", s.dataDir,
 		"-l", filepath.Join(dir, "postgres.log"), "-o", opts); err != nil {
 		return fmt.Errorf("%w (log: %s)", err, filepath.Join(dir, "postgres.log"))
@@ -241,6 +248,44 @@ func (s *Server) Restart() error {
 		return fmt.Errorf("pgtest: restart: %w", err)
 	}
 	return nil
+}
+
+// CPUTime returns the CPU time (user and system) used so far by the cluster's processes that
+// are running now: the postmaster and its children. Linux only.
+func (s *Server) CPUTime() (time.Duration, error) {
+	if s.dataDir == "" {
+		return 0, errors.New("pgtest: CPU time is known only for a throwaway cluster")
+	}
+	pidFile, err := os.ReadFile(filepath.Join(s.dataDir, "postmaster.pid"))
+	if err != nil {
+		return 0, err
+	}
+	postmaster, _, _ := strings.Cut(string(pidFile), "\n")
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	var ticks int64
+	for _, e := range entries {
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// Fields after the parenthesised command: state, ppid, ..., utime (14th), stime (15th).
+		_, rest, ok := strings.Cut(string(stat), ") ")
+		fields := strings.Fields(rest)
+		if !ok || len(fields) < 13 {
+			continue
+		}
+		if e.Name() != postmaster && fields[1] != postmaster {
+			continue
+		}
+		utime, _ := strconv.ParseInt(fields[11], 10, 64)
+		stime, _ := strconv.ParseInt(fields[12], 10, 64)
+		ticks += utime + stime
+	}
+	// USER_HZ is 100 on every Linux this runs on.
+	return time.Duration(ticks) * 10 * time.Millisecond, nil
 }
 
 // Stop stops a throwaway cluster and removes its directory; for a server given by EnvDSN it does
