@@ -3,8 +3,12 @@ package goharvest_test
 import (
 	"context"
 	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/stasher"
 )
 
 // Read a harvester's configuration from YAML, as the reaper sidecar does. Unknown keys are
@@ -70,4 +74,61 @@ func ExampleCreateOutboxTable() {
 	//   kafka_header_values TEXT[] NOT NULL,
 	//   leader_id           UUID
 	// )
+}
+
+// Embed a harvester in a Go service. It joins the leader election, and while it leads it
+// publishes the outbox until ctx ends.
+func ExampleHarvest_Run() {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := goharvest.CreateOutboxTable(ctx, exampleDataSource, "outbox"); err != nil {
+		panic(err)
+	}
+	st, _ := stasher.New("outbox")
+	pool, err := pgxpool.New(ctx, exampleDataSource)
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	err = st.StashPgx(ctx, pool, goharvest.OutboxRecord{KafkaTopic: "orders", KafkaKey: "42", KafkaValue: goharvest.String("placed")})
+	if err != nil {
+		panic(err)
+	}
+
+	h, err := goharvest.New(goharvest.Config{
+		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": exampleBootstrapServers},
+		DataSource:      exampleDataSource,
+		LeaderGroupID:   "order-service",
+		LeaderTopic:     "order-service.leader",
+	})
+	if err != nil {
+		panic(err)
+	}
+	h.SetEventHandler(func(e goharvest.Event) {
+		if _, ok := e.(goharvest.LeaderAcquired); ok {
+			fmt.Println("leading")
+		}
+	})
+	done := make(chan error, 1)
+	go func() { done <- h.Run(ctx) }()
+
+	// Wait for the record to be published and purged.
+	for {
+		var rows int
+		if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&rows); err != nil {
+			panic(err)
+		}
+		if rows == 0 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	fmt.Println("published")
+	cancel()
+	if err := <-done; err != nil {
+		panic(err)
+	}
+	// Output:
+	// leading
+	// published
 }

@@ -26,6 +26,8 @@ type fakeDB struct {
 	purged  []int64
 	failMk  int // fail this many coming marks
 	markErr map[int64]error
+	// purgeDelay is the time a purge takes, as a round trip to a real database would.
+	purgeDelay time.Duration
 }
 
 func newFakeDB() *fakeDB { return &fakeDB{rows: map[int64]*OutboxRecord{}} }
@@ -108,6 +110,7 @@ func (d *fakeDB) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]Mar
 }
 
 func (d *fakeDB) Purge(ctx context.Context, ids []int64) (int, error) {
+	time.Sleep(d.purgeDelay)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.down {

@@ -114,6 +114,20 @@ func (r *intRig) waitEmpty(within time.Duration) {
 	}
 }
 
+// runUntilDelivered runs h until the outbox is empty and v has seen every record, then stops it.
+func (r *intRig) runUntilDelivered(h *goharvest.Harvest, v *verifier, keys, perKey int) {
+	r.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Run(ctx) }()
+	r.waitEmpty(3 * time.Minute)
+	v.waitAll(r.t, keys, perKey, time.Minute)
+	cancel()
+	if err := <-done; err != nil {
+		r.t.Fatal(err)
+	}
+}
+
 type eventRecorder struct {
 	mu     sync.Mutex
 	counts map[string]int
@@ -239,18 +253,9 @@ func TestHarvestDrainsFiftyThousandRecordsInOrder(t *testing.T) {
 	r := newIntRig(t)
 	r.load(keys, perKey)
 	v := startVerifier(t, r)
-	h := r.harvester(nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	start := time.Now()
-	go func() { done <- h.Run(ctx) }()
-	r.waitEmpty(3 * time.Minute)
-	t.Logf("drained %d records in %v", keys*perKey, time.Since(start))
-	v.waitAll(t, keys, perKey, time.Minute)
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	r.runUntilDelivered(r.harvester(nil), v, keys, perKey)
+	t.Logf("drained and verified %d records in %v", keys*perKey, time.Since(start))
 	if dups := v.check(t, keys, perKey); dups != 0 {
 		t.Errorf("%d duplicates in a run without faults", dups)
 	}
@@ -267,16 +272,7 @@ func TestHarvestSurvivesFailedProduceRequests(t *testing.T) {
 	visible := r.broker.FailProduce(100, kerr.UnknownServerError)
 	timedOut := r.broker.FailProduce(100, kerr.RequestTimedOut)
 	events := &eventRecorder{}
-	h := r.harvester(events)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.Run(ctx) }()
-	r.waitEmpty(3 * time.Minute)
-	v.waitAll(t, keys, perKey, time.Minute)
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	r.runUntilDelivered(r.harvester(events), v, keys, perKey)
 	dups := v.check(t, keys, perKey)
 	t.Logf("faults: %d visible, %d timed out; remarks: %d; duplicates: %d",
 		visible.Hits(), timedOut.Hits(), events.count("goharvest.LeaderRefreshed"), dups)
@@ -311,15 +307,6 @@ func TestHarvestStopMidRunThenStartAgain(t *testing.T) {
 	}
 	t.Logf("stopped with %d rows left", left)
 
-	second := r.harvester(nil)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- second.Run(ctx) }()
-	r.waitEmpty(3 * time.Minute)
-	v.waitAll(t, keys, perKey, time.Minute)
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
+	r.runUntilDelivered(r.harvester(nil), v, keys, perKey)
 	t.Logf("duplicates: %d", v.check(t, keys, perKey))
 }

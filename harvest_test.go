@@ -125,6 +125,14 @@ func (r *rig) waitFor(what string, within time.Duration, cond func() bool) {
 	}
 }
 
+// runUntilEmpty starts the harvester, waits for the outbox to empty and stops it.
+func (r *rig) runUntilEmpty() {
+	r.t.Helper()
+	r.start()
+	r.waitEmpty(20 * time.Second)
+	r.stop()
+}
+
 func (r *rig) waitEmpty(within time.Duration) {
 	r.t.Helper()
 	r.waitFor("an empty outbox", within, func() bool { return r.db.len() == 0 })
@@ -151,13 +159,30 @@ func (r *rig) stop() {
 }
 
 func TestDrainsEverythingInPerKeyOrder(t *testing.T) {
-	r := newRig(t, fastLimits())
+	limits := fastLimits()
+	limits.MinMetricsInterval = time.Millisecond
+	r := newRig(t, limits)
 	r.kafka.delay = time.Millisecond
+	r.db.purgeDelay = 2 * time.Millisecond
 	ids := r.load(50, 40)
-	r.start()
-	r.waitEmpty(20 * time.Second)
-	r.stop()
+	r.runUntilEmpty()
 	r.checkOrder(ids)
+	// Purges are group-committed: one statement carries many records.
+	if r.db.purges*4 > len(ids) {
+		t.Errorf("%d purge statements for %d records; they are not batched", r.db.purges, len(ids))
+	}
+	var last MeterRead
+	for _, e := range r.events.all() {
+		if m, ok := e.(MeterRead); ok {
+			if m.Stats.Total < last.Stats.Total {
+				t.Errorf("meter total went down: %v after %v", m.Stats, last.Stats)
+			}
+			last = m
+		}
+	}
+	if last.Stats.Total == 0 || last.Stats.Total > int64(len(ids)) {
+		t.Errorf("last meter reading %v; want a total between 1 and %d", last.Stats, len(ids))
+	}
 	if got := len(r.kafka.published()); got != len(ids) {
 		t.Errorf("published %d messages for %d records without any fault", got, len(ids))
 	}
@@ -175,9 +200,7 @@ func TestInFlightThrottle(t *testing.T) {
 	r := newRig(t, limits)
 	r.kafka.delay = 2 * time.Millisecond
 	ids := r.load(100, 3)
-	r.start()
-	r.waitEmpty(20 * time.Second)
-	r.stop()
+	r.runUntilEmpty()
 	r.checkOrder(ids)
 	if r.kafka.maxOut > 5 {
 		t.Fatalf("%d records were in flight at once; the limit is 5", r.kafka.maxOut)
@@ -192,9 +215,7 @@ func TestInFlightThrottle(t *testing.T) {
 func TestOneRecordPerKeyInFlight(t *testing.T) {
 	r := newRig(t, fastLimits())
 	ids := r.load(1, 300)
-	r.start()
-	r.waitEmpty(20 * time.Second)
-	r.stop()
+	r.runUntilEmpty()
 	r.checkOrder(ids)
 }
 
@@ -204,9 +225,7 @@ func TestDeliveryFailureResetsAndRemarks(t *testing.T) {
 	ids := r.load(20, 20)
 	r.kafka.failOnce[ids[100]] = errors.New("request timed out")
 	r.kafka.failOnce[ids[250]] = errors.New("broker went away")
-	r.start()
-	r.waitEmpty(20 * time.Second)
-	r.stop()
+	r.runUntilEmpty()
 	r.checkOrder(ids)
 	if n := countEvents[LeaderRefreshed](r.events); n < 1 {
 		t.Fatalf("no LeaderRefreshed after a failed delivery; events %v", r.events.all())
@@ -411,9 +430,7 @@ func TestStopMidRunThenStartAgain(t *testing.T) {
 	}
 	r.elector.set(neli.Leader)
 	r.h = r.newHarvest(fastLimits())
-	r.start()
-	r.waitEmpty(20 * time.Second)
-	r.stop()
+	r.runUntilEmpty()
 	r.checkOrder(ids)
 }
 

@@ -3,18 +3,30 @@ package goharvest_test
 import (
 	"os"
 	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgtest"
 )
 
-// exampleDataSource is an empty database for the examples.
-var exampleDataSource string
+// For the examples: an empty database and an in-process Kafka-protocol broker.
+var (
+	exampleDataSource       string
+	exampleBootstrapServers string
+)
 
 func TestMain(m *testing.M) {
 	kafkatest.ServeIfChild() // benchmarks run their broker in a child process
 	os.Exit(pgtest.RunWithDatabase(m, func(dsn string) error {
 		exampleDataSource = dsn
+		broker, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(),
+			kfake.DefaultNumPartitions(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+		if err != nil {
+			return err
+		}
+		exampleBootstrapServers = broker.ListenAddrs()[0]
 		return nil
 	}))
 }

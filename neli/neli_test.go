@@ -88,6 +88,15 @@ func startContender(t *testing.T, b *kafkatest.Broker, group, name string, modif
 	return c
 }
 
+func startContenders(t *testing.T, b *kafkatest.Broker, group string, n int, modify ...func(*Config)) []*contender {
+	t.Helper()
+	var cs []*contender
+	for i := range n {
+		cs = append(cs, startContender(t, b, group, fmt.Sprintf("c%d", i), modify...))
+	}
+	return cs
+}
+
 // stop ends the contender's loop and closes it; calling it again does nothing.
 func (c *contender) stop(t *testing.T) {
 	if c.cancel == nil {
@@ -242,10 +251,7 @@ func others(all []*contender, not *contender) []*contender {
 
 func TestThreeContendersElectExactlyOneLeader(t *testing.T) {
 	b := kafkatest.Start(t)
-	var cs []*contender
-	for i := range 3 {
-		cs = append(cs, startContender(t, b, "three", fmt.Sprintf("c%d", i)))
-	}
+	cs := startContenders(t, b, "three", 3)
 	s := startSampler(t, cs...)
 	start := time.Now()
 	first := waitForLeader(t, 15*time.Second, cs...)
@@ -269,11 +275,7 @@ func TestCloseHandsOverWithinTwoSeconds(t *testing.T) {
 	for _, hb := range []time.Duration{testHeartbeatTimeout, DefaultHeartbeatTimeout} {
 		t.Run(hb.String(), func(t *testing.T) {
 			b := kafkatest.Start(t)
-			var cs []*contender
-			for i := range 3 {
-				cs = append(cs, startContender(t, b, "handover", fmt.Sprintf("c%d", i),
-					func(c *Config) { c.HeartbeatTimeout = hb }))
-			}
+			cs := startContenders(t, b, "handover", 3, func(c *Config) { c.HeartbeatTimeout = hb })
 			s := startSampler(t, cs...)
 			for round := range 2 {
 				waitForLeader(t, 15*time.Second, cs...)
@@ -299,10 +301,7 @@ func TestCloseHandsOverWithinTwoSeconds(t *testing.T) {
 // itself fenced before the group can give partition 0 to anyone else.
 func TestStalledLeaderIsFencedBeforeAnotherIsElected(t *testing.T) {
 	b := kafkatest.Start(t)
-	var cs []*contender
-	for i := range 3 {
-		cs = append(cs, startContender(t, b, "stall", fmt.Sprintf("c%d", i)))
-	}
+	cs := startContenders(t, b, "stall", 3)
 	s := startSampler(t, cs...)
 	leader := waitForLeader(t, 15*time.Second, cs...)
 	time.Sleep(testHeartbeatTimeout)
