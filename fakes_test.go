@@ -28,6 +28,26 @@ type fakeDB struct {
 	markErr map[int64]error
 	// purgeDelay is the time a purge takes, as a round trip to a real database would.
 	purgeDelay time.Duration
+	// hang makes every call block until its context ends, as on a locked table.
+	hang bool
+}
+
+func (d *fakeDB) setHang(hang bool) {
+	d.mu.Lock()
+	d.hang = hang
+	d.mu.Unlock()
+}
+
+// wait blocks until ctx ends if the database hangs, and reports whether it did.
+func (d *fakeDB) wait(ctx context.Context) error {
+	d.mu.Lock()
+	hang := d.hang
+	d.mu.Unlock()
+	if !hang {
+		return nil
+	}
+	<-ctx.Done()
+	return ctx.Err()
 }
 
 func newFakeDB() *fakeDB { return &fakeDB{rows: map[int64]*OutboxRecord{}} }
@@ -82,6 +102,9 @@ func (d *fakeDB) markCount() int {
 var errDBDown = errors.New("fake database down")
 
 func (d *fakeDB) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]MarkedRecord, error) {
+	if err := d.wait(ctx); err != nil {
+		return nil, err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.marks++
@@ -111,6 +134,9 @@ func (d *fakeDB) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]Mar
 
 func (d *fakeDB) Purge(ctx context.Context, ids []int64) (int, error) {
 	time.Sleep(d.purgeDelay)
+	if err := d.wait(ctx); err != nil {
+		return 0, err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.down {

@@ -140,6 +140,15 @@ func (h *Harvest) Start() error {
 		db.Dispose()
 		return fmt.Errorf("harvest: leader election: %w", err)
 	}
+	// Every instance checks the producer's settings now, rather than only the one elected, and
+	// only when it is: creating a producer contacts no broker, so a failure is a bad setting.
+	probe, err := h.cfg.KafkaProducerProvider(h.producerConfig)
+	if err != nil {
+		elector.Close(context.Background())
+		db.Dispose()
+		return fmt.Errorf("harvest: producer config: %w", err)
+	}
+	probe.Close()
 	h.db, h.elector = db, elector
 	h.events = dispatch.New(h.handler)
 	h.meter = metric.NewMeter("throughput", h.cfg.Limits.MinMetricsInterval)
@@ -261,7 +270,9 @@ func (h *Harvest) run() {
 				h.endEpoch(h.lossEvent())
 			}
 		} else if h.current() == nil && !time.Now().Before(nextEpochAt) {
-			h.startEpoch(acquired)
+			if err = h.startEpoch(acquired); err != nil {
+				break
+			}
 			acquired = true
 		}
 		var remark <-chan struct{}
@@ -292,11 +303,10 @@ func (h *Harvest) current() *pipeline {
 }
 
 // startEpoch begins publishing under a new leader ID, with a new producer.
-func (h *Harvest) startEpoch(refresh bool) {
+func (h *Harvest) startEpoch(refresh bool) error {
 	producer, err := h.cfg.KafkaProducerProvider(h.producerConfig)
 	if err != nil {
-		h.log.Error("cannot create the Kafka producer; will retry", "error", err)
-		return
+		return fmt.Errorf("harvest: create producer: %w", err)
 	}
 	leaderID := uuid.New()
 	p := startPipeline(pipelineDeps{
@@ -320,6 +330,7 @@ func (h *Harvest) startEpoch(refresh bool) {
 		h.log.Info("leader acquired", "leaderID", leaderID)
 		h.emit(LeaderAcquired{LeaderID: leaderID})
 	}
+	return nil
 }
 
 // endEpoch drains and closes the current epoch, within about MaxPollInterval, then reports why

@@ -367,6 +367,44 @@ func TestDatabaseOutage(t *testing.T) {
 	}
 }
 
+// A statement stuck on a locked table must not hold up Stop beyond its bound.
+func TestStopWhileDatabaseHangs(t *testing.T) {
+	r := newRig(t, fastLimits())
+	r.kafka.delay = time.Millisecond
+	ids := r.load(20, 30)
+	r.start()
+	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids) })
+	r.db.setHang(true)
+	time.Sleep(200 * time.Millisecond) // marks and purges are now stuck
+	start := time.Now()
+	r.stop()
+	// MaxPollInterval (500ms) to drain, then the stuck statements are cancelled.
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("Stop took %v while the database hung", took)
+	}
+}
+
+func TestStartRejectsBadProducerConfig(t *testing.T) {
+	db, elector := newFakeDB(), &fakeElector{}
+	h, err := New(Config{
+		LeaderGroupID:           "g",
+		LeaderTopic:             "t",
+		ProducerKafkaConfig:     KafkaConfigMap{"compresion.type": "lz4"},
+		DatabaseBindingProvider: func(string, string) (DatabaseBinding, error) { return db, nil },
+		NeliProvider:            elector.provider,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = h.Start()
+	if err == nil || !strings.Contains(err.Error(), "compresion.type") {
+		t.Fatalf("Start returned %v, want an error naming the misspelt property", err)
+	}
+	if !elector.closed {
+		t.Error("the election was left open after a failed start")
+	}
+}
+
 func TestIdleOutboxBacksOff(t *testing.T) {
 	r := newRig(t, Limits{HeartbeatTimeout: time.Second, MinPollInterval: 10 * time.Millisecond})
 	r.start()

@@ -59,9 +59,6 @@ type outcome struct {
 	failed bool // reset rather than purge
 }
 
-// ctxBox lets the context bounding database work be swapped atomically when the epoch ends.
-type ctxBox struct{ ctx context.Context }
-
 type pipelineDeps struct {
 	leaderID  uuid.UUID
 	limits    Limits
@@ -80,12 +77,13 @@ type pipeline struct {
 
 	ctx    context.Context // cancelled to stop marking and sending
 	cancel context.CancelFunc
+	// dbCtx bounds purges and resets: cancelled only when the epoch's final flush runs out of
+	// time, which also interrupts a statement stuck on a locked table.
+	dbCtx    context.Context
+	dbCancel context.CancelFunc
 
 	workers  []*sendWorker
 	outcomes chan outcome // from the delivery reader to the committers
-
-	// commitDeadline bounds database work: never, until the epoch's final flush.
-	commitDeadline atomic.Pointer[ctxBox]
 
 	queued     atomic.Int64  // marked and not finished: bounded by MaxInFlightRecords
 	unreported atomic.Int64  // produced, delivery not yet reported
@@ -105,17 +103,19 @@ type pipeline struct {
 
 func startPipeline(deps pipelineDeps) *pipeline {
 	ctx, cancel := context.WithCancel(context.Background())
+	dbCtx, dbCancel := context.WithCancel(context.Background())
 	max := deps.limits.MaxInFlightRecords
 	p := &pipeline{
 		pipelineDeps: deps,
 		ctx:          ctx,
 		cancel:       cancel,
+		dbCtx:        dbCtx,
+		dbCancel:     dbCancel,
 		outcomes:     make(chan outcome, max),
 		room:         make(chan struct{}, 1),
 		remarkCh:     make(chan struct{}),
 		keys:         map[string]int{},
 	}
-	p.commitDeadline.Store(&ctxBox{context.Background()})
 	for range deps.limits.SendConcurrency {
 		w := &sendWorker{
 			p:        p,
@@ -368,9 +368,6 @@ func (p *pipeline) commitLoop() {
 	}
 }
 
-// commitCtx bounds database work once the epoch is ending; until then it is never cancelled.
-func (p *pipeline) commitCtx() context.Context { return p.commitDeadline.Load().ctx }
-
 // commit runs one batched statement, retrying with backoff while the database is unavailable.
 // It gives up (returning false) only when the epoch's final flush runs out of time: the rows
 // then stay in the outbox and are published again, which duplicates but never reorders.
@@ -379,8 +376,8 @@ func (p *pipeline) commit(op string, batch []*flight, exec func(context.Context,
 	for i, f := range batch {
 		ids[i] = f.rec.ID
 	}
+	ctx := p.dbCtx
 	for {
-		ctx := p.commitCtx()
 		_, err := exec(ctx, ids)
 		if err == nil {
 			p.dbTrouble.ok(p.log)
@@ -451,9 +448,9 @@ func (p *pipeline) inFlight() (keys []string, records int) {
 // and resets that gathered, and closes the producer.
 func (p *pipeline) stop(timeout time.Duration) {
 	deadline := time.Now().Add(timeout)
-	flushCtx, cancelFlush := context.WithDeadline(context.Background(), deadline)
-	defer cancelFlush()
-	p.commitDeadline.Store(&ctxBox{flushCtx})
+	giveUp := time.AfterFunc(timeout, p.dbCancel)
+	defer giveUp.Stop()
+	defer p.dbCancel()
 
 	p.cancel()
 	p.sending.Wait()
