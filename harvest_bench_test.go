@@ -14,7 +14,7 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/kafkatest"
-	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/stasher"
 )
 
@@ -24,7 +24,7 @@ import (
 // relay's is the harvester's alone. Run it with make bench (-benchtime 1x).
 func BenchmarkDrain(b *testing.B) {
 	const records, keys = 100_000, 10_000
-	server, err := pgtest.StartDurableCluster()
+	server, err := pgcluster.StartDurable()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func mustCPU(b *testing.B, s *pgtest.Server) time.Duration {
+func mustCPU(b *testing.B, s *pgcluster.Server) time.Duration {
 	d, err := s.CPUTime()
 	if err != nil {
 		b.Fatal(err)

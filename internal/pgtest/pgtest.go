@@ -1,50 +1,33 @@
 // Package pgtest gives tests a real PostgreSQL server.
 //
 // When GOHARVEST_TEST_DSN is set, tests use that server. Otherwise the first test that asks for a
-// database starts a throwaway cluster from the local PostgreSQL binaries (found through
-// pg_config --bindir or /usr/lib/postgresql/*/bin) in a temporary directory. The cluster listens
-// only on a Unix socket inside that directory, so test binaries of several packages can each run
-// their own cluster at the same time without competing for a port. When the tests run as root,
-// the cluster runs as the unprivileged "postgres" (or "nobody") user, because PostgreSQL refuses
-// to run as root.
-//
-// Every test gets a database of its own (NewDatabase), so tests and packages can run in parallel.
-// A package that uses pgtest calls Run from its TestMain so that the cluster is stopped at the end:
+// database starts a throwaway cluster (see package pgcluster). Every test gets a database of its
+// own (NewDatabase), so tests and packages can run in parallel. A package that uses pgtest calls
+// Run from its TestMain so that the cluster is stopped at the end:
 //
 //	func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
 package pgtest
 
 import (
-	"bytes"
-	"context"
-	"errors"
 	"fmt"
-	"net/url"
 	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"sort"
-	"strconv"
-	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"testing"
-	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/goharvest/goharvest/internal/pgcluster"
 )
 
 // EnvDSN names the environment variable that points the tests at an existing server. The role
 // it names must be allowed to create databases.
 const EnvDSN = "GOHARVEST_TEST_DSN"
 
+// Server is the server the tests use.
+type Server = pgcluster.Server
+
 var (
 	startOnce sync.Once
 	server    *Server
 	startErr  error
-	dbCounter atomic.Int64
 )
 
 // Runner is what Run runs: a *testing.M, or a wrapper that prepares something first.
@@ -105,10 +88,10 @@ func Shared(tb testing.TB) *Server {
 func Get() (*Server, error) {
 	startOnce.Do(func() {
 		if dsn := os.Getenv(EnvDSN); dsn != "" {
-			server = &Server{adminDSN: dsn}
+			server = pgcluster.Existing(dsn)
 			return
 		}
-		server, startErr = StartCluster()
+		server, startErr = pgcluster.Start()
 	})
 	return server, startErr
 }
@@ -128,249 +111,4 @@ func NewDatabase(tb testing.TB) string {
 		}
 	})
 	return dsn
-}
-
-// Server is a PostgreSQL server that tests may create databases in.
-type Server struct {
-	adminDSN string
-
-	// Set only for a throwaway cluster.
-	binDir  string
-	dataDir string
-	runAs   *syscall.Credential
-}
-
-// AdminDSN returns a data source name for the server's maintenance database.
-func (s *Server) AdminDSN() string { return s.adminDSN }
-
-// CreateDatabase creates an empty database and returns its DSN and a function that drops it.
-func (s *Server) CreateDatabase() (dsn string, drop func() error, err error) {
-	name := fmt.Sprintf("goharvest_test_%d_%d", os.Getpid(), dbCounter.Add(1))
-	if err := s.exec(context.Background(), "CREATE DATABASE "+name); err != nil {
-		return "", nil, fmt.Errorf("create database: %w", err)
-	}
-	drop = func() error {
-		// FORCE ends connections still open, such as a pool that is closed after this runs.
-		if err := s.exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			return fmt.Errorf("drop database: %w", err)
-		}
-		return nil
-	}
-	return WithDatabase(s.adminDSN, name), drop, nil
-}
-
-// WithDatabase returns dsn, in URL or key=value form, with its database replaced by name.
-func WithDatabase(dsn, name string) string {
-	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
-		u.Path = "/" + name
-		return u.String()
-	}
-	// In key=value form the last occurrence of a key wins.
-	return dsn + " dbname=" + name
-}
-
-func (s *Server) exec(ctx context.Context, sql string) error {
-	conn, err := pgx.Connect(ctx, s.adminDSN)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, sql)
-	return err
-}
-
-// StartCluster initialises and starts a throwaway cluster in a new temporary directory, with
-// durability off (fsync, synchronous commit), as tests want.
-func StartCluster() (*Server, error) { return startCluster(false) }
-
-// StartDurableCluster starts a throwaway cluster with PostgreSQL's default durability (fsync and
-// synchronous commit on), for benchmarks whose figures should mean something.
-func StartDurableCluster() (*Server, error) { return startCluster(true) }
-
-func startCluster(durable bool) (*Server, error) {
-	binDir, err := findBinDir()
-	if err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp("", "goharvest-pg-")
-	if err != nil {
-		return nil, err
-	}
-	s := &Server{binDir: binDir, dataDir: filepath.Join(dir, "data")}
-	if os.Geteuid() == 0 {
-		if s.runAs, err = unprivilegedUser(); err != nil {
-			os.RemoveAll(dir)
-			return nil, err
-		}
-		if err := os.Chown(dir, int(s.runAs.Uid), int(s.runAs.Gid)); err != nil {
-			os.RemoveAll(dir)
-			return nil, err
-		}
-	}
-	if err := s.initAndStart(dir, durable); err != nil {
-		s.Stop()
-		return nil, err
-	}
-	return s, nil
-}
-
-func (s *Server) initAndStart(dir string, durable bool) error {
-	owner := "postgres"
-	if err := s.run("initdb", "--no-sync", "--auth=trust", "--username="+owner, "--encoding=UTF8",
-		"--locale=C", "-D", s.dataDir); err != nil {
-		return err
-	}
-	settings := []string{
-		"-c listen_addresses=''",
-		"-c unix_socket_directories=" + dir,
-		"-c max_connections=300",
-	}
-	if !durable {
-		// The cluster is thrown away, and fsync only slows the tests down.
-		settings = append(settings, "-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off")
-	}
-	opts := strings.Join(settings, " ")
-	if err := s.run("pg_ctl", "start", "-w", "-t", "60", "-D", s.dataDir,
-		"-l", filepath.Join(dir, "postgres.log"), "-o", opts); err != nil {
-		return fmt.Errorf("%w (log: %s)", err, filepath.Join(dir, "postgres.log"))
-	}
-	s.adminDSN = fmt.Sprintf("host=%s port=5432 user=%s dbname=postgres sslmode=disable", dir, owner)
-	return nil
-}
-
-// Restart stops the cluster and starts it again on the same socket, for tests of database
-// outages. The data survives.
-func (s *Server) Restart() error {
-	if s.dataDir == "" {
-		return errors.New("pgtest: cannot restart a server given by " + EnvDSN)
-	}
-	if err := s.run("pg_ctl", "restart", "-w", "-m", "fast", "-D", s.dataDir); err != nil {
-		return fmt.Errorf("pgtest: restart: %w", err)
-	}
-	return nil
-}
-
-// CPUTime returns the CPU time (user and system) used so far by the cluster's processes that
-// are running now: the postmaster and its children. Linux only.
-func (s *Server) CPUTime() (time.Duration, error) {
-	if s.dataDir == "" {
-		return 0, errors.New("pgtest: CPU time is known only for a throwaway cluster")
-	}
-	pidFile, err := os.ReadFile(filepath.Join(s.dataDir, "postmaster.pid"))
-	if err != nil {
-		return 0, err
-	}
-	postmaster, _, _ := strings.Cut(string(pidFile), "\n")
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, err
-	}
-	var ticks int64
-	for _, e := range entries {
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// Fields after the parenthesised command: state, ppid, ..., utime (14th), stime (15th).
-		_, rest, ok := strings.Cut(string(stat), ") ")
-		fields := strings.Fields(rest)
-		if !ok || len(fields) < 13 {
-			continue
-		}
-		if e.Name() != postmaster && fields[1] != postmaster {
-			continue
-		}
-		utime, _ := strconv.ParseInt(fields[11], 10, 64)
-		stime, _ := strconv.ParseInt(fields[12], 10, 64)
-		ticks += utime + stime
-	}
-	// USER_HZ is 100 on every Linux this runs on.
-	return time.Duration(ticks) * 10 * time.Millisecond, nil
-}
-
-// Stop stops a throwaway cluster and removes its directory; for a server given by EnvDSN it does
-// nothing.
-func (s *Server) Stop() error {
-	if s.dataDir == "" {
-		return nil
-	}
-	var err error
-	if _, statErr := os.Stat(filepath.Join(s.dataDir, "postmaster.pid")); statErr == nil {
-		err = s.run("pg_ctl", "stop", "-w", "-m", "immediate", "-D", s.dataDir)
-	}
-	if rmErr := os.RemoveAll(filepath.Dir(s.dataDir)); err == nil {
-		err = rmErr
-	}
-	return err
-}
-
-func (s *Server) run(name string, args ...string) error {
-	cmd := exec.Command(filepath.Join(s.binDir, name), args...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if s.runAs != nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.runAs}
-		// The user's home may not exist; keep tools from looking there.
-		cmd.Env = append(os.Environ(), "HOME="+filepath.Dir(s.dataDir))
-	}
-	cmd.Dir = filepath.Dir(s.dataDir)
-	if err := runWithTimeout(cmd, 2*time.Minute); err != nil {
-		return fmt.Errorf("%s: %w: %s", name, err, strings.TrimSpace(out.String()))
-	}
-	return nil
-}
-
-func runWithTimeout(cmd *exec.Cmd, timeout time.Duration) error {
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		return err
-	case <-time.After(timeout):
-		cmd.Process.Kill()
-		<-done
-		return fmt.Errorf("timed out after %v", timeout)
-	}
-}
-
-// findBinDir locates the directory holding initdb, pg_ctl and postgres.
-func findBinDir() (string, error) {
-	var candidates []string
-	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
-		candidates = append(candidates, strings.TrimSpace(string(out)))
-	}
-	// Debian installs the server outside PATH, one directory per major version; prefer the newest.
-	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(matches, func(i, j int) bool { return versionOf(matches[i]) > versionOf(matches[j]) })
-	candidates = append(candidates, matches...)
-	if path, err := exec.LookPath("initdb"); err == nil {
-		candidates = append(candidates, filepath.Dir(path))
-	}
-	for _, dir := range candidates {
-		if _, err := os.Stat(filepath.Join(dir, "initdb")); err == nil {
-			return dir, nil
-		}
-	}
-	return "", errors.New("no PostgreSQL server binaries (initdb) found; install PostgreSQL or set " + EnvDSN)
-}
-
-func versionOf(binDir string) int {
-	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
-	return v
-}
-
-func unprivilegedUser() (*syscall.Credential, error) {
-	for _, name := range []string{"postgres", "nobody"} {
-		u, err := user.Lookup(name)
-		if err != nil {
-			continue
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-	}
-	return nil, errors.New("running as root, and neither a postgres nor a nobody user exists to run PostgreSQL as")
 }

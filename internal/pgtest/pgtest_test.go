@@ -37,15 +37,3 @@ func TestNewDatabaseIsEmptyAndSeparate(t *testing.T) {
 		t.Fatalf("a table created in one test's database is visible in another's")
 	}
 }
-
-func TestWithDatabase(t *testing.T) {
-	cases := map[string]string{
-		"host=/tmp port=5432 dbname=postgres":      "host=/tmp port=5432 dbname=postgres dbname=x",
-		"postgres://u@localhost:5432/postgres?a=b": "postgres://u@localhost:5432/x?a=b",
-	}
-	for in, want := range cases {
-		if got := WithDatabase(in, "x"); got != want {
-			t.Errorf("WithDatabase(%q) = %q, want %q", in, got, want)
-		}
-	}
-}

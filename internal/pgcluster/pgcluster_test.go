@@ -1,0 +1,35 @@
+package pgcluster
+
+import "testing"
+
+func TestWithDatabase(t *testing.T) {
+	cases := map[string]string{
+		"host=/tmp port=5432 dbname=postgres":      "host=/tmp port=5432 dbname=postgres dbname=x",
+		"postgres://u@localhost:5432/postgres?a=b": "postgres://u@localhost:5432/x?a=b",
+	}
+	for in, want := range cases {
+		if got := WithDatabase(in, "x"); got != want {
+			t.Errorf("WithDatabase(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestStartCreateStop(t *testing.T) {
+	s, err := Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dsn, drop, err := s.CreateDatabase()
+	if err != nil || dsn == "" {
+		t.Fatalf("create database: %q %v", dsn, err)
+	}
+	if err := drop(); err != nil {
+		t.Fatal(err)
+	}
+	if cpu, err := s.CPUTime(); err != nil || cpu <= 0 {
+		t.Errorf("CPU time %v, %v", cpu, err)
+	}
+	if err := s.Stop(); err != nil {
+		t.Fatal(err)
+	}
+}
