@@ -5,18 +5,17 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/stasher"
 )
 
@@ -27,12 +26,13 @@ type intRig struct {
 	pool   *pgxpool.Pool
 	broker *kafkatest.Broker
 	topic  string
+	run    string
 }
 
 func newIntRig(t *testing.T) *intRig {
 	t.Helper()
 	ctx := context.Background()
-	r := &intRig{t: t, dsn: pgtest.NewDatabase(t), topic: "events"}
+	r := &intRig{t: t, dsn: pgtest.NewDatabase(t), topic: "events", run: t.Name()}
 	if err := goharvest.CreateOutboxTable(ctx, r.dsn, "outbox"); err != nil {
 		t.Fatal(err)
 	}
@@ -46,30 +46,18 @@ func newIntRig(t *testing.T) *intRig {
 	return r
 }
 
-// load stashes perKey records for each of keys keys. Each record's value is its sequence within
-// its key; records are written in sequence order, so ids follow it.
-func (r *intRig) load(keys, perKey int) {
+// load stashes perKey stamped records for each of keys keys, in sequence order, and returns the
+// count per key to check against.
+func (r *intRig) load(keys, perKey int) map[string]int64 {
 	r.t.Helper()
+	records, expected := verify.Backlog(r.topic, r.run, keys, perKey, goharvest.String("payload"))
 	st, _ := stasher.New("outbox")
-	var batch []goharvest.OutboxRecord
-	flush := func() {
-		if err := st.StashPgx(context.Background(), r.pool, batch...); err != nil {
+	for start := 0; start < len(records); start += 5000 {
+		if err := st.StashPgx(context.Background(), r.pool, records[start:min(start+5000, len(records))]...); err != nil {
 			r.t.Fatal(err)
 		}
-		batch = batch[:0]
 	}
-	for seq := range perKey {
-		for k := range keys {
-			batch = append(batch, goharvest.OutboxRecord{
-				KafkaTopic: r.topic, KafkaKey: fmt.Sprintf("key-%d", k), KafkaValue: goharvest.String(strconv.Itoa(seq)),
-				KafkaHeaders: goharvest.KafkaHeaders{{Key: "seq", Value: strconv.Itoa(seq)}},
-			})
-			if len(batch) == 5000 {
-				flush()
-			}
-		}
-	}
-	flush()
+	return expected
 }
 
 func (r *intRig) outboxRows() int {
@@ -115,13 +103,13 @@ func (r *intRig) waitEmpty(within time.Duration) {
 }
 
 // runUntilDelivered runs h until the outbox is empty and v has seen every record, then stops it.
-func (r *intRig) runUntilDelivered(h *goharvest.Harvest, v *verifier, keys, perKey int) {
+func (r *intRig) runUntilDelivered(h *goharvest.Harvest, v *kafkatest.Verifier, records int64) {
 	r.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.Run(ctx) }()
 	r.waitEmpty(3 * time.Minute)
-	v.waitAll(r.t, keys, perKey, time.Minute)
+	v.WaitDistinct(r.t, records, time.Minute)
 	cancel()
 	if err := <-done; err != nil {
 		r.t.Fatal(err)
@@ -148,115 +136,30 @@ func (e *eventRecorder) count(kind string) int {
 	return e.counts[kind]
 }
 
-// verifier consumes the topic from the start and checks what arrived.
-type verifier struct {
-	mu     sync.Mutex
-	seqs   map[string][]int
-	total  int
-	cancel context.CancelFunc
-	done   chan struct{}
+func (r *intRig) verifier() *kafkatest.Verifier {
+	return kafkatest.StartVerifier(r.t, r.broker.Addr(), r.topic, r.run)
 }
 
-func startVerifier(t *testing.T, r *intRig) *verifier {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(r.broker.Addr()), kgo.ConsumeTopics(r.topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	v := &verifier{seqs: map[string][]int{}, cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(v.done)
-		defer cl.Close()
-		for ctx.Err() == nil {
-			fetches := cl.PollFetches(ctx)
-			fetches.EachRecord(func(rec *kgo.Record) {
-				seq, err := strconv.Atoi(string(rec.Value))
-				if err != nil {
-					t.Errorf("unexpected value %q", rec.Value)
-					return
-				}
-				if len(rec.Headers) != 1 || rec.Headers[0].Key != "seq" || string(rec.Headers[0].Value) != string(rec.Value) {
-					t.Errorf("headers %v do not match value %q", rec.Headers, rec.Value)
-				}
-				v.mu.Lock()
-				v.seqs[string(rec.Key)] = append(v.seqs[string(rec.Key)], seq)
-				v.total++
-				v.mu.Unlock()
-			})
-		}
-	}()
-	t.Cleanup(v.stop)
-	return v
-}
-
-func (v *verifier) stop() {
-	v.cancel()
-	<-v.done
-}
-
-// waitAll waits until every one of keys*perKey records has arrived at least once.
-func (v *verifier) waitAll(t *testing.T, keys, perKey int, within time.Duration) {
+// checkDelivered asserts that every record arrived and no key went backwards, and returns the
+// number of duplicates.
+func checkDelivered(t *testing.T, v *kafkatest.Verifier, expected map[string]int64) int64 {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		v.mu.Lock()
-		distinct := 0
-		for _, seqs := range v.seqs {
-			seen := map[int]bool{}
-			for _, s := range seqs {
-				seen[s] = true
-			}
-			distinct += len(seen)
-		}
-		v.mu.Unlock()
-		if distinct >= keys*perKey {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d records arrived within %v", distinct, keys*perKey, within)
-		}
-		time.Sleep(20 * time.Millisecond)
+	report := v.Report(expected)
+	if !report.OK() {
+		t.Errorf("delivery check failed:\n%s", report)
 	}
-}
-
-// check asserts that every record arrived and that no key went backwards; a record repeated
-// immediately is allowed. It returns the number of duplicates.
-func (v *verifier) check(t *testing.T, keys, perKey int) (duplicates int) {
-	t.Helper()
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	for k := range keys {
-		key := fmt.Sprintf("key-%d", k)
-		seqs := v.seqs[key]
-		next := 0
-		for i, s := range seqs {
-			switch {
-			case s == next:
-				next++
-			case s == next-1:
-				duplicates++ // the record just published, again
-			default:
-				t.Errorf("key %s: got %d after %v; expected %d (or a repeat of %d)", key, s, seqs[max(0, i-3):i], next, next-1)
-				return duplicates
-			}
-		}
-		if next != perKey {
-			t.Errorf("key %s: only records 0..%d of %d arrived", key, next-1, perKey)
-		}
-	}
-	return duplicates
+	return report.Duplicates
 }
 
 func TestHarvestDrainsFiftyThousandRecordsInOrder(t *testing.T) {
 	const keys, perKey = 1000, 50
 	r := newIntRig(t)
-	r.load(keys, perKey)
-	v := startVerifier(t, r)
+	expected := r.load(keys, perKey)
+	v := r.verifier()
 	start := time.Now()
-	r.runUntilDelivered(r.harvester(nil), v, keys, perKey)
+	r.runUntilDelivered(r.harvester(nil), v, keys*perKey)
 	t.Logf("drained and verified %d records in %v", keys*perKey, time.Since(start))
-	if dups := v.check(t, keys, perKey); dups != 0 {
+	if dups := checkDelivered(t, v, expected); dups != 0 {
 		t.Errorf("%d duplicates in a run without faults", dups)
 	}
 }
@@ -264,16 +167,16 @@ func TestHarvestDrainsFiftyThousandRecordsInOrder(t *testing.T) {
 func TestHarvestSurvivesFailedProduceRequests(t *testing.T) {
 	const keys, perKey = 500, 40
 	r := newIntRig(t)
-	r.load(keys, perKey)
-	v := startVerifier(t, r)
+	expected := r.load(keys, perKey)
+	v := r.verifier()
 	// 1% of produce requests fail with an error the harvester sees (and must reset and remark),
 	// and 1% time out after the broker stored the batch (librdkafka retries; idempotence must
 	// drop the copy).
 	visible := r.broker.FailProduce(100, kerr.UnknownServerError)
 	timedOut := r.broker.FailProduce(100, kerr.RequestTimedOut)
 	events := &eventRecorder{}
-	r.runUntilDelivered(r.harvester(events), v, keys, perKey)
-	dups := v.check(t, keys, perKey)
+	r.runUntilDelivered(r.harvester(events), v, keys*perKey)
+	dups := checkDelivered(t, v, expected)
 	t.Logf("faults: %d visible, %d timed out; remarks: %d; duplicates: %d",
 		visible.Hits(), timedOut.Hits(), events.count("goharvest.LeaderRefreshed"), dups)
 	if visible.Hits() == 0 || timedOut.Hits() == 0 {
@@ -287,8 +190,8 @@ func TestHarvestSurvivesFailedProduceRequests(t *testing.T) {
 func TestHarvestStopMidRunThenStartAgain(t *testing.T) {
 	const keys, perKey = 500, 40
 	r := newIntRig(t)
-	r.load(keys, perKey)
-	v := startVerifier(t, r)
+	expected := r.load(keys, perKey)
+	v := r.verifier()
 
 	first := r.harvester(nil)
 	if err := first.Start(); err != nil {
@@ -307,6 +210,6 @@ func TestHarvestStopMidRunThenStartAgain(t *testing.T) {
 	}
 	t.Logf("stopped with %d rows left", left)
 
-	r.runUntilDelivered(r.harvester(nil), v, keys, perKey)
-	t.Logf("duplicates: %d", v.check(t, keys, perKey))
+	r.runUntilDelivered(r.harvester(nil), v, keys*perKey)
+	t.Logf("duplicates: %d", checkDelivered(t, v, expected))
 }

@@ -60,6 +60,18 @@ func describe(msg string, paths map[int]string) string {
 	return fmt.Sprintf("line %d: %s: %s", line, path, rest)
 }
 
+// Lines maps each key's dotted path (such as "harvest.limits.pollDuration") to the line it is on,
+// so that errors found after decoding can still name a line.
+func Lines(data []byte) map[string]int {
+	lines := map[string]int{}
+	for line, path := range keyPaths(data) {
+		if old, ok := lines[path]; !ok || line < old {
+			lines[path] = line
+		}
+	}
+	return lines
+}
+
 // keyPaths maps each line that holds a mapping key to that key's dotted path, e.g.
 // "harvest.limits.pollDuration". A line with a key and a scalar value names that key.
 func keyPaths(data []byte) map[int]string {

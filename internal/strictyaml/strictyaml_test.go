@@ -74,3 +74,13 @@ func TestUnmarshalSyntaxError(t *testing.T) {
 		t.Fatalf("got %v, want a syntax error with a line", err)
 	}
 }
+
+func TestLines(t *testing.T) {
+	lines := Lines([]byte("name: x\ninner:\n  wait: 1s\n\n  count: 2\nprops:\n  a.b: c\n"))
+	want := map[string]int{"name": 1, "inner": 2, "inner.wait": 3, "inner.count": 5, "props": 6, "props.a.b": 7}
+	for path, line := range want {
+		if lines[path] != line {
+			t.Errorf("%s on line %d, want %d", path, lines[path], line)
+		}
+	}
+}

@@ -1,0 +1,16 @@
+// Command reaper publishes a Postgres transactional outbox to Kafka, as a sidecar to services
+// written in any language. See README.md and examples/.
+package main
+
+import (
+	"os"
+
+	"github.com/goharvest/goharvest/internal/reaper"
+)
+
+func main() {
+	ctx, stop := reaper.SignalContext()
+	code := reaper.Main(os.Args[1:], reaper.Env{Stdout: os.Stdout, Stderr: os.Stderr, LookupEnv: os.LookupEnv, Context: ctx})
+	stop()
+	os.Exit(code)
+}

@@ -1,0 +1,91 @@
+package kafkatest
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/goharvest/goharvest/internal/verify"
+)
+
+// Verifier consumes a topic from the start and checks the stamped records of one run (see
+// package verify).
+type Verifier struct {
+	mu      sync.Mutex
+	checker *verify.Checker
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// StartVerifier starts consuming topic at addr; it stops when the test ends.
+func StartVerifier(tb testing.TB, addr, topic, run string) *Verifier {
+	tb.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	v := &Verifier{checker: verify.NewChecker(run), cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(v.done)
+		defer cl.Close()
+		for ctx.Err() == nil {
+			fetches := cl.PollFetches(ctx)
+			now := time.Now()
+			v.mu.Lock()
+			fetches.EachRecord(func(rec *kgo.Record) {
+				stamp, err := verify.Parse(func(name string) (string, bool) {
+					for _, h := range rec.Headers {
+						if h.Key == name {
+							return string(h.Value), true
+						}
+					}
+					return "", false
+				})
+				if err != nil {
+					tb.Errorf("offset %d: %v", rec.Offset, err)
+					return
+				}
+				v.checker.Observe(string(rec.Key), stamp, now)
+			})
+			v.mu.Unlock()
+		}
+	}()
+	tb.Cleanup(v.Stop)
+	return v
+}
+
+// Stop stops consuming; calling it again does nothing.
+func (v *Verifier) Stop() {
+	v.cancel()
+	<-v.done
+}
+
+// WaitDistinct waits until n different records have arrived, failing the test after within.
+func (v *Verifier) WaitDistinct(tb testing.TB, n int64, within time.Duration) {
+	tb.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		v.mu.Lock()
+		got := v.checker.Distinct()
+		v.mu.Unlock()
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("%d of %d records arrived within %v", got, n, within)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Report checks what arrived against expected (records written per key).
+func (v *Verifier) Report(expected map[string]int64) verify.Report {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.checker.Report(expected)
+}

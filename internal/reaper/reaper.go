@@ -1,0 +1,239 @@
+// Package reaper is the reaper sidecar: it runs a harvester configured by a YAML file, for
+// services written in any language. cmd/reaper is a thin main around Main.
+package reaper
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"os/signal"
+	"regexp"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/strictyaml"
+)
+
+// Exit codes.
+const (
+	ExitOK     = 0 // a clean stop (SIGINT or SIGTERM), or a command that succeeded
+	ExitFailed = 1 // the harvester stopped on an error, or init failed
+	ExitUsage  = 2 // bad arguments, or a configuration that cannot be loaded
+)
+
+// File is the reaper's configuration file.
+type File struct {
+	// Harvest configures the harvester; the keys are those of goharvest.Config.
+	Harvest goharvest.Config `yaml:"harvest"`
+	Logging Logging          `yaml:"logging"`
+}
+
+// Logging configures the reaper's logs, written to standard error.
+type Logging struct {
+	// Level is debug, info (the default), warn or error; case does not matter.
+	Level string `yaml:"level"`
+	// Format is text (the default) or json.
+	Format string `yaml:"format"`
+}
+
+// Load reads a configuration file strictly: unknown keys and values of the wrong type are errors
+// naming the key and its line. In string values (the data source, Kafka properties, names),
+// ${NAME} is replaced by the environment variable NAME, and ${NAME:-default} by default when
+// NAME is unset or empty, so secrets need not live in the file. An unset variable without a
+// default is an error naming it.
+func Load(data []byte, lookupEnv func(string) (string, bool)) (File, error) {
+	var f File
+	if err := strictyaml.Unmarshal(data, &f); err != nil {
+		return File{}, err
+	}
+	lines := strictyaml.Lines(data)
+	var errs []error
+	expand := func(path string, value *string) {
+		expanded, err := expandEnv(*value, lookupEnv)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("line %d: %s: %w", lines[path], path, err))
+			return
+		}
+		*value = expanded
+	}
+	h := &f.Harvest
+	expand("harvest.dataSource", &h.DataSource)
+	expand("harvest.outboxTable", &h.OutboxTable)
+	expand("harvest.leaderTopic", &h.LeaderTopic)
+	expand("harvest.leaderGroupID", &h.LeaderGroupID)
+	expand("harvest.name", &h.Name)
+	for _, m := range []struct {
+		path  string
+		props goharvest.KafkaConfigMap
+	}{{"harvest.baseKafkaConfig", h.BaseKafkaConfig}, {"harvest.producerKafkaConfig", h.ProducerKafkaConfig}} {
+		for _, key := range slices.Sorted(maps.Keys(m.props)) {
+			if s, ok := m.props[key].(string); ok {
+				expand(m.path+"."+key, &s)
+				m.props[key] = s
+			}
+		}
+	}
+	expand("logging.level", &f.Logging.Level)
+	expand("logging.format", &f.Logging.Format)
+	if _, err := f.Logging.level(); err != nil {
+		errs = append(errs, fmt.Errorf("line %d: logging.level: %w", lines["logging.level"], err))
+	}
+	if f := strings.ToLower(f.Logging.Format); f != "" && f != "text" && f != "json" {
+		errs = append(errs, fmt.Errorf("line %d: logging.format: %q is not text or json", lines["logging.format"], f))
+	}
+	return f, errors.Join(errs...)
+}
+
+var (
+	envRef  = regexp.MustCompile(`\$\{[^}]*\}`)
+	envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// expandEnv replaces ${NAME} and ${NAME:-default} in s. A variable's value is not expanded
+// again.
+func expandEnv(s string, lookupEnv func(string) (string, bool)) (string, error) {
+	var err error
+	out := envRef.ReplaceAllStringFunc(s, func(ref string) string {
+		name, def, hasDefault := strings.Cut(ref[2:len(ref)-1], ":-")
+		if !envName.MatchString(name) {
+			err = fmt.Errorf("%q is not a valid environment variable reference", ref)
+			return ref
+		}
+		if value, ok := lookupEnv(name); ok && (value != "" || !hasDefault) {
+			return value
+		} else if hasDefault {
+			return def
+		}
+		err = fmt.Errorf("environment variable %s is not set", name)
+		return ref
+	})
+	if err != nil {
+		return s, err
+	}
+	if strings.Contains(envRef.ReplaceAllString(s, ""), "${") {
+		return s, errors.New("unterminated ${")
+	}
+	return out, nil
+}
+
+func (l Logging) level() (slog.Level, error) {
+	switch strings.ToLower(l.Level) {
+	case "", "info":
+		return slog.LevelInfo, nil
+	case "debug", "trace":
+		return slog.LevelDebug, nil
+	case "warn", "warning":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
+	}
+	return 0, fmt.Errorf("%q is not debug, info, warn or error", l.Level)
+}
+
+// Logger returns the logger the configuration asks for, writing to w.
+func (l Logging) Logger(w io.Writer) *slog.Logger {
+	level, _ := l.level()
+	opts := &slog.HandlerOptions{Level: level}
+	if strings.EqualFold(l.Format, "json") {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// Version is the reaper's version, from the module's build information.
+func Version() string {
+	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" && info.Main.Version != "(devel)" {
+		return info.Main.Version
+	}
+	return "dev"
+}
+
+const usage = `usage:
+  reaper [-f reaper.yaml]        publish the outbox until SIGINT or SIGTERM
+  reaper init [-f reaper.yaml]   create the outbox table if it does not exist
+  reaper --version               print the version
+`
+
+// Env is what Main takes from its surroundings, so that tests can supply their own.
+type Env struct {
+	Stdout, Stderr io.Writer
+	LookupEnv      func(string) (string, bool)
+	// Context ends the harvester (as SIGINT or SIGTERM would).
+	Context context.Context
+}
+
+// Main runs the reaper with the given arguments (without the program name) and returns the exit
+// code. Every failure is one line on standard error.
+func Main(args []string, env Env) int {
+	fail := func(code int, err error) int {
+		fmt.Fprintln(env.Stderr, "reaper: "+strings.ReplaceAll(err.Error(), "\n", "; "))
+		return code
+	}
+	command := "run"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		command, args = args[0], args[1:]
+	}
+	flags := flag.NewFlagSet("reaper", flag.ContinueOnError)
+	flags.SetOutput(io.Discard)
+	file := flags.String("f", "reaper.yaml", "configuration file")
+	version := flags.Bool("version", false, "print the version")
+	if err := flags.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(env.Stdout, usage)
+			return ExitOK
+		}
+		return fail(ExitUsage, fmt.Errorf("%w (see reaper -h)", err))
+	}
+	if *version || command == "version" {
+		fmt.Fprintln(env.Stdout, "reaper", Version())
+		return ExitOK
+	}
+	if flags.NArg() > 0 {
+		return fail(ExitUsage, fmt.Errorf("unexpected argument %q (see reaper -h)", flags.Arg(0)))
+	}
+	if command != "run" && command != "init" {
+		return fail(ExitUsage, fmt.Errorf("unknown command %q (see reaper -h)", command))
+	}
+
+	data, err := os.ReadFile(*file)
+	if err != nil {
+		return fail(ExitUsage, err)
+	}
+	cfg, err := Load(data, env.LookupEnv)
+	if err != nil {
+		return fail(ExitUsage, fmt.Errorf("%s: %w", *file, err))
+	}
+	cfg.Harvest.Logger = cfg.Logging.Logger(env.Stderr)
+
+	if command == "init" {
+		h := cfg.Harvest.WithDefaults()
+		if err := goharvest.CreateOutboxTable(env.Context, h.DataSource, h.OutboxTable); err != nil {
+			return fail(ExitFailed, err)
+		}
+		fmt.Fprintf(env.Stdout, "outbox table %s is ready\n", h.OutboxTable)
+		return ExitOK
+	}
+
+	h, err := goharvest.New(cfg.Harvest)
+	if err != nil {
+		return fail(ExitUsage, fmt.Errorf("%s: %w", *file, err))
+	}
+	cfg.Harvest.Logger.Info("reaper starting", "version", Version(), "config", *file)
+	if err := h.Run(env.Context); err != nil {
+		return fail(ExitFailed, err)
+	}
+	return ExitOK
+}
+
+// SignalContext returns a context that ends on SIGINT or SIGTERM.
+func SignalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
