@@ -1,0 +1,174 @@
+package reaper_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/verify"
+	"github.com/goharvest/goharvest/stasher"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+
+var (
+	buildOnce sync.Once
+	binary    string
+	buildErr  error
+)
+
+// buildReaper builds cmd/reaper once per test run.
+func buildReaper(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "reaper-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binary = filepath.Join(dir, "reaper")
+		out, err := exec.Command("go", "build", "-o", binary, "github.com/goharvest/goharvest/cmd/reaper").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v: %s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binary
+}
+
+type reaperProcess struct {
+	cmd    *exec.Cmd
+	stderr *bytes.Buffer
+	done   chan struct{}
+}
+
+func startReaper(t *testing.T, bin string, env []string, args ...string) *reaperProcess {
+	t.Helper()
+	p := &reaperProcess{cmd: exec.Command(bin, args...), stderr: &bytes.Buffer{}, done: make(chan struct{})}
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stderr = p.stderr
+	p.cmd.Stdout = p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.done
+	})
+	return p
+}
+
+// stop sends SIGTERM and returns the exit code.
+func (p *reaperProcess) stop(t *testing.T) int {
+	t.Helper()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("reaper did not exit within 20s of SIGTERM; output:\n%s", p.stderr)
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+func TestReaperBinaryPublishesAndStopsCleanlyOnSIGTERM(t *testing.T) {
+	bin := buildReaper(t)
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	broker := kafkatest.Start(t, kafkatest.WithTopics(8, "events"))
+	config := filepath.Join(t.TempDir(), "reaper.yaml")
+	err := os.WriteFile(config, []byte(`harvest:
+  baseKafkaConfig:
+    bootstrap.servers: `+broker.Addr()+`
+  leaderTopic: reaper-test.leader
+  leaderGroupID: reaper-test
+  dataSource: ${DATABASE_URL}
+  limits:
+    heartbeatTimeout: 1s
+    minPollInterval: 50ms
+logging:
+  level: info
+  format: json
+`), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"DATABASE_URL=" + dsn}
+
+	initRun := startReaper(t, bin, env, "init", "-f", config)
+	<-initRun.done
+	if code := initRun.cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(initRun.stderr.String(), "is ready") {
+		t.Fatalf("reaper init: exit %d: %s", code, initRun.stderr)
+	}
+
+	const keys, perKey = 200, 100
+	records, expected := verify.Backlog("events", t.Name(), keys, perKey, goharvest.String("v"))
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	st, _ := stasher.New("outbox")
+	if err := st.StashPgx(ctx, pool, records...); err != nil {
+		t.Fatal(err)
+	}
+	v := kafkatest.StartVerifier(t, broker.Addr(), "events", t.Name())
+
+	first := startReaper(t, bin, env, "-f", config)
+	v.WaitDistinct(t, 3000, time.Minute)
+	if code := first.stop(t); code != 0 {
+		t.Fatalf("first reaper exited %d after SIGTERM:\n%s", code, first.stderr)
+	}
+	var left int
+	pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&left)
+	if left == 0 {
+		t.Fatal("the first reaper finished before SIGTERM; nothing left to test")
+	}
+	t.Logf("SIGTERM with %d records left", left)
+
+	second := startReaper(t, bin, env, "-f", config)
+	v.WaitDistinct(t, keys*perKey, 2*time.Minute)
+	for left > 0 {
+		pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&left)
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code := second.stop(t); code != 0 {
+		t.Fatalf("second reaper exited %d after SIGTERM:\n%s", code, second.stderr)
+	}
+	report := v.Report(expected)
+	if !report.OK() {
+		t.Fatalf("delivery check failed:\n%s", report)
+	}
+	t.Logf("%d duplicates", report.Duplicates)
+	if !strings.Contains(first.stderr.String(), `"msg":"leader acquired"`) {
+		t.Errorf("the reaper's JSON log lacks the leader acquired line:\n%s", first.stderr)
+	}
+}
+
+func TestReaperBinaryExitsWithOneLineOnBadConfig(t *testing.T) {
+	bin := buildReaper(t)
+	config := filepath.Join(t.TempDir(), "reaper.yaml")
+	os.WriteFile(config, []byte("harvest:\n  limits:\n    heartbeatTimout: 5s\n"), 0o600)
+	p := startReaper(t, bin, nil, "-f", config)
+	<-p.done
+	out := p.stderr.String()
+	if code := p.cmd.ProcessState.ExitCode(); code != 2 || strings.Count(out, "\n") != 1 ||
+		!strings.Contains(out, `line 3: unknown key "harvest.limits.heartbeatTimout"`) {
+		t.Fatalf("exit %d, output %q", code, out)
+	}
+}
