@@ -16,6 +16,7 @@ import (
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgtest"
 	"github.com/goharvest/goharvest/internal/verify"
+	"github.com/goharvest/goharvest/internal/verifytest"
 	"github.com/goharvest/goharvest/stasher"
 )
 
@@ -103,7 +104,7 @@ func (r *intRig) waitEmpty(within time.Duration) {
 }
 
 // runUntilDelivered runs h until the outbox is empty and v has seen every record, then stops it.
-func (r *intRig) runUntilDelivered(h *goharvest.Harvest, v *kafkatest.Verifier, records int64) {
+func (r *intRig) runUntilDelivered(h *goharvest.Harvest, v *verifytest.Verifier, records int64) {
 	r.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -136,13 +137,13 @@ func (e *eventRecorder) count(kind string) int {
 	return e.counts[kind]
 }
 
-func (r *intRig) verifier() *kafkatest.Verifier {
-	return kafkatest.StartVerifier(r.t, r.broker.Addr(), r.topic, r.run)
+func (r *intRig) verifier() *verifytest.Verifier {
+	return verifytest.Start(r.t, r.broker.Addr(), r.topic, r.run)
 }
 
 // checkDelivered asserts that every record arrived and no key went backwards, and returns the
 // number of duplicates.
-func checkDelivered(t *testing.T, v *kafkatest.Verifier, expected map[string]int64) int64 {
+func checkDelivered(t *testing.T, v *verifytest.Verifier, expected map[string]int64) int64 {
 	t.Helper()
 	report := v.Report(expected)
 	if !report.OK() {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
+	"github.com/goharvest/goharvest/internal/rdlog"
 	"github.com/goharvest/goharvest/neli"
 )
 
@@ -81,10 +82,12 @@ func StandardKafkaProducerProvider(logger *slog.Logger) KafkaProducerProvider {
 		for k, v := range config {
 			cm[k] = v
 		}
+		rdlog.Enable(cm)
 		p, err := kafka.NewProducer(&cm)
 		if err != nil {
 			return nil, fmt.Errorf("create producer: %w", err)
 		}
+		rdlog.Forward(p.Logs(), logger)
 		cp := &confluentProducer{p: p, deliveries: make(chan Delivery, 1024), log: logger}
 		go cp.forward()
 		return cp, nil

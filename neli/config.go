@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/goharvest/goharvest/internal/rdlog"
 )
 
 // Defaults of Config. A zero field takes its default.
@@ -173,6 +175,7 @@ func (c Config) consumerConfig() kafka.ConfigMap {
 		// A heartbeat should be seen as soon as it lands, not after a full fetch wait.
 		"fetch.wait.max.ms": max(1, int(interval.Milliseconds())),
 	})
+	rdlog.Enable(cm)
 	return cm
 }
 
@@ -188,5 +191,6 @@ func (c Config) producerConfig() kafka.ConfigMap {
 		"message.timeout.ms":  max(1, int(c.HeartbeatTimeout.Milliseconds())),
 		"go.delivery.reports": false,
 	})
+	rdlog.Enable(cm)
 	return cm
 }

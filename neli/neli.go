@@ -15,6 +15,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/goharvest/goharvest/internal/dispatch"
+	"github.com/goharvest/goharvest/internal/rdlog"
 )
 
 // State is a contender's view of its own leadership.
@@ -128,6 +129,8 @@ func New(cfg Config) (*Neli, error) {
 		events:         dispatch.New(cfg.OnEvent),
 		heartbeatEvery: max(cfg.MinPollInterval, cfg.HeartbeatTimeout/10),
 	}
+	rdlog.Forward(consumer.Logs(), n.log)
+	rdlog.Forward(producer.Logs(), n.log)
 	// Heartbeats need no delivery reports; the channel carries only client errors, which are
 	// drained so that it never fills.
 	go func() {

@@ -19,6 +19,7 @@ import (
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgtest"
 	"github.com/goharvest/goharvest/internal/verify"
+	"github.com/goharvest/goharvest/internal/verifytest"
 	"github.com/goharvest/goharvest/stasher"
 )
 
@@ -127,7 +128,7 @@ logging:
 	if err := st.StashPgx(ctx, pool, records...); err != nil {
 		t.Fatal(err)
 	}
-	v := kafkatest.StartVerifier(t, broker.Addr(), "events", t.Name())
+	v := verifytest.Start(t, broker.Addr(), "events", t.Name())
 
 	first := startReaper(t, bin, env, "-f", config)
 	v.WaitDistinct(t, 3000, time.Minute)

@@ -1,4 +1,6 @@
-package kafkatest
+// Package verifytest consumes a topic in tests and checks the stamped records that arrive (see
+// package verify).
+package verifytest
 
 import (
 	"context"
@@ -20,8 +22,8 @@ type Verifier struct {
 	done    chan struct{}
 }
 
-// StartVerifier starts consuming topic at addr; it stops when the test ends.
-func StartVerifier(tb testing.TB, addr, topic, run string) *Verifier {
+// Start starts consuming topic at addr; it stops when the test ends.
+func Start(tb testing.TB, addr, topic, run string) *Verifier {
 	tb.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))

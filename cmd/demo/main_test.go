@@ -1,0 +1,31 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestDemoEndToEnd builds the three binaries and runs the demo as make demo does, with a small
+// load, so that the README's first command stays true.
+func TestDemoEndToEnd(t *testing.T) {
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin+string(filepath.Separator),
+		"github.com/goharvest/goharvest/cmd/reaper", "github.com/goharvest/goharvest/cmd/pump", "github.com/goharvest/goharvest/cmd/demo")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	demo := exec.Command(filepath.Join(bin, "demo"), "-bin", bin, "-records", "3000", "-keys", "100")
+	demo.Env = os.Environ()
+	out, err := demo.CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, out)
+	}
+	for _, want := range []string{"verdict: OK", "records expected 3000, arrived 3000", "leader acquired", "0 rows left in the outbox"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("demo output lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -1,0 +1,57 @@
+package rdlog
+
+import (
+	"bytes"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+)
+
+func TestLevel(t *testing.T) {
+	want := map[int]slog.Level{0: slog.LevelError, 3: slog.LevelError, 4: slog.LevelWarn, 5: slog.LevelInfo, 6: slog.LevelDebug, 7: slog.LevelDebug}
+	for syslog, level := range want {
+		if got := Level(syslog); got != level {
+			t.Errorf("Level(%d) = %v, want %v", syslog, got, level)
+		}
+	}
+}
+
+func TestForwardGoesThroughTheLogger(t *testing.T) {
+	var buf safeBuffer
+	cm := kafka.ConfigMap{"bootstrap.servers": "127.0.0.1:1", "debug": "generic"}
+	Enable(cm)
+	p, err := kafka.NewProducer(&cm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	Forward(p.Logs(), slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(buf.String(), "librdkafka=") && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	p.Close()
+	if !strings.Contains(buf.String(), "librdkafka=") {
+		t.Fatalf("no librdkafka line reached the logger: %q", buf.String())
+	}
+}
+
+type safeBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *safeBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *safeBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
