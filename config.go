@@ -284,7 +284,7 @@ func setDefault[T comparable](field *T, def T) {
 // the delivery guarantees. Leader election owns more (neli.OwnedProperties).
 var producerOwnedProperties = map[string]string{
 	"enable.idempotence":         "always on: without it a retried batch can reorder a key's records",
-	"transactional.id":           "the producer is not transactional",
+	"transactional.id":           "set from LeaderGroupID, so that a new leader's producer fences its predecessors'",
 	"go.delivery.reports":        "delivery reports decide whether a record is purged or reset",
 	"delivery.report.only.error": "delivery reports decide whether a record is purged or reset",
 	"acks":                       "always all: a record is purged only once every in-sync replica has it",

@@ -180,24 +180,28 @@ type published struct {
 	producer int
 }
 
-// fakeKafka is a broker and producer factory. Each producer delivers asynchronously, after
-// delay, and checks the harvester's promises as messages arrive.
+// fakeKafka is a broker and producer factory. Producers deliver asynchronously, after delay;
+// messages land in the log when their transaction commits. It checks the harvester's promises
+// as messages arrive.
 type fakeKafka struct {
 	t  *testing.T
 	db *fakeDB
 
-	mu          sync.Mutex
-	delay       time.Duration
-	log         []published
-	failOnce    map[int64]error // fail the next delivery of these ids with this error
-	rejectN     map[int64]int   // reject these ids this many times
-	producers   int
-	open        int              // producers created and not closed
-	newest      int              // index of the newest producer
-	outstanding map[string]int64 // key -> id awaiting a delivery report
-	lastAcked   map[string]int64 // key -> last id acknowledged
-	maxOut      int
-	violations  []string
+	mu           sync.Mutex
+	delay        time.Duration
+	log          []published
+	failOnce     map[int64]error // fail the next delivery of these ids with this error
+	rejectN      map[int64]int   // reject these ids this many times
+	producers    int
+	open         int // producers created and not closed
+	epoch        int // the newest InitTransactions
+	commits      int
+	aborts       int
+	fatalCommits int              // fail this many coming commits fatally
+	outstanding  map[string]int64 // key -> id sent and not yet committed or aborted
+	lastAcked    map[string]int64 // key -> last id committed
+	maxOut       int
+	violations   []string
 }
 
 func newFakeKafka(t *testing.T, db *fakeDB) *fakeKafka {
@@ -214,20 +218,82 @@ func (k *fakeKafka) provider(KafkaConfigMap) (KafkaProducer, error) {
 	defer k.mu.Unlock()
 	k.producers++
 	k.open++
-	k.newest = k.producers
 	if k.open > 1 {
 		k.violate("producer %d created while an older one is still open", k.producers)
 	}
 	return &fakeProducer{k: k, index: k.producers, deliveries: make(chan Delivery, 100_000)}, nil
 }
 
+type sentMessage struct {
+	id    int64
+	key   string
+	value *string
+	err   error
+}
+
 type fakeProducer struct {
 	k          *fakeKafka
 	index      int
+	epoch      int
 	deliveries chan Delivery
 	wg         sync.WaitGroup
-	abandoned  chan struct{}
-	once       sync.Once
+	txn        []*sentMessage // guarded by k.mu
+}
+
+func (p *fakeProducer) InitTransactions(context.Context) error {
+	p.k.mu.Lock()
+	defer p.k.mu.Unlock()
+	p.k.epoch++
+	p.epoch = p.k.epoch
+	return nil
+}
+
+func (p *fakeProducer) BeginTransaction() error { return nil }
+
+func (p *fakeProducer) CommitTransaction(context.Context) error {
+	p.wg.Wait() // a commit flushes: every message has been reported
+	k := p.k
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if p.epoch != k.epoch {
+		return &TxnError{Err: errors.New("producer fenced"), Fatal: true}
+	}
+	if k.fatalCommits > 0 {
+		k.fatalCommits--
+		for _, m := range p.txn {
+			delete(k.outstanding, m.key)
+		}
+		p.txn = nil
+		return &TxnError{Err: errors.New("producer fenced by a newer epoch"), Fatal: true}
+	}
+	for _, m := range p.txn {
+		if m.err != nil {
+			return &TxnError{Err: fmt.Errorf("a message failed: %w", m.err), Abortable: true}
+		}
+	}
+	for _, m := range p.txn {
+		if prev, ok := k.lastAcked[m.key]; ok && prev != m.id && k.db.exists(prev) {
+			k.violate("key %s: record %d committed before the purge of record %d committed", m.key, m.id, prev)
+		}
+		k.log = append(k.log, published{id: m.id, key: m.key, value: m.value, producer: p.index})
+		k.lastAcked[m.key] = m.id
+		delete(k.outstanding, m.key)
+	}
+	k.commits++
+	p.txn = nil
+	return nil
+}
+
+func (p *fakeProducer) AbortTransaction(context.Context) error {
+	p.wg.Wait()
+	p.k.mu.Lock()
+	defer p.k.mu.Unlock()
+	for _, m := range p.txn {
+		delete(p.k.outstanding, m.key)
+	}
+	p.txn = nil
+	p.k.aborts++
+	return nil
 }
 
 func (p *fakeProducer) Produce(msg Message) error {
@@ -235,13 +301,10 @@ func (p *fakeProducer) Produce(msg Message) error {
 	f := msg.Opaque.(*flight)
 	id, key := f.rec.ID, string(msg.Key)
 	k.mu.Lock()
-	if p.index != k.newest {
-		k.violate("producer %d sent record %d after producer %d was created", p.index, id, k.newest)
-	}
 	if other, ok := k.outstanding[key]; ok {
 		k.violate("key %s: record %d sent while record %d is still in flight", key, id, other)
 	}
-	// The previous record of this key, once acknowledged, must be purged before the next is sent.
+	// The previous record of this key, once committed, must be purged before the next is sent.
 	if prev, ok := k.lastAcked[key]; ok && prev != id && k.db.exists(prev) {
 		k.violate("key %s: record %d sent before the purge of record %d committed", key, id, prev)
 	}
@@ -249,27 +312,21 @@ func (p *fakeProducer) Produce(msg Message) error {
 	if n := len(k.outstanding); n > k.maxOut {
 		k.maxOut = n
 	}
-	var err error
+	m := &sentMessage{id: id, key: key, value: f.rec.KafkaValue}
 	if k.rejectN[id] > 0 {
 		k.rejectN[id]--
-		err = &RejectedError{Err: errors.New("message too large")}
+		m.err = &RejectedError{Err: errors.New("message too large")}
 	} else if e, ok := k.failOnce[id]; ok {
 		delete(k.failOnce, id)
-		err = e
+		m.err = e
 	}
+	p.txn = append(p.txn, m)
 	delay := k.delay
 	k.mu.Unlock()
 
 	p.wg.Go(func() {
 		time.Sleep(delay)
-		k.mu.Lock()
-		delete(k.outstanding, key)
-		if err == nil {
-			k.log = append(k.log, published{id: id, key: key, value: f.rec.KafkaValue, producer: p.index})
-			k.lastAcked[key] = id
-		}
-		k.mu.Unlock()
-		p.deliveries <- Delivery{Opaque: msg.Opaque, Err: err}
+		p.deliveries <- Delivery{Opaque: msg.Opaque, Err: m.err}
 	})
 	return nil
 }

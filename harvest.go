@@ -32,6 +32,10 @@ import (
 	"github.com/goharvest/goharvest/neli"
 )
 
+// TransactionalIDPrefix is put before LeaderGroupID to make the producers' transactional ID,
+// which every harvester of an outbox shares (see KafkaProducer).
+const TransactionalIDPrefix = "goharvest."
+
 // State is a Harvest's place in its lifecycle.
 type State int
 
@@ -58,6 +62,7 @@ type Harvest struct {
 	log            *slog.Logger
 	meter          *metric.Meter
 	dbTrouble      *episode
+	kafkaTrouble   *episode
 
 	mu       sync.Mutex // guards the fields below
 	state    State
@@ -94,12 +99,14 @@ func New(config Config) (*Harvest, error) {
 		"enable.idempotence":  true,
 		"acks":                "all",
 		"go.delivery.reports": true,
+		"transactional.id":    TransactionalIDPrefix + cfg.LeaderGroupID,
 	})
 	return &Harvest{
 		cfg:            cfg,
 		producerConfig: producerConfig,
 		log:            cfg.Logger.With("harvest", cfg.Name),
 		dbTrouble:      &episode{what: "database"},
+		kafkaTrouble:   &episode{what: "Kafka transactions"},
 		state:          Created,
 		stopCh:         make(chan struct{}),
 		done:           make(chan struct{}),
@@ -270,10 +277,15 @@ func (h *Harvest) run() {
 				h.endEpoch(h.lossEvent())
 			}
 		} else if h.current() == nil && !time.Now().Before(nextEpochAt) {
-			if err = h.startEpoch(acquired); err != nil {
+			var started bool
+			if started, err = h.startEpoch(ctx, acquired); err != nil {
 				break
 			}
-			acquired = true
+			if started {
+				acquired = true
+			} else {
+				nextEpochAt = time.Now().Add(h.cfg.Limits.IOErrorBackoff)
+			}
 		}
 		var remark <-chan struct{}
 		if p := h.current(); p != nil {
@@ -302,12 +314,27 @@ func (h *Harvest) current() *pipeline {
 	return h.pipeline
 }
 
-// startEpoch begins publishing under a new leader ID, with a new producer.
-func (h *Harvest) startEpoch(refresh bool) error {
+// startEpoch begins publishing under a new leader ID, with a new producer whose
+// InitTransactions fences the producers of every earlier epoch. It returns false when Kafka's
+// transaction coordinator is not ready (to be retried), and an error only when the producer
+// cannot be created at all.
+func (h *Harvest) startEpoch(ctx context.Context, refresh bool) (bool, error) {
 	producer, err := h.cfg.KafkaProducerProvider(h.producerConfig)
 	if err != nil {
-		return fmt.Errorf("harvest: create producer: %w", err)
+		return false, fmt.Errorf("harvest: create producer: %w", err)
 	}
+	initCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
+	err = producer.InitTransactions(initCtx)
+	cancel()
+	if err == nil {
+		err = producer.BeginTransaction()
+	}
+	if err != nil {
+		h.kafkaTrouble.fail(h.log, "init transactions", err)
+		producer.Close()
+		return false, nil
+	}
+	h.kafkaTrouble.ok(h.log)
 	leaderID := uuid.New()
 	p := startPipeline(pipelineDeps{
 		leaderID:  leaderID,
@@ -330,7 +357,7 @@ func (h *Harvest) startEpoch(refresh bool) error {
 		h.log.Info("leader acquired", "leaderID", leaderID)
 		h.emit(LeaderAcquired{LeaderID: leaderID})
 	}
-	return nil
+	return true, nil
 }
 
 // endEpoch drains and closes the current epoch, within about MaxPollInterval, then reports why

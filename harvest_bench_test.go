@@ -45,7 +45,7 @@ func BenchmarkDrain(b *testing.B) {
 			LeaderTopic:     "bench-" + strconv.Itoa(i) + ".leader",
 			DataSource:      dsn,
 			Limits:          goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond},
-			Logger:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+			Logger:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
 		})
 		if err != nil {
 			b.Fatal(err)

@@ -81,7 +81,7 @@ func (r *intRig) harvester(events *eventRecorder) *goharvest.Harvest {
 			MinPollInterval:  50 * time.Millisecond,
 			IOErrorBackoff:   50 * time.Millisecond,
 		},
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
 	})
 	if err != nil {
 		r.t.Fatal(err)
@@ -170,9 +170,9 @@ func TestHarvestSurvivesFailedProduceRequests(t *testing.T) {
 	r := newIntRig(t)
 	expected := r.load(keys, perKey)
 	v := r.verifier()
-	// 1% of produce requests fail with an error the harvester sees (and must reset and remark),
-	// and 1% time out after the broker stored the batch (librdkafka retries; idempotence must
-	// drop the copy).
+	// 1% of produce requests fail with an error the harvester sees (its transaction is aborted
+	// and the records sent again), and 1% time out after the broker stored the batch (librdkafka
+	// retries; idempotence must drop the copy).
 	visible := r.broker.FailProduce(100, kerr.UnknownServerError)
 	timedOut := r.broker.FailProduce(100, kerr.RequestTimedOut)
 	events := &eventRecorder{}
@@ -182,9 +182,6 @@ func TestHarvestSurvivesFailedProduceRequests(t *testing.T) {
 		visible.Hits(), timedOut.Hits(), events.count("goharvest.LeaderRefreshed"), dups)
 	if visible.Hits() == 0 || timedOut.Hits() == 0 {
 		t.Fatal("the faults were never injected")
-	}
-	if events.count("goharvest.LeaderRefreshed") == 0 {
-		t.Fatal("failed deliveries caused no remark")
 	}
 }
 
@@ -213,4 +210,12 @@ func TestHarvestStopMidRunThenStartAgain(t *testing.T) {
 
 	r.runUntilDelivered(r.harvester(nil), v, keys*perKey)
 	t.Logf("duplicates: %d", checkDelivered(t, v, expected))
+}
+
+// testLogLevel is Warn, or Debug when GOHARVEST_TEST_DEBUG is set.
+func testLogLevel() slog.Level {
+	if os.Getenv("GOHARVEST_TEST_DEBUG") != "" {
+		return slog.LevelDebug
+	}
+	return slog.LevelWarn
 }

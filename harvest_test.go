@@ -219,7 +219,9 @@ func TestOneRecordPerKeyInFlight(t *testing.T) {
 	r.checkOrder(ids)
 }
 
-func TestDeliveryFailureResetsAndRemarks(t *testing.T) {
+// A failed delivery aborts the transaction; its records are sent again in the next one (their
+// keys still held), without a remark.
+func TestDeliveryFailureRetriesInTheNextTransaction(t *testing.T) {
 	r := newRig(t, fastLimits())
 	r.kafka.delay = time.Millisecond
 	ids := r.load(20, 20)
@@ -227,11 +229,28 @@ func TestDeliveryFailureResetsAndRemarks(t *testing.T) {
 	r.kafka.failOnce[ids[250]] = errors.New("broker went away")
 	r.runUntilEmpty()
 	r.checkOrder(ids)
-	if n := countEvents[LeaderRefreshed](r.events); n < 1 {
-		t.Fatalf("no LeaderRefreshed after a failed delivery; events %v", r.events.all())
+	if r.kafka.aborts < 2 {
+		t.Fatalf("%d aborted transactions for two failed deliveries", r.kafka.aborts)
 	}
-	if r.kafka.producers < 2 {
-		t.Fatalf("the remark did not start a new epoch with a new producer")
+	if n := countEvents[LeaderRefreshed](r.events); n != 0 {
+		t.Fatalf("%d remarks for failures a retry in place handles", n)
+	}
+}
+
+// A fatal producer error (a newer epoch fenced this producer, say) ends the epoch: the records
+// are reset and marked again under a new leader ID, with a new producer.
+func TestFatalTransactionErrorRemarks(t *testing.T) {
+	r := newRig(t, fastLimits())
+	r.kafka.delay = time.Millisecond
+	ids := r.load(20, 20)
+	r.kafka.fatalCommits = 2
+	r.runUntilEmpty()
+	r.checkOrder(ids)
+	if n := countEvents[LeaderRefreshed](r.events); n != 2 {
+		t.Fatalf("%d LeaderRefreshed events after two fatal commits, want 2; events %v", n, r.events.all())
+	}
+	if r.kafka.producers < 3 {
+		t.Fatalf("%d producers: the remarks did not start new epochs", r.kafka.producers)
 	}
 }
 

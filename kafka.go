@@ -41,10 +41,23 @@ type RejectedError struct{ Err error }
 func (e *RejectedError) Error() string { return "rejected by Kafka: " + e.Err.Error() }
 func (e *RejectedError) Unwrap() error { return e.Err }
 
-// KafkaProducer publishes messages asynchronously. The harvester uses one producer per leader
-// epoch and closes it before the next epoch starts, so a message of an old epoch can never be
-// delivered after the new epoch has begun.
+// KafkaProducer publishes messages asynchronously, in transactions. The harvester uses one
+// producer per leader epoch and closes it before the next epoch starts. Every harvester of an
+// outbox shares one transactional ID, so a new epoch's InitTransactions fences the producers of
+// all earlier ones, in this process or another: whatever a deposed leader still sends (say, a
+// process frozen and resumed) is rejected by the broker instead of landing after the new
+// leader's records.
 type KafkaProducer interface {
+	// InitTransactions registers the transactional ID, fencing earlier producers with it.
+	InitTransactions(ctx context.Context) error
+	// BeginTransaction starts a transaction; produced messages belong to it until it ends.
+	BeginTransaction() error
+	// CommitTransaction flushes the transaction's messages and commits it. On error, see
+	// TxnError for what may follow.
+	CommitTransaction(ctx context.Context) error
+	// AbortTransaction aborts the current transaction; its messages are never committed.
+	AbortTransaction(ctx context.Context) error
+
 	// Produce queues msg. Its outcome arrives later on Deliveries. An error means the message was
 	// not queued and no Delivery will follow; ErrQueueFull means try again shortly.
 	Produce(msg Message) error
@@ -74,6 +87,30 @@ type NeliProvider func(config neli.Config) (Elector, error)
 
 // ErrQueueFull is returned by Produce when the producer's queue has no room.
 var ErrQueueFull = errors.New("producer queue full")
+
+// ErrAborted is a Delivery's error for a message dropped because its transaction was aborted or
+// the producer abandoned it, rather than because of anything wrong with the message itself.
+var ErrAborted = errors.New("message dropped with its transaction")
+
+// TxnError classifies a failed transactional call. Retriable: call it again. Abortable: abort
+// the transaction, then carry on with a new one. Fatal: the producer is unusable (fenced by a
+// newer epoch, for one); end the epoch.
+type TxnError struct {
+	Err                         error
+	Retriable, Abortable, Fatal bool
+}
+
+func (e *TxnError) Error() string { return e.Err.Error() }
+func (e *TxnError) Unwrap() error { return e.Err }
+
+// txnError turns a confluent-kafka-go error from a transactional call into a TxnError.
+func txnError(err error) error {
+	var kerr kafka.Error
+	if err == nil || !errors.As(err, &kerr) {
+		return err
+	}
+	return &TxnError{Err: err, Retriable: kerr.IsRetriable(), Abortable: kerr.TxnRequiresAbort(), Fatal: kerr.IsFatal()}
+}
 
 // StandardKafkaProducerProvider creates producers on confluent-kafka-go (librdkafka).
 func StandardKafkaProducerProvider(logger *slog.Logger) KafkaProducerProvider {
@@ -142,6 +179,20 @@ func (c *confluentProducer) Produce(msg Message) error {
 
 func (c *confluentProducer) Deliveries() <-chan Delivery { return c.deliveries }
 
+func (c *confluentProducer) InitTransactions(ctx context.Context) error {
+	return txnError(c.p.InitTransactions(ctx))
+}
+
+func (c *confluentProducer) BeginTransaction() error { return txnError(c.p.BeginTransaction()) }
+
+func (c *confluentProducer) CommitTransaction(ctx context.Context) error {
+	return txnError(c.p.CommitTransaction(ctx))
+}
+
+func (c *confluentProducer) AbortTransaction(ctx context.Context) error {
+	return txnError(c.p.AbortTransaction(ctx))
+}
+
 func (c *confluentProducer) Abandon() {
 	c.p.Purge(kafka.PurgeQueue | kafka.PurgeInFlight | kafka.PurgeNonBlocking)
 }
@@ -155,6 +206,8 @@ func classify(err error) error {
 		return err
 	}
 	switch kerr.Code() {
+	case kafka.ErrPurgeQueue, kafka.ErrPurgeInflight:
+		return fmt.Errorf("%w: %v", ErrAborted, kerr)
 	case kafka.ErrMsgSizeTooLarge, kafka.ErrRecordListTooLarge, kafka.ErrInvalidMsg, kafka.ErrInvalidRecord,
 		kafka.ErrUnknownTopic, kafka.ErrUnknownTopicOrPart, kafka.ErrTopicException,
 		kafka.ErrTopicAuthorizationFailed, kafka.ErrPolicyViolation:

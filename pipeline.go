@@ -3,6 +3,7 @@ package goharvest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"sync"
@@ -15,23 +16,33 @@ import (
 )
 
 // The pipeline publishes one leader epoch: everything it does carries one leader ID and goes
-// through one producer, and it is drained and closed before the next epoch starts, so nothing
-// from an old epoch can be delivered after a new one has begun.
+// through one transactional producer, which is closed before the next epoch starts. The
+// producer's InitTransactions fenced every earlier epoch's producer, so nothing from an old
+// epoch, in this process or another, can land after this one has begun.
 //
-//	marker ──> send workers (sharded by key) ──> producer ──> delivery reader
-//	              ^                                                │
-//	              └──────── key finished <── committers (purge) <──┘
+//	marker ──> send workers (sharded by key) ──> producer (current transaction)
+//	              ^                                   │
+//	              │                       transaction loop: commit, begin
+//	              │                                   │
+//	              └──── key finished <── committers (purge) <── committed records
 //
 // The marker marks batches from the head of the outbox while the pipeline has room
 // (MaxInFlightRecords counts every record marked and not yet finished), and hands each record
 // to the send worker that owns its key. A worker keeps a queue per key and has at most one
-// record per key with Kafka: the next is sent only once the previous has been acknowledged and
-// its purge has committed. The delivery reader passes acknowledgements to the committers, which
-// purge them in batches (one DELETE for many rows, while the next batch gathers) and then tell
-// the workers. A record Kafka refused outright is retried with backoff, holding back only its
-// own key. Any other failure resets the record and asks for a remark: the owner ends the epoch
-// and starts another under a new leader ID, which marks everything not yet purged again, from
-// the head, in order.
+// record per key with Kafka: the next is sent only once the previous has been committed and
+// its purge has committed too. The transaction loop commits whatever has been produced,
+// continuously, and passes the committed records to the committers, which purge them in batches
+// (one DELETE for many rows, while the next batch gathers) and then tell the workers.
+//
+// When a commit fails, the transaction is aborted. A record Kafka refused outright is retried
+// with backoff, holding back only its own key. The others are sent again in the next
+// transaction: nothing of an aborted transaction was committed, and each key's next record waits
+// for this one, so the worst a consumer can see is a record repeated. (The reference algorithm
+// resets and remarks on every failed delivery because it cannot tell what else of a batch was
+// sent; with one record per key in flight and transactions, that churn buys nothing.) A fatal
+// producer error (fenced by a newer epoch, say) resets the records and asks for a remark: the
+// owner ends the epoch and starts another under a new leader ID, which marks everything not yet
+// purged again, from the head, in order.
 
 const (
 	// committers is how many purge statements may run at once; with two, one gathers a batch
@@ -43,6 +54,12 @@ const (
 	maxRetryBackoff = time.Minute
 	// queueFullBackoff is the wait before retrying a message the producer had no room for.
 	queueFullBackoff = 10 * time.Millisecond
+	// txnLinger is the shortest time between the ends of two transactions under load: records
+	// gather meanwhile, so that each commit (a round trip to the transaction coordinator, and a
+	// purge) carries many. A transaction that follows a quiet spell commits at once.
+	txnLinger = 10 * time.Millisecond
+	// txnPoll is how often the transaction loop looks for records to commit.
+	txnPoll = time.Millisecond
 )
 
 // flight is one record on its way through the pipeline.
@@ -51,6 +68,16 @@ type flight struct {
 	worker   *sendWorker
 	attempts int
 	tracked  bool // counted among the in-flight keys
+	// failure is what the delivery report said about the latest send (nil: success or not yet
+	// reported); the delivery reader writes it while the transaction loop may read it.
+	failure atomic.Pointer[error]
+}
+
+func (f *flight) deliveryFailure() error {
+	if e := f.failure.Load(); e != nil {
+		return *e
+	}
+	return nil
 }
 
 // outcome is Kafka's verdict on a flight, for the committers.
@@ -77,10 +104,16 @@ type pipeline struct {
 
 	ctx    context.Context // cancelled to stop marking and sending
 	cancel context.CancelFunc
-	// dbCtx bounds purges and resets: cancelled only when the epoch's final flush runs out of
-	// time, which also interrupts a statement stuck on a locked table.
-	dbCtx    context.Context
-	dbCancel context.CancelFunc
+	// flushCtx bounds purges, resets and commits: cancelled only when the epoch's final flush runs
+	// out of time, which also interrupts a statement stuck on a locked table.
+	flushCtx    context.Context
+	flushCancel context.CancelFunc
+
+	// txnMu lets workers produce (read lock) or the transaction loop end a transaction (write
+	// lock), never both; txn holds the records produced in the current transaction.
+	txnMu sync.RWMutex
+	txnMx sync.Mutex // guards txn while workers append to it under the read lock
+	txn   []*flight
 
 	workers  []*sendWorker
 	outcomes chan outcome // from the delivery reader to the committers
@@ -103,14 +136,14 @@ type pipeline struct {
 
 func startPipeline(deps pipelineDeps) *pipeline {
 	ctx, cancel := context.WithCancel(context.Background())
-	dbCtx, dbCancel := context.WithCancel(context.Background())
+	flushCtx, flushCancel := context.WithCancel(context.Background())
 	max := deps.limits.MaxInFlightRecords
 	p := &pipeline{
 		pipelineDeps: deps,
 		ctx:          ctx,
 		cancel:       cancel,
-		dbCtx:        dbCtx,
-		dbCancel:     dbCancel,
+		flushCtx:     flushCtx,
+		flushCancel:  flushCancel,
 		outcomes:     make(chan outcome, max),
 		room:         make(chan struct{}, 1),
 		remarkCh:     make(chan struct{}),
@@ -128,6 +161,7 @@ func startPipeline(deps pipelineDeps) *pipeline {
 		p.sending.Go(w.run)
 	}
 	p.sending.Go(p.markLoop)
+	p.sending.Go(p.txnLoop)
 	p.delivering.Go(p.readDeliveries)
 	for range committers {
 		p.committing.Go(p.commitLoop)
@@ -255,15 +289,18 @@ func (w *sendWorker) send(f *flight) {
 		p.emit(RecordFailed{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: f.rec.KafkaKey, Attempts: f.attempts, Err: f.rec.Err})
 		return
 	}
-	if !p.leading() {
-		return // the owner is about to end this epoch
-	}
 	var value []byte
 	if f.rec.KafkaValue != nil {
 		value = []byte(*f.rec.KafkaValue)
 	}
 	f.attempts++
+	f.failure.Store(nil)
 	p.track(f)
+	p.txnMu.RLock()
+	if !p.leading() {
+		p.txnMu.RUnlock()
+		return // the owner is about to end this epoch
+	}
 	p.unreported.Add(1)
 	err := p.producer.Produce(Message{
 		Topic:   f.rec.KafkaTopic,
@@ -272,6 +309,12 @@ func (w *sendWorker) send(f *flight) {
 		Headers: f.rec.KafkaHeaders,
 		Opaque:  f,
 	})
+	if err == nil {
+		p.txnMx.Lock()
+		p.txn = append(p.txn, f)
+		p.txnMx.Unlock()
+	}
+	p.txnMu.RUnlock()
 	if err == nil {
 		return
 	}
@@ -304,25 +347,123 @@ func (p *pipeline) rejected(f *flight, err error) {
 	f.worker.retryAfter(f, backoff)
 }
 
-// readDeliveries routes each delivery report until the producer is closed.
+// readDeliveries notes what each delivery report says, for the transaction loop, until the
+// producer is closed. Success means little before the transaction commits.
 func (p *pipeline) readDeliveries() {
 	for d := range p.producer.Deliveries() {
-		f := d.Opaque.(*flight)
+		if d.Err != nil {
+			d.Opaque.(*flight).failure.Store(&d.Err)
+		}
 		p.unreported.Add(-1)
+	}
+}
+
+// txnLoop commits the current transaction when it holds records and a linger has passed since
+// the previous commit ended.
+func (p *pipeline) txnLoop() {
+	tick := time.NewTicker(txnPoll)
+	defer tick.Stop()
+	var lastEnd time.Time
+	for {
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-tick.C:
+		}
+		p.txnMx.Lock()
+		waiting := len(p.txn)
+		p.txnMx.Unlock()
+		if waiting > 0 && time.Since(lastEnd) >= txnLinger {
+			p.endTxn(p.flushCtx, true)
+			lastEnd = time.Now()
+		}
+	}
+}
+
+// endTxn commits the current transaction, if it holds records, and passes them on to be purged;
+// when the commit fails it aborts and sorts the records out (see the pipeline's comment). With
+// next, it then begins the next transaction.
+func (p *pipeline) endTxn(ctx context.Context, next bool) {
+	p.txnMu.Lock()
+	defer p.txnMu.Unlock()
+	p.txnMx.Lock()
+	batch := p.txn
+	p.txn = nil
+	p.txnMx.Unlock()
+	if len(batch) == 0 {
+		return
+	}
+	began := time.Now()
+	err := p.commitTxn(ctx, batch)
+	p.log.Debug("transaction ended", "records", len(batch), "took", time.Since(began), "error", err)
+	if err == nil {
+		for _, f := range batch {
+			p.outcomes <- outcome{f: f}
+		}
+		if next {
+			p.beginTxn()
+		}
+		return
+	}
+
+	var txnErr *TxnError
+	fatal := errors.As(err, &txnErr) && txnErr.Fatal
+	if !fatal {
+		abortCtx, cancel := context.WithTimeout(ctx, p.limits.HeartbeatTimeout)
+		if abortErr := p.producer.AbortTransaction(abortCtx); abortErr != nil {
+			fatal = true // the producer cannot go on; a new epoch brings a new one
+		}
+		cancel()
+	}
+	// The abort has the producer report on every message of the transaction.
+	p.awaitReports(time.Now().Add(time.Second))
+	remark := fatal
+	for _, f := range batch {
+		failure := f.deliveryFailure()
 		var rejected *RejectedError
 		switch {
-		case d.Err == nil:
-			p.outcomes <- outcome{f: f}
-		case errors.As(d.Err, &rejected) && p.ctx.Err() == nil:
-			p.rejected(f, d.Err)
+		case errors.As(failure, &rejected) && p.ctx.Err() == nil:
+			p.rejected(f, failure)
+		case !fatal && p.ctx.Err() == nil:
+			// Nothing of the aborted transaction was committed, and the key's next record waits
+			// for this one, so sending it again in the next transaction can at worst repeat it.
+			f.worker.retryAfter(f, 0)
 		default:
-			// The record may or may not have landed. Its key stays held for the rest of the epoch;
-			// the next epoch publishes it again first (a duplicate at worst, never a reversal).
 			p.outcomes <- outcome{f: f, failed: true}
-			if p.ctx.Err() == nil {
-				p.requestRemark("delivery failed", d.Err)
-			}
+			remark = true
 		}
+	}
+	if remark && p.ctx.Err() == nil {
+		p.requestRemark("transaction failed", err)
+	}
+	if next && !fatal {
+		p.beginTxn()
+	}
+}
+
+// commitTxn commits the current transaction. A transaction in which a message has already
+// failed cannot commit, and librdkafka sends nothing more of it, so committing would only wait
+// for the rest to time out: that is reported at once instead. A commit that takes longer than a
+// heartbeat timeout is given up the same way.
+func (p *pipeline) commitTxn(ctx context.Context, batch []*flight) error {
+	for _, f := range batch {
+		if failure := f.deliveryFailure(); failure != nil {
+			return fmt.Errorf("record %d: %w", f.rec.ID, failure)
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.limits.HeartbeatTimeout)
+	defer cancel()
+	err := p.producer.CommitTransaction(ctx)
+	var txnErr *TxnError
+	for errors.As(err, &txnErr) && txnErr.Retriable && ctx.Err() == nil {
+		err = p.producer.CommitTransaction(ctx)
+	}
+	return err
+}
+
+func (p *pipeline) beginTxn() {
+	if err := p.producer.BeginTransaction(); err != nil {
+		p.requestRemark("begin transaction", err)
 	}
 }
 
@@ -376,7 +517,7 @@ func (p *pipeline) commit(op string, batch []*flight, exec func(context.Context,
 	for i, f := range batch {
 		ids[i] = f.rec.ID
 	}
-	ctx := p.dbCtx
+	ctx := p.flushCtx
 	for {
 		_, err := exec(ctx, ids)
 		if err == nil {
@@ -443,23 +584,23 @@ func (p *pipeline) inFlight() (keys []string, records int) {
 	return keys, records
 }
 
-// stop ends the epoch within about timeout: it stops marking and sending, waits for Kafka to
-// report on everything sent (abandoning what is left when time runs out), commits the purges
-// and resets that gathered, and closes the producer.
+// stop ends the epoch within about timeout: it stops marking and sending, commits the current
+// transaction (or aborts it when time runs out), commits the purges and resets that gathered,
+// and closes the producer.
 func (p *pipeline) stop(timeout time.Duration) {
 	deadline := time.Now().Add(timeout)
-	giveUp := time.AfterFunc(timeout, p.dbCancel)
+	giveUp := time.AfterFunc(timeout, p.flushCancel)
 	defer giveUp.Stop()
-	defer p.dbCancel()
+	defer p.flushCancel()
 
 	p.cancel()
 	p.sending.Wait()
+	p.endTxn(p.flushCtx, false)
 
 	if !p.awaitReports(deadline) {
-		p.log.Warn("in-flight records not acknowledged in time; abandoning them (they will be published again)",
+		p.log.Warn("in-flight records not reported in time; abandoning them (they will be published again)",
 			"records", p.unreported.Load(), "waited", timeout)
 		p.producer.Abandon()
-		// Abandoned messages are reported promptly, as failures.
 		p.awaitReports(time.Now().Add(time.Second))
 	}
 	p.producer.Close()

@@ -85,6 +85,13 @@ func (v *Verifier) WaitDistinct(tb testing.TB, n int64, within time.Duration) {
 	}
 }
 
+// Distinct returns how many different records have arrived so far.
+func (v *Verifier) Distinct() int64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.checker.Distinct()
+}
+
 // Report checks what arrived against expected (records written per key).
 func (v *Verifier) Report(expected map[string]int64) verify.Report {
 	v.mu.Lock()

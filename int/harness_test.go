@@ -1,0 +1,380 @@
+// Package int holds the fault-tolerance suite: real reaper processes, a real Postgres and a
+// Kafka-protocol broker, continuous writers, and faults injected while they run. Every scenario
+// ends by checking that each record was published at least once, that no key went backwards and
+// that the outbox is empty. The short variants run in make test; make chaos runs the long ones
+// (GOHARVEST_CHAOS=1) and prints the figures README reports.
+package int
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/verify"
+	"github.com/goharvest/goharvest/internal/verifytest"
+	"github.com/goharvest/goharvest/stasher"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+
+// long reports whether the long variants run (make chaos).
+func long() bool { return os.Getenv("GOHARVEST_CHAOS") != "" }
+
+// pick returns short in make test and chaos under make chaos.
+func pick[T any](short, chaos T) T {
+	if long() {
+		return chaos
+	}
+	return short
+}
+
+const topic = "events"
+
+// rig is one outbox, one broker, and the reapers and writers around them.
+type rig struct {
+	t      *testing.T
+	run    string
+	dsn    string
+	pool   *pgxpool.Pool
+	broker *kafkatest.Broker
+	config string // reaper.yaml
+	bin    string
+	v      *verifytest.Verifier
+	w      *writers
+}
+
+type rigOptions struct {
+	heartbeatTimeout time.Duration
+	extraYAML        string // more lines under harvest:
+}
+
+func newRig(t *testing.T, o rigOptions) *rig {
+	t.Helper()
+	if o.heartbeatTimeout == 0 {
+		o.heartbeatTimeout = time.Second
+	}
+	ctx := context.Background()
+	r := &rig{t: t, run: t.Name() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36), dsn: pgtest.NewDatabase(t), bin: reaperBinary(t)}
+	if err := goharvest.CreateOutboxTable(ctx, r.dsn, "outbox"); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, r.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	r.pool = pool
+	r.broker = kafkatest.Start(t, kafkatest.WithTopics(8, topic))
+	r.config = filepath.Join(t.TempDir(), "reaper.yaml")
+	yaml := fmt.Sprintf(`harvest:
+  baseKafkaConfig:
+    bootstrap.servers: %s
+  leaderTopic: chaos.leader
+  leaderGroupID: chaos
+  dataSource: ${DATABASE_URL}
+  limits:
+    heartbeatTimeout: %s
+    minPollInterval: 50ms
+    ioErrorBackoff: 100ms
+%s
+logging:
+  level: info
+  format: json
+`, r.broker.Addr(), o.heartbeatTimeout, o.extraYAML)
+	if err := os.WriteFile(r.config, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.v = verifytest.Start(t, r.broker.Addr(), topic, r.run)
+	return r
+}
+
+// rows counts what is left in the outbox.
+func (r *rig) rows() int {
+	var n int
+	if err := r.pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&n); err != nil {
+		return -1 // the database may be down in the middle of a fault
+	}
+	return n
+}
+
+// finish stops the writers, waits until everything written has been published and purged,
+// and checks the deliveries. It returns the verifier's report.
+func (r *rig) finish(within time.Duration) verify.Report {
+	r.t.Helper()
+	expected := r.w.stop()
+	var total int64
+	for _, n := range expected {
+		total += n
+	}
+	r.v.WaitDistinct(r.t, total, within)
+	deadline := time.Now().Add(within)
+	for r.rows() != 0 {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%d rows still in the outbox after %v", r.rows(), within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // let stragglers (repeats, reversals) arrive
+	report := r.v.Report(expected)
+	if !report.OK() {
+		r.t.Errorf("delivery check failed:\n%s", report)
+	}
+	r.t.Logf("records %d, duplicates %d, latency p50 %v p99 %v max %v", report.Expected, report.Duplicates,
+		report.P50.Round(time.Millisecond), report.P99.Round(time.Millisecond), report.Max.Round(time.Millisecond))
+	return report
+}
+
+// writers insert stamped records continuously, each key owned by one writer so its commit
+// order is defined. Each transaction waits a random few milliseconds before committing, so that
+// transactions commit out of id order.
+type writers struct {
+	cancel context.CancelFunc
+	done   sync.WaitGroup
+	mu     sync.Mutex
+	count  map[string]int64
+	errs   []error
+}
+
+func (r *rig) startWriters(n, keys int, perSecond int) {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &writers{cancel: cancel, count: map[string]int64{}}
+	r.w = w
+	st, _ := stasher.New("outbox")
+	value := "payload"
+	pause := time.Duration(0)
+	if perSecond > 0 {
+		pause = time.Duration(int64(time.Second) * int64(n) * 5 / int64(perSecond))
+	}
+	for i := range n {
+		var owned []string
+		for k := i; k < keys; k += n {
+			owned = append(owned, "key-"+strconv.Itoa(k))
+		}
+		w.done.Go(func() {
+			next := map[string]int64{}
+			rng := rand.New(rand.NewPCG(uint64(i), 42))
+			for j := 0; ctx.Err() == nil; {
+				batch := make([]goharvest.OutboxRecord, 0, 5)
+				for range 5 {
+					key := owned[j%len(owned)]
+					j++
+					batch = append(batch, verify.Record(topic, key, r.run, next[key], &value))
+					next[key]++
+				}
+				err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+					if err := st.StashPgx(ctx, tx, batch...); err != nil {
+						return err
+					}
+					time.Sleep(time.Duration(rng.IntN(5)) * time.Millisecond) // commit out of id order
+					return nil
+				})
+				if err != nil {
+					// Not committed (the database may be down): write the same records again.
+					for _, rec := range batch {
+						next[rec.KafkaKey]--
+					}
+					j -= len(batch)
+					time.Sleep(50 * time.Millisecond)
+					continue
+				}
+				w.mu.Lock()
+				for _, rec := range batch {
+					w.count[rec.KafkaKey]++
+				}
+				w.mu.Unlock()
+				if pause > 0 {
+					time.Sleep(pause)
+				}
+			}
+		})
+	}
+}
+
+// stop ends the writers and returns how many records each key got.
+func (w *writers) stop() map[string]int64 {
+	w.cancel()
+	w.done.Wait()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.count
+}
+
+func (w *writers) total() int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var n int64
+	for _, c := range w.count {
+		n += c
+	}
+	return n
+}
+
+var (
+	buildOnce sync.Once
+	binary    string
+	buildErr  error
+)
+
+func reaperBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "chaos-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binary = filepath.Join(dir, "reaper")
+		out, err := exec.Command("go", "build", "-o", binary, "github.com/goharvest/goharvest/cmd/reaper").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v: %s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binary
+}
+
+// reaper is one reaper process, whose JSON log tells whether it leads.
+type reaper struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+	log  *os.File
+
+	mu       sync.Mutex
+	leading  bool
+	acquired []time.Time
+	events   []string
+}
+
+func (r *rig) startReaper(name string) *reaper {
+	r.t.Helper()
+	p := &reaper{name: name, done: make(chan struct{})}
+	p.cmd = exec.Command(r.bin, "-f", r.config)
+	p.cmd.Env = append(os.Environ(), "DATABASE_URL="+r.dsn)
+	logPath := filepath.Join(r.t.TempDir(), name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	p.log = f
+	out, err := p.cmd.StderrPipe()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if err := p.cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	scanned := make(chan struct{})
+	go func() { defer close(scanned); p.scan(io.TeeReader(out, f)) }()
+	go func() { <-scanned; p.cmd.Wait(); close(p.done) }()
+	r.t.Cleanup(func() {
+		p.cmd.Process.Signal(syscall.SIGCONT)
+		p.cmd.Process.Kill()
+		<-p.done
+		f.Close()
+	})
+	return p
+}
+
+func (p *reaper) scan(out io.Reader) {
+	s := bufio.NewScanner(out)
+	s.Buffer(make([]byte, 64*1024), 1024*1024)
+	for s.Scan() {
+		var line struct {
+			Msg string `json:"msg"`
+		}
+		if json.Unmarshal(s.Bytes(), &line) != nil {
+			continue
+		}
+		p.mu.Lock()
+		switch line.Msg {
+		case "leader acquired":
+			p.leading = true
+			p.acquired = append(p.acquired, time.Now())
+			p.events = append(p.events, line.Msg)
+		case "leader revoked", "leader fenced", "stopping":
+			p.leading = false
+			p.events = append(p.events, line.Msg)
+		}
+		p.mu.Unlock()
+	}
+	p.mu.Lock()
+	p.leading = false
+	p.mu.Unlock()
+}
+
+func (p *reaper) isLeading() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.leading
+}
+
+func (p *reaper) lastAcquired() time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.acquired) == 0 {
+		return time.Time{}
+	}
+	return p.acquired[len(p.acquired)-1]
+}
+
+func (p *reaper) signal(sig syscall.Signal) { p.cmd.Process.Signal(sig) }
+
+// waitExit waits for the process to exit and returns its exit code (-1 if killed).
+func (p *reaper) waitExit(t *testing.T, within time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+		return p.cmd.ProcessState.ExitCode()
+	case <-time.After(within):
+		t.Fatalf("%s did not exit within %v", p.name, within)
+		return 0
+	}
+}
+
+// waitLeader waits until exactly one of ps leads and returns it.
+func waitLeader(t *testing.T, within time.Duration, ps ...*reaper) *reaper {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		var leaders []*reaper
+		for _, p := range ps {
+			if p.isLeading() {
+				leaders = append(leaders, p)
+			}
+		}
+		if len(leaders) == 1 {
+			return leaders[0]
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("no single leader among %d reapers within %v", len(ps), within)
+	return nil
+}
+
+// waitProgress waits until at least n more records have been published.
+func (r *rig) waitProgress(n int64, within time.Duration) {
+	r.t.Helper()
+	r.v.WaitDistinct(r.t, r.distinct()+n, within)
+}
+
+func (r *rig) distinct() int64 { return r.v.Distinct() }

@@ -1,0 +1,43 @@
+package int
+
+import (
+	"syscall"
+	"testing"
+	"time"
+)
+
+// A leader frozen (SIGSTOP) for longer than the session timeout loses leadership to another
+// reaper; when it resumes (SIGCONT) it must not publish anything that breaks per-key order.
+func TestSplitBrainFrozenLeaderResumes(t *testing.T) {
+	// With a long linger, a freeze almost always catches messages still queued in the producer:
+	// the case that could publish stale records when the process resumes.
+	r := newRig(t, rigOptions{extraYAML: "  producerKafkaConfig:\n    linger.ms: 100"})
+	r.startWriters(4, 1000, 3000)
+	reapers := []*reaper{r.startReaper("a"), r.startReaper("b")}
+	for round := range pick(3, 10) {
+		waitLeader(t, 30*time.Second, reapers...)
+		time.Sleep(time.Second) // let the group settle, so the takeover measured is the freeze's
+		leader := waitLeader(t, 30*time.Second, reapers...)
+		r.waitProgress(1000, 30*time.Second)
+		var other *reaper
+		for _, p := range reapers {
+			if p != leader {
+				other = p
+			}
+		}
+		leader.signal(syscall.SIGSTOP)
+		frozen := time.Now()
+		deadline := time.Now().Add(30 * time.Second)
+		for !other.isLeading() {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: %s did not take over from the frozen %s", round, other.name, leader.name)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		t.Logf("round %d: %s frozen; %s took over after %v", round, leader.name, other.name, time.Since(frozen).Round(time.Millisecond))
+		r.waitProgress(1000, 30*time.Second) // the successor publishes while the old leader is frozen
+		leader.signal(syscall.SIGCONT)
+		time.Sleep(2 * time.Second) // the resumed process gets every chance to publish stale records
+	}
+	r.finish(2 * time.Minute)
+}
