@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
+	"sync"
+	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
@@ -125,7 +128,7 @@ func StandardKafkaProducerProvider(logger *slog.Logger) KafkaProducerProvider {
 			return nil, fmt.Errorf("create producer: %w", err)
 		}
 		rdlog.Forward(p.Logs(), logger)
-		cp := &confluentProducer{p: p, deliveries: make(chan Delivery, 1024), log: logger}
+		cp := &confluentProducer{p: p, deliveries: make(chan Delivery, 1024), log: logger, topics: map[string]topicState{}}
 		go cp.forward()
 		return cp, nil
 	}
@@ -140,6 +143,57 @@ type confluentProducer struct {
 	p          *kafka.Producer
 	deliveries chan Delivery
 	log        *slog.Logger
+
+	topicsMu sync.Mutex
+	topics   map[string]topicState
+}
+
+// topicState is what the producer last learnt of a topic: usable (err nil) or not, and when.
+type topicState struct {
+	err error
+	at  time.Time
+}
+
+const (
+	// topicRecheck is how long a topic found missing stays rejected before metadata is asked again.
+	topicRecheck = time.Second
+	// metadataTimeout bounds one metadata request.
+	metadataTimeout = 5 * time.Second
+)
+
+// topicNames matches the names Kafka accepts.
+var topicNames = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
+
+// checkTopic rejects a message for a topic that cannot exist or does not: librdkafka would hold
+// such a message until topic.metadata.propagation.max.ms passes, and a transaction holding it
+// could not commit meanwhile, stalling every other key. Asking for the topic's metadata also
+// lets the broker create it where that is allowed. A topic found usable is not asked about again.
+func (c *confluentProducer) checkTopic(topic string) error {
+	if !topicNames.MatchString(topic) || topic == "." || topic == ".." {
+		return &RejectedError{Err: fmt.Errorf("topic %q is not a valid Kafka topic name", topic)}
+	}
+	c.topicsMu.Lock()
+	st, known := c.topics[topic]
+	c.topicsMu.Unlock()
+	if known && (st.err == nil || time.Since(st.at) < topicRecheck) {
+		return st.err
+	}
+	md, err := c.p.GetMetadata(&topic, false, int(metadataTimeout.Milliseconds()))
+	if err != nil {
+		return nil // Kafka did not answer; the produce itself will show what is wrong
+	}
+	st = topicState{at: time.Now()}
+	if t, ok := md.Topics[topic]; !ok || t.Error.Code() != kafka.ErrNoError || len(t.Partitions) == 0 {
+		reason := "missing"
+		if ok && t.Error.Code() != kafka.ErrNoError {
+			reason = t.Error.String()
+		}
+		st.err = &RejectedError{Err: fmt.Errorf("topic %q does not exist and was not created: %s", topic, reason)}
+	}
+	c.topicsMu.Lock()
+	c.topics[topic] = st
+	c.topicsMu.Unlock()
+	return st.err
 }
 
 // forward turns librdkafka's delivery reports into Deliveries until Close closes Events.
@@ -158,6 +212,9 @@ func (c *confluentProducer) forward() {
 }
 
 func (c *confluentProducer) Produce(msg Message) error {
+	if err := c.checkTopic(msg.Topic); err != nil {
+		return err
+	}
 	headers := make([]kafka.Header, len(msg.Headers))
 	for i, h := range msg.Headers {
 		headers[i] = kafka.Header{Key: h.Key, Value: []byte(h.Value)}

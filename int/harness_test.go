@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -58,11 +59,14 @@ type rig struct {
 	bin    string
 	v      *verifytest.Verifier
 	w      *writers
+
+	preloaded map[string]int64 // records per key written by preload
 }
 
 type rigOptions struct {
 	heartbeatTimeout time.Duration
 	extraYAML        string // more lines under harvest:
+	noAutoCreate     bool   // the broker creates no topics on demand
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -81,7 +85,11 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	}
 	t.Cleanup(pool.Close)
 	r.pool = pool
-	r.broker = kafkatest.Start(t, kafkatest.WithTopics(8, topic))
+	brokerOpts := []kafkatest.Option{kafkatest.WithTopics(8, topic)}
+	if o.noAutoCreate {
+		brokerOpts = append(brokerOpts, kafkatest.WithoutAutoTopicCreation())
+	}
+	r.broker = kafkatest.Start(t, brokerOpts...)
 	r.config = filepath.Join(t.TempDir(), "reaper.yaml")
 	yaml := fmt.Sprintf(`harvest:
   baseKafkaConfig:
@@ -139,6 +147,19 @@ func (r *rig) finish(within time.Duration) verify.Report {
 	r.t.Logf("records %d, duplicates %d, latency p50 %v p99 %v max %v", report.Expected, report.Duplicates,
 		report.P50.Round(time.Millisecond), report.P99.Round(time.Millisecond), report.Max.Round(time.Millisecond))
 	return report
+}
+
+// preload writes a backlog of stamped records over keys before any reaper runs.
+func (r *rig) preload(records, keys int) {
+	r.t.Helper()
+	recs, expected := verify.Backlog(topic, r.run, keys, records/keys, goharvest.String(strings.Repeat("v", 256)))
+	st, _ := stasher.New("outbox")
+	for start := 0; start < len(recs); start += 5000 {
+		if err := st.StashPgx(context.Background(), r.pool, recs[start:min(start+5000, len(recs))]...); err != nil {
+			r.t.Fatal(err)
+		}
+	}
+	r.preloaded = expected
 }
 
 // writers insert stamped records continuously, each key owned by one writer so its commit
@@ -378,3 +399,17 @@ func (r *rig) waitProgress(n int64, within time.Duration) {
 }
 
 func (r *rig) distinct() int64 { return r.v.Distinct() }
+
+// figure logs a scenario's result line; make chaos collects these lines for README.
+func figure(t *testing.T, scenario, format string, args ...any) {
+	t.Helper()
+	line := fmt.Sprintf("FIGURE %s: "+format, append([]any{scenario}, args...)...)
+	t.Log(line)
+	if path := os.Getenv("GOHARVEST_CHAOS_FIGURES"); path != "" {
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err == nil {
+			fmt.Fprintln(f, line)
+			f.Close()
+		}
+	}
+}

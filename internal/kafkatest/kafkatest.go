@@ -17,9 +17,10 @@ import (
 // Broker is a single-node in-process Kafka cluster.
 type Broker struct {
 	*kfake.Cluster
-	port    int
-	dataDir string
-	opts    []kfake.Opt
+	port         int
+	dataDir      string
+	opts         []kfake.Opt
+	noAutoCreate bool
 }
 
 // Option adjusts the broker a test starts.
@@ -28,6 +29,12 @@ type Option func(*Broker)
 // WithTopics seeds topics with the given number of partitions.
 func WithTopics(partitions int32, topics ...string) Option {
 	return func(b *Broker) { b.opts = append(b.opts, kfake.SeedTopics(partitions, topics...)) }
+}
+
+// WithoutAutoTopicCreation makes the broker refuse to create topics on demand, as production
+// clusters often do.
+func WithoutAutoTopicCreation() Option {
+	return func(b *Broker) { b.noAutoCreate = true }
 }
 
 // WithKfake passes options straight to kfake.
@@ -56,10 +63,12 @@ func (b *Broker) start() error {
 		kfake.NumBrokers(1),
 		kfake.Ports(b.port),
 		kfake.DataDir(b.dataDir),
-		kfake.AllowAutoTopicCreation(),
 		kfake.DefaultNumPartitions(1),
 		kfake.GroupMinSessionTimeout(100 * time.Millisecond),
 	}, b.opts...)
+	if !b.noAutoCreate {
+		opts = append(opts, kfake.AllowAutoTopicCreation())
+	}
 	c, err := kfake.NewCluster(opts...)
 	if err != nil {
 		return err

@@ -146,7 +146,10 @@ func (s *Server) Restart() error {
 	if s.dataDir == "" {
 		return errors.New("pgcluster: only a throwaway cluster can be restarted")
 	}
-	if err := s.run("pg_ctl", "restart", "-w", "-m", "fast", "-D", s.dataDir); err != nil {
+	// Without -l the new postmaster would write to pg_ctl's output, and waiting for pg_ctl would
+	// last as long as the server.
+	logFile := filepath.Join(filepath.Dir(s.dataDir), "postgres.log")
+	if err := s.run("pg_ctl", "restart", "-w", "-t", "60", "-m", "fast", "-D", s.dataDir, "-l", logFile); err != nil {
 		return fmt.Errorf("pgcluster: restart: %w", err)
 	}
 	return nil

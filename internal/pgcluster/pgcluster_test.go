@@ -1,6 +1,9 @@
 package pgcluster
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 func TestWithDatabase(t *testing.T) {
 	cases := map[string]string{
@@ -28,6 +31,19 @@ func TestStartCreateStop(t *testing.T) {
 	}
 	if cpu, err := s.CPUTime(); err != nil || cpu <= 0 {
 		t.Errorf("CPU time %v, %v", cpu, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Restart() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Restart did not return within 30s")
+	}
+	if _, _, err := s.CreateDatabase(); err != nil {
+		t.Fatalf("the restarted server does not answer: %v", err)
 	}
 	if err := s.Stop(); err != nil {
 		t.Fatal(err)

@@ -16,10 +16,11 @@ import (
 // Verifier consumes a topic from the start and checks the stamped records of one run (see
 // package verify).
 type Verifier struct {
-	mu      sync.Mutex
-	checker *verify.Checker
-	cancel  context.CancelFunc
-	done    chan struct{}
+	mu       sync.Mutex
+	checker  *verify.Checker
+	arrivals []time.Time // when each batch of records arrived, in order
+	cancel   context.CancelFunc
+	done     chan struct{}
 }
 
 // Start starts consuming topic at addr; it stops when the test ends.
@@ -39,6 +40,9 @@ func Start(tb testing.TB, addr, topic, run string) *Verifier {
 			fetches := cl.PollFetches(ctx)
 			now := time.Now()
 			v.mu.Lock()
+			if fetches.NumRecords() > 0 {
+				v.arrivals = append(v.arrivals, now)
+			}
 			fetches.EachRecord(func(rec *kgo.Record) {
 				stamp, err := verify.Parse(func(name string) (string, bool) {
 					for _, h := range rec.Headers {
@@ -83,6 +87,18 @@ func (v *Verifier) WaitDistinct(tb testing.TB, n int64, within time.Duration) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// FirstArrivalAfter returns when the first records arrived after t, or the zero time.
+func (v *Verifier) FirstArrivalAfter(t time.Time) time.Time {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for _, a := range v.arrivals {
+		if a.After(t) {
+			return a
+		}
+	}
+	return time.Time{}
 }
 
 // Distinct returns how many different records have arrived so far.
