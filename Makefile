@@ -7,7 +7,7 @@ GO ?= go
 # backstop against a hung test, not a budget.
 TEST_TIMEOUT ?= 15m
 
-.PHONY: test lint bench demo
+.PHONY: test lint bench demo chaos
 
 ## test: format check, vet, then every test (integration tests included) under the race detector
 test: lint
@@ -22,6 +22,12 @@ lint:
 ## bench: the benchmarks, against a throwaway Postgres and the in-process broker
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./...
+
+## chaos: the long variants of the fault-tolerance suite (int/); prints the figures README reports
+chaos:
+	rm -f chaos-figures.txt
+	GOHARVEST_CHAOS=1 GOHARVEST_CHAOS_FIGURES=$(CURDIR)/chaos-figures.txt $(GO) test -count=1 -v -timeout 60m ./int
+	@echo; echo "figures:"; cat chaos-figures.txt
 
 ## demo: goharvest end to end: a throwaway Postgres, an in-process broker, the reaper and the
 ## pump, which writes a load and verifies it arrived in order (DEMO_ARGS="-records 200000" etc.)

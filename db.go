@@ -82,3 +82,9 @@ type DatabaseBinding interface {
 	// other methods has returned.
 	Dispose()
 }
+
+// SchemaChecker is implemented by bindings that can check the outbox table's columns before
+// publishing starts (PostgresBinding does). The harvester checks before every epoch.
+type SchemaChecker interface {
+	CheckSchema(ctx context.Context) error
+}

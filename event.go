@@ -47,6 +47,13 @@ type RecordFailed struct {
 	Err      error
 }
 
+// SchemaRejected: the outbox table lacks a column or has one of a type the harvester cannot
+// read (see SchemaError). Nothing is published until the table is altered.
+type SchemaRejected struct{ Err error }
+
+func (SchemaRejected) event()           {}
+func (e SchemaRejected) String() string { return "schema rejected: " + e.Err.Error() }
+
 func (LeaderAcquired) event()  {}
 func (LeaderRefreshed) event() {}
 func (LeaderRevoked) event()   {}

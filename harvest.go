@@ -19,6 +19,7 @@ package goharvest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -72,6 +73,8 @@ type Harvest struct {
 	elector  Elector
 	pipeline *pipeline // the current epoch; nil while not leading
 	err      error     // what stopped the harvester
+
+	schemaProblem string // the last schema mismatch reported (owner goroutine only)
 
 	stopOnce sync.Once
 	stopCh   chan struct{}
@@ -319,6 +322,9 @@ func (h *Harvest) current() *pipeline {
 // transaction coordinator is not ready (to be retried), and an error only when the producer
 // cannot be created at all.
 func (h *Harvest) startEpoch(ctx context.Context, refresh bool) (bool, error) {
+	if !h.schemaReady(ctx) {
+		return false, nil
+	}
 	producer, err := h.cfg.KafkaProducerProvider(h.producerConfig)
 	if err != nil {
 		return false, fmt.Errorf("harvest: create producer: %w", err)
@@ -358,6 +364,38 @@ func (h *Harvest) startEpoch(ctx context.Context, refresh bool) (bool, error) {
 		h.emit(LeaderAcquired{LeaderID: leaderID})
 	}
 	return true, nil
+}
+
+// schemaReady checks the outbox table's columns, if the binding can. A table the harvester
+// cannot read is reported (once until it changes, with every column at fault) and publishing
+// waits; an operator's ALTER TABLE is picked up on the next check.
+func (h *Harvest) schemaReady(ctx context.Context) bool {
+	checker, ok := h.db.(SchemaChecker)
+	if !ok {
+		return true
+	}
+	checkCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
+	defer cancel()
+	err := checker.CheckSchema(checkCtx)
+	var schemaErr *SchemaError
+	switch {
+	case errors.As(err, &schemaErr):
+		if msg := schemaErr.Error(); msg != h.schemaProblem {
+			h.schemaProblem = msg
+			h.log.Error("cannot publish: the outbox table does not fit; alter it and publishing starts", "error", err)
+			h.emit(SchemaRejected{Err: err})
+		}
+		return false
+	case err != nil:
+		h.dbTrouble.fail(h.log, "check schema", err)
+		return false
+	}
+	h.dbTrouble.ok(h.log)
+	if h.schemaProblem != "" {
+		h.log.Info("the outbox table fits now")
+		h.schemaProblem = ""
+	}
+	return true
 }
 
 // endEpoch drains and closes the current epoch, within about MaxPollInterval, then reports why

@@ -60,9 +60,74 @@ func CreateOutboxTable(ctx context.Context, dataSource, table string) error {
 // PostgresBinding is the DatabaseBinding for PostgreSQL, on a pgx connection pool.
 type PostgresBinding struct {
 	pool     *pgxpool.Pool
+	table    string // quoted
 	markSQL  string
 	purgeSQL string
 	resetSQL string
+}
+
+// outboxColumns are the columns the harvester reads, with the types it can read them as.
+var outboxColumns = []struct {
+	name  string
+	types []string
+}{
+	{"id", []string{"bigint", "integer"}},
+	{"create_time", []string{"timestamp with time zone", "timestamp without time zone"}},
+	{"kafka_topic", []string{"text", "character varying", "character"}},
+	{"kafka_key", []string{"text", "character varying", "character"}},
+	{"kafka_value", []string{"text", "character varying", "character"}},
+	{"kafka_header_keys", []string{"text[]", "character varying[]"}},
+	{"kafka_header_values", []string{"text[]", "character varying[]"}},
+	{"leader_id", []string{"uuid"}},
+}
+
+// SchemaError says that the outbox table lacks a column the harvester needs, or has one of a
+// type it cannot read. Retrying does not help until the table is altered.
+type SchemaError struct {
+	Table    string
+	Problems []string
+}
+
+func (e *SchemaError) Error() string {
+	return fmt.Sprintf("outbox table %s: %s", e.Table, strings.Join(e.Problems, "; "))
+}
+
+// CheckSchema checks that the outbox table has every column the harvester reads, of a type it
+// can read. A mismatch is a *SchemaError naming each column; other errors (the database being
+// unreachable) are returned as they are.
+func (b *PostgresBinding) CheckSchema(ctx context.Context) error {
+	rows, err := b.pool.Query(ctx, `SELECT a.attname, format_type(a.atttypid, NULL)
+		FROM pg_attribute a WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped`, b.table)
+	if err != nil {
+		return fmt.Errorf("check outbox table: %w", err)
+	}
+	types, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) ([2]string, error) {
+		var col [2]string
+		err := row.Scan(&col[0], &col[1])
+		return col, err
+	})
+	if err != nil {
+		return fmt.Errorf("check outbox table: %w", err)
+	}
+	have := map[string]string{}
+	for _, t := range types {
+		have[t[0]] = t[1]
+	}
+	var problems []string
+	for _, col := range outboxColumns {
+		got, ok := have[col.name]
+		switch {
+		case !ok:
+			problems = append(problems, "column "+col.name+" is missing")
+		case !slices.Contains(col.types, got):
+			problems = append(problems, fmt.Sprintf("column %s has type %s; goharvest reads it as %s",
+				col.name, got, strings.Join(col.types, " or ")))
+		}
+	}
+	if len(problems) > 0 {
+		return &SchemaError{Table: b.table, Problems: problems}
+	}
+	return nil
 }
 
 var _ DatabaseBinding = (*PostgresBinding)(nil)
@@ -91,7 +156,8 @@ func NewPostgresBinding(dataSource, outboxTable string) (*PostgresBinding, error
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	return &PostgresBinding{
-		pool: pool,
+		pool:  pool,
+		table: table,
 		// The subquery walks the primary key from the head of the table; RETURNING gives the rows
 		// in no particular order, so Mark sorts them.
 		markSQL: `UPDATE ` + table + ` SET leader_id = $1

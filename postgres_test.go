@@ -396,3 +396,31 @@ func TestCreateOutboxTableIsIdempotent(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckSchema(t *testing.T) {
+	ctx := context.Background()
+	o := newOutbox(t, "outbox")
+	if err := o.binding.CheckSchema(ctx); err != nil {
+		t.Fatalf("the standard table was rejected: %v", err)
+	}
+	if _, err := o.pool.Exec(ctx, `ALTER TABLE outbox ALTER COLUMN kafka_value TYPE jsonb USING to_jsonb(kafka_value),
+		DROP COLUMN leader_id`); err != nil {
+		t.Fatal(err)
+	}
+	err := o.binding.CheckSchema(ctx)
+	var schemaErr *goharvest.SchemaError
+	if !errors.As(err, &schemaErr) || len(schemaErr.Problems) != 2 ||
+		!strings.Contains(err.Error(), "column kafka_value has type jsonb; goharvest reads it as text or character varying or character") ||
+		!strings.Contains(err.Error(), "column leader_id is missing") {
+		t.Fatalf("got %v, want a SchemaError naming kafka_value's type and the missing leader_id", err)
+	}
+
+	missing, err := goharvest.NewPostgresBinding(o.dsn, "no_such_table")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer missing.Dispose()
+	if err := missing.CheckSchema(ctx); err == nil || errors.As(err, &schemaErr) || !strings.Contains(err.Error(), "no_such_table") {
+		t.Fatalf("a missing table gave %v", err)
+	}
+}

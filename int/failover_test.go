@@ -53,7 +53,8 @@ func TestFailover(t *testing.T) {
 	}
 	report := r.finish(2 * time.Minute)
 	figure(t, "failover", "leaders lost %d (%d SIGKILL, %d SIGTERM); takeover after SIGKILL p50 %v max %v; after SIGTERM p50 %v max %v; records %d, duplicates %d, lost %d, reversals %d",
-		len(killed)+len(stopped), len(killed), len(stopped), median(killed), slices.Max(killed), median(stopped), slices.Max(stopped),
+		len(killed)+len(stopped), len(killed), len(stopped), median(killed), slices.Max(killed).Round(time.Millisecond),
+		median(stopped), slices.Max(stopped).Round(time.Millisecond),
 		report.Expected, report.Duplicates, report.LostCount, len(report.Reversals))
 }
 

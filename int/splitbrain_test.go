@@ -1,6 +1,7 @@
 package int
 
 import (
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -14,7 +15,9 @@ func TestSplitBrainFrozenLeaderResumes(t *testing.T) {
 	r := newRig(t, rigOptions{extraYAML: "  producerKafkaConfig:\n    linger.ms: 100"})
 	r.startWriters(4, 1000, 3000)
 	reapers := []*reaper{r.startReaper("a"), r.startReaper("b")}
-	for round := range pick(3, 10) {
+	var takeovers []time.Duration
+	rounds := pick(3, 10)
+	for round := range rounds {
 		waitLeader(t, 30*time.Second, reapers...)
 		time.Sleep(time.Second) // let the group settle, so the takeover measured is the freeze's
 		leader := waitLeader(t, 30*time.Second, reapers...)
@@ -34,10 +37,13 @@ func TestSplitBrainFrozenLeaderResumes(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		t.Logf("round %d: %s frozen; %s took over after %v", round, leader.name, other.name, time.Since(frozen).Round(time.Millisecond))
+		takeovers = append(takeovers, time.Since(frozen))
+		t.Logf("round %d: %s frozen; %s took over after %v", round, leader.name, other.name, takeovers[round].Round(time.Millisecond))
 		r.waitProgress(1000, 30*time.Second) // the successor publishes while the old leader is frozen
 		leader.signal(syscall.SIGCONT)
 		time.Sleep(2 * time.Second) // the resumed process gets every chance to publish stale records
 	}
-	r.finish(2 * time.Minute)
+	report := r.finish(2 * time.Minute)
+	figure(t, "split brain", "leaders frozen past the session timeout and resumed %d times (linger.ms 100); successor elected after p50 %v max %v; records %d, duplicates %d, lost %d, reversals %d",
+		rounds, median(takeovers), slices.Max(takeovers).Round(time.Millisecond), report.Expected, report.Duplicates, report.LostCount, len(report.Reversals))
 }

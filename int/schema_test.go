@@ -1,0 +1,66 @@
+package int
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/goharvest/goharvest/internal/verify"
+)
+
+// An outbox column of a type the harvester cannot read is reported by name, nothing is
+// published or dropped meanwhile, and once the table is altered the records flow.
+func TestUnknownColumnType(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	ctx := context.Background()
+	if _, err := r.pool.Exec(ctx, "ALTER TABLE outbox ALTER COLUMN kafka_value TYPE jsonb USING to_jsonb(kafka_value)"); err != nil {
+		t.Fatal(err)
+	}
+	const records = 50
+	expected := map[string]int64{}
+	for i := range records {
+		key := "key-" + string(rune('a'+i%5))
+		rec := verify.Record(topic, key, r.run, expected[key], nil)
+		expected[key]++
+		keys, values := []string{}, []string{}
+		for _, h := range rec.KafkaHeaders {
+			keys, values = append(keys, h.Key), append(values, h.Value)
+		}
+		_, err := r.pool.Exec(ctx, `INSERT INTO outbox (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
+			VALUES (now(), $1, $2, '{"n": 1}', $3, $4)`, rec.KafkaTopic, rec.KafkaKey, keys, values)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := r.startReaper("a")
+	deadline := time.Now().Add(30 * time.Second)
+	var log []byte
+	for !strings.Contains(string(log), "column kafka_value has type jsonb") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the unreadable column was not reported; log:\n%s", log)
+		}
+		time.Sleep(50 * time.Millisecond)
+		log, _ = os.ReadFile(p.log.Name())
+	}
+	time.Sleep(time.Second)
+	if n := r.rows(); n != records || r.distinct() != 0 {
+		t.Fatalf("%d rows left and %d published while the table could not be read", n, r.distinct())
+	}
+
+	if _, err := r.pool.Exec(ctx, "ALTER TABLE outbox ALTER COLUMN kafka_value TYPE varchar(10000) USING kafka_value::text"); err != nil {
+		t.Fatal(err)
+	}
+	r.v.WaitDistinct(t, records, time.Minute)
+	for r.rows() != 0 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if report := r.v.Report(expected); !report.OK() {
+		t.Fatalf("after the fix:\n%s", report)
+	}
+	log, _ = os.ReadFile(p.log.Name())
+	if strings.Count(string(log), "the outbox table does not fit") != 1 {
+		t.Errorf("the mismatch was reported %d times, want once", strings.Count(string(log), "the outbox table does not fit"))
+	}
+}
