@@ -53,10 +53,8 @@ func (r *intRig) load(keys, perKey int) map[string]int64 {
 	r.t.Helper()
 	records, expected := verify.Backlog(r.topic, r.run, keys, perKey, goharvest.String("payload"))
 	st, _ := stasher.New("outbox")
-	for start := 0; start < len(records); start += 5000 {
-		if err := st.StashPgx(context.Background(), r.pool, records[start:min(start+5000, len(records))]...); err != nil {
-			r.t.Fatal(err)
-		}
+	if err := st.StashPgx(context.Background(), r.pool, records...); err != nil {
+		r.t.Fatal(err)
 	}
 	return expected
 }

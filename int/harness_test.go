@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/buildtest"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgtest"
 	"github.com/goharvest/goharvest/internal/verify"
@@ -154,10 +155,8 @@ func (r *rig) preload(records, keys int) {
 	r.t.Helper()
 	recs, expected := verify.Backlog(topic, r.run, keys, records/keys, goharvest.String(strings.Repeat("v", 256)))
 	st, _ := stasher.New("outbox")
-	for start := 0; start < len(recs); start += 5000 {
-		if err := st.StashPgx(context.Background(), r.pool, recs[start:min(start+5000, len(recs))]...); err != nil {
-			r.t.Fatal(err)
-		}
+	if err := st.StashPgx(context.Background(), r.pool, recs...); err != nil {
+		r.t.Fatal(err)
 	}
 	r.preloaded = expected
 }
@@ -247,30 +246,8 @@ func (w *writers) total() int64 {
 	return n
 }
 
-var (
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
-)
-
 func reaperBinary(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "chaos-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binary = filepath.Join(dir, "reaper")
-		out, err := exec.Command("go", "build", "-o", binary, "github.com/goharvest/goharvest/cmd/reaper").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v: %s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binary
+	return buildtest.Binary(t, "github.com/goharvest/goharvest/cmd/reaper")
 }
 
 // reaper is one reaper process, whose JSON log tells whether it leads.

@@ -228,13 +228,14 @@ func (w *writers) expected() map[string]int64 {
 func (w *writers) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	if w.o.Records == 0 {
-		var cancelTimer context.CancelFunc
-		ctx, cancelTimer = context.WithTimeout(ctx, w.o.Duration)
-		defer cancelTimer()
-	}
 	quota := Expected(w.o.Records, w.o.Keys)
 	start := time.Now()
+	// A timed run stops between transactions: cancelling one mid-commit could leave it committed
+	// but uncounted.
+	var deadline time.Time
+	if w.o.Records == 0 {
+		deadline = start.Add(w.o.Duration)
+	}
 	errs := make(chan error, w.o.Writers)
 	var wg sync.WaitGroup
 	for i := range min(w.o.Writers, w.o.Keys) {
@@ -243,7 +244,7 @@ func (w *writers) run(ctx context.Context) error {
 			keys = append(keys, keyName(k))
 		}
 		wg.Go(func() {
-			if err := w.write(ctx, keys, quota); err != nil {
+			if err := w.write(ctx, keys, quota, deadline); err != nil {
 				errs <- err
 				cancel()
 			}
@@ -256,11 +257,14 @@ func (w *writers) run(ctx context.Context) error {
 }
 
 // write commits batches of records for keys, round-robin, until each key has its quota (or, for
-// a timed run, until ctx ends).
-func (w *writers) write(ctx context.Context, keys []string, quota map[string]int64) error {
+// a timed run, until deadline).
+func (w *writers) write(ctx context.Context, keys []string, quota map[string]int64, deadline time.Time) error {
 	next := map[string]int64{}
-	timed := w.o.Records == 0
+	timed := !deadline.IsZero()
 	for i := 0; ; {
+		if timed && !time.Now().Before(deadline) {
+			return nil
+		}
 		var batch []goharvest.OutboxRecord
 		for tries := 0; len(batch) < w.o.Batch && tries < len(keys); {
 			key := keys[i%len(keys)]
@@ -278,9 +282,6 @@ func (w *writers) write(ctx context.Context, keys []string, quota map[string]int
 		}
 		err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error { return w.st.StashPgx(ctx, tx, batch...) })
 		if err != nil {
-			if ctx.Err() != nil && timed {
-				return nil // the run's time is up; this batch did not commit
-			}
 			return fmt.Errorf("write: %w", err)
 		}
 		w.total.Add(int64(len(batch)))
@@ -296,9 +297,6 @@ func (w *writers) write(ctx context.Context, keys []string, quota map[string]int
 			}
 		}
 		if ctx.Err() != nil {
-			if timed {
-				return nil
-			}
 			return ctx.Err()
 		}
 	}

@@ -3,12 +3,10 @@ package reaper_test
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/buildtest"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgtest"
 	"github.com/goharvest/goharvest/internal/verify"
@@ -25,31 +24,8 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
 
-var (
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
-)
-
-// buildReaper builds cmd/reaper once per test run.
 func buildReaper(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "reaper-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binary = filepath.Join(dir, "reaper")
-		out, err := exec.Command("go", "build", "-o", binary, "github.com/goharvest/goharvest/cmd/reaper").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v: %s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binary
+	return buildtest.Binary(t, "github.com/goharvest/goharvest/cmd/reaper")
 }
 
 type reaperProcess struct {
