@@ -4,14 +4,15 @@
 
 GO ?= go
 # The race detector and librdkafka make the suite slow on two cores; the timeout is a
-# backstop against a hung test, not a budget.
+# backstop against a hung test, not a budget. Packages run one at a time (-p 1): the fault
+# suite runs real processes, and the election tests measure timings that two busy cores would blur.
 TEST_TIMEOUT ?= 15m
 
 .PHONY: test lint bench demo chaos
 
 ## test: format check, vet, then every test (integration tests included) under the race detector
 test: lint
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+	$(GO) test -race -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./...
 
 ## lint: fail on unformatted files and on go vet findings
 lint:

@@ -309,11 +309,31 @@ func TestStalledLeaderIsFencedBeforeAnotherIsElected(t *testing.T) {
 
 	leader.paused.Store(true)
 	stalledAt := time.Now()
-	next := waitForLeader(t, 10*time.Second, others(cs, leader)...)
-	_, fencedAt := s.times(leader.name)
-	electedAt, _ := s.times(next.name)
+	// Watch both sides in one loop: in no iteration may another contender lead while the stalled
+	// one still does.
+	var fencedAt, electedAt time.Time
+	var next *contender
+	for deadline := time.Now().Add(10 * time.Second); next == nil; {
+		if time.Now().After(deadline) {
+			t.Fatal("no successor within 10s of the stall")
+		}
+		stalledLeads := leader.n.IsLeader()
+		now := time.Now()
+		if !stalledLeads && fencedAt.IsZero() {
+			fencedAt = now
+		}
+		for _, c := range others(cs, leader) {
+			if c.n.IsLeader() {
+				if stalledLeads {
+					t.Fatalf("%s leads while the stalled %s still counts itself leader", c.name, leader.name)
+				}
+				next, electedAt = c, now
+			}
+		}
+		time.Sleep(time.Millisecond)
+	}
 	t.Logf("stalled %s fenced after %v; %s elected after %v", leader.name, fencedAt.Sub(stalledAt), next.name, electedAt.Sub(stalledAt))
-	if fencedAt.IsZero() || !fencedAt.Before(electedAt) {
+	if fencedAt.IsZero() || electedAt.Before(fencedAt) {
 		t.Fatalf("stalled leader fenced at %v, successor elected at %v: not fenced first", fencedAt, electedAt)
 	}
 
