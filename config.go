@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goharvest/goharvest/internal/pgname"
 	"github.com/goharvest/goharvest/internal/strictyaml"
@@ -33,18 +35,19 @@ const (
 
 // Defaults of Limits. A zero field takes its default.
 const (
-	DefaultIOErrorBackoff     = 500 * time.Millisecond
-	DefaultPollDuration       = time.Millisecond
-	DefaultMinPollInterval    = 100 * time.Millisecond
-	DefaultHeartbeatTimeout   = 5 * time.Second
-	DefaultQueueTimeout       = 30 * time.Second
-	DefaultMarkBackoff        = 10 * time.Millisecond
-	DefaultMaxMarkBackoff     = 500 * time.Millisecond
-	DefaultMaxInFlightRecords = 1000
-	DefaultSendConcurrency    = 8
-	DefaultSendBuffer         = 10
-	DefaultMarkQueryRecords   = 100
-	DefaultMinMetricsInterval = 5 * time.Second
+	DefaultIOErrorBackoff        = 500 * time.Millisecond
+	DefaultPollDuration          = time.Millisecond
+	DefaultMinPollInterval       = 100 * time.Millisecond
+	DefaultHeartbeatTimeout      = 5 * time.Second
+	DefaultQueueTimeout          = 30 * time.Second
+	DefaultMarkBackoff           = 10 * time.Millisecond
+	DefaultMaxMarkBackoff        = 500 * time.Millisecond
+	DefaultMaxInFlightRecords    = 1000
+	DefaultSendConcurrency       = 8
+	DefaultSendBuffer            = 10
+	DefaultMarkQueryRecords      = 100
+	DefaultMinMetricsInterval    = 5 * time.Second
+	DefaultBacklogSampleInterval = 10 * time.Second
 )
 
 // KafkaConfigMap holds librdkafka properties, such as "bootstrap.servers" or "compression.type".
@@ -105,6 +108,15 @@ type Config struct {
 
 	// NeliProvider creates the leader election. Default: StandardNeliProvider (package neli).
 	NeliProvider NeliProvider `yaml:"-"`
+
+	// MetricsRegisterer receives the harvester's Prometheus metrics (see README for the list).
+	// Default: prometheus.DefaultRegisterer.
+	MetricsRegisterer prometheus.Registerer `yaml:"-"`
+
+	// TracerProvider, when set, makes the harvester record an OpenTelemetry span for each record
+	// it publishes, linked to the trace in the record's traceparent header. Default: none, and
+	// then tracing costs nothing.
+	TracerProvider trace.TracerProvider `yaml:"-"`
 }
 
 // DatabaseBindingProvider opens a DatabaseBinding for an outbox table.
@@ -188,6 +200,10 @@ type Limits struct {
 	// MinMetricsInterval is the shortest time between two throughput readings (MeterRead events).
 	// Default: DefaultMinMetricsInterval. Range: 1ms to 1h.
 	MinMetricsInterval time.Duration `yaml:"minMetricsInterval"`
+
+	// BacklogSampleInterval is how often the leader counts the outbox's backlog and the age of its
+	// oldest record, for the metrics. Default: DefaultBacklogSampleInterval. Range: 100ms to 1h.
+	BacklogSampleInterval time.Duration `yaml:"backlogSampleInterval"`
 }
 
 // Unmarshal reads a Config from YAML. Unknown keys and values of the wrong type are errors that
@@ -227,6 +243,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.NeliProvider == nil {
 		c.NeliProvider = StandardNeliProvider()
+	}
+	if c.MetricsRegisterer == nil {
+		c.MetricsRegisterer = prometheus.DefaultRegisterer
 	}
 	if c.LeaderGroupID == "" {
 		c.LeaderGroupID = topicSafe(filepath.Base(os.Args[0]))
@@ -270,6 +289,7 @@ func (l Limits) WithDefaults() Limits {
 	setDefault(&l.SendBuffer, DefaultSendBuffer)
 	setDefault(&l.MarkQueryRecords, DefaultMarkQueryRecords)
 	setDefault(&l.MinMetricsInterval, DefaultMinMetricsInterval)
+	setDefault(&l.BacklogSampleInterval, DefaultBacklogSampleInterval)
 	return l
 }
 
@@ -403,6 +423,7 @@ func (l Limits) validate() []error {
 	between("MarkBackoff", "markBackoff", l.MarkBackoff, time.Millisecond, l.MaxMarkBackoff, "must not exceed maxMarkBackoff")
 	between("MaxMarkBackoff", "maxMarkBackoff", l.MaxMarkBackoff, time.Millisecond, time.Minute, "")
 	between("MinMetricsInterval", "minMetricsInterval", l.MinMetricsInterval, time.Millisecond, time.Hour, "")
+	between("BacklogSampleInterval", "backlogSampleInterval", l.BacklogSampleInterval, 100*time.Millisecond, time.Hour, "")
 	betweenInt("MaxInFlightRecords", "maxInFlightRecords", l.MaxInFlightRecords, 1, 1_000_000)
 	betweenInt("SendConcurrency", "sendConcurrency", l.SendConcurrency, 1, 1024)
 	betweenInt("SendBuffer", "sendBuffer", l.SendBuffer, 1, 100_000)

@@ -172,6 +172,15 @@ func (d *fakeDB) Reset(ctx context.Context, leaderID uuid.UUID, ids []int64) (in
 
 func (d *fakeDB) Dispose() {}
 
+func (d *fakeDB) Ping(context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.down {
+		return errDBDown
+	}
+	return nil
+}
+
 // published is one message as the fake broker stored it.
 type published struct {
 	id       int64

@@ -24,9 +24,12 @@ import (
 	"log/slog"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goharvest/goharvest/internal/dispatch"
 	"github.com/goharvest/goharvest/metric"
@@ -62,8 +65,10 @@ type Harvest struct {
 	producerConfig KafkaConfigMap
 	log            *slog.Logger
 	meter          *metric.Meter
+	metrics        *metrics
 	dbTrouble      *episode
 	kafkaTrouble   *episode
+	lastPulse      atomic.Int64 // Unix nanoseconds of the owner loop's latest pulse
 
 	mu       sync.Mutex // guards the fields below
 	state    State
@@ -104,16 +109,18 @@ func New(config Config) (*Harvest, error) {
 		"go.delivery.reports": true,
 		"transactional.id":    TransactionalIDPrefix + cfg.LeaderGroupID,
 	})
-	return &Harvest{
+	h := &Harvest{
 		cfg:            cfg,
 		producerConfig: producerConfig,
 		log:            cfg.Logger.With("harvest", cfg.Name),
-		dbTrouble:      &episode{what: "database"},
-		kafkaTrouble:   &episode{what: "Kafka transactions"},
 		state:          Created,
 		stopCh:         make(chan struct{}),
 		done:           make(chan struct{}),
-	}, nil
+	}
+	h.metrics = newMetrics(cfg.Name, h.inFlight)
+	h.dbTrouble = &episode{what: "database", failures: h.metrics.errors.WithLabelValues(errorKindDatabase)}
+	h.kafkaTrouble = &episode{what: "Kafka transactions", failures: h.metrics.errors.WithLabelValues(errorKindKafka)}
+	return h, nil
 }
 
 // SetEventHandler registers the handler for events (see Event); call it before Start.
@@ -131,8 +138,13 @@ func (h *Harvest) Start() error {
 	if h.state != Created {
 		return fmt.Errorf("harvest: cannot start in state %v", h.state)
 	}
+	if err := h.metrics.register(h.cfg.MetricsRegisterer); err != nil {
+		h.metrics.unregister(h.cfg.MetricsRegisterer)
+		return fmt.Errorf("harvest: register metrics (is another harvester named %q registered?): %w", h.cfg.Name, err)
+	}
 	db, err := h.cfg.DatabaseBindingProvider(h.cfg.DataSource, h.cfg.OutboxTable)
 	if err != nil {
+		h.metrics.unregister(h.cfg.MetricsRegisterer)
 		return fmt.Errorf("harvest: open outbox: %w", err)
 	}
 	elector, err := h.cfg.NeliProvider(neli.Config{
@@ -148,6 +160,7 @@ func (h *Harvest) Start() error {
 	})
 	if err != nil {
 		db.Dispose()
+		h.metrics.unregister(h.cfg.MetricsRegisterer)
 		return fmt.Errorf("harvest: leader election: %w", err)
 	}
 	// Every instance checks the producer's settings now, rather than only the one elected, and
@@ -156,6 +169,7 @@ func (h *Harvest) Start() error {
 	if err != nil {
 		elector.Close(context.Background())
 		db.Dispose()
+		h.metrics.unregister(h.cfg.MetricsRegisterer)
 		return fmt.Errorf("harvest: producer config: %w", err)
 	}
 	probe.Close()
@@ -163,7 +177,9 @@ func (h *Harvest) Start() error {
 	h.events = dispatch.New(h.handler)
 	h.meter = metric.NewMeter("throughput", h.cfg.Limits.MinMetricsInterval)
 	h.state = Running
+	h.lastPulse.Store(time.Now().UnixNano())
 	go h.run()
+	go h.sampleBacklog()
 	return nil
 }
 
@@ -269,6 +285,7 @@ func (h *Harvest) run() {
 	)
 	for {
 		var leading bool
+		h.lastPulse.Store(time.Now().UnixNano())
 		leading, err = h.elector.Pulse(ctx)
 		if err != nil {
 			break
@@ -351,15 +368,20 @@ func (h *Harvest) startEpoch(ctx context.Context, refresh bool) (bool, error) {
 		emit:      h.emit,
 		meter:     h.meter,
 		dbTrouble: h.dbTrouble,
+		metrics:   h.metrics,
+		tracer:    h.tracer(),
 		leading:   func() bool { return h.elector.State() == neli.Leader },
 	})
 	h.mu.Lock()
 	h.pipeline = p
 	h.mu.Unlock()
+	h.metrics.leader.Set(1)
 	if refresh {
+		h.metrics.remarks.Inc()
 		h.log.Info("leader refreshed", "leaderID", leaderID)
 		h.emit(LeaderRefreshed{LeaderID: leaderID})
 	} else {
+		h.metrics.elections.Inc()
 		h.log.Info("leader acquired", "leaderID", leaderID)
 		h.emit(LeaderAcquired{LeaderID: leaderID})
 	}
@@ -405,10 +427,14 @@ func (h *Harvest) endEpoch(why Event) {
 	p := h.pipeline
 	h.mu.Unlock()
 	if p != nil {
+		h.metrics.leader.Set(0)
 		p.stop(h.cfg.Limits.MaxPollInterval)
 		h.mu.Lock()
 		h.pipeline = nil
 		h.mu.Unlock()
+	}
+	if _, fenced := why.(LeaderFenced); fenced {
+		h.metrics.fences.Inc()
 	}
 	if why != nil {
 		h.log.Info(why.String())
@@ -447,6 +473,7 @@ func (h *Harvest) shutdown(cause error) {
 		h.log.Warn("leave the leader election", "error", err)
 	}
 	h.db.Dispose()
+	h.metrics.unregister(h.cfg.MetricsRegisterer)
 	h.events.Close()
 	select {
 	case <-h.events.Done():
@@ -460,21 +487,115 @@ func (h *Harvest) shutdown(cause error) {
 	h.log.Info("stopped")
 }
 
+// tracer returns the tracer for publish spans, or nil when no TracerProvider is configured.
+func (h *Harvest) tracer() trace.Tracer {
+	if h.cfg.TracerProvider == nil {
+		return nil
+	}
+	return h.cfg.TracerProvider.Tracer("github.com/goharvest/goharvest")
+}
+
+// Healthy reports whether the harvester is running and its loop is alive: nil, or why not. It
+// makes no network calls, so it suits a liveness probe.
+func (h *Harvest) Healthy() error {
+	if state := h.State(); state != Running {
+		return fmt.Errorf("harvest is %v", state)
+	}
+	// The loop pulses every MinPollInterval, but ending an epoch holds it for up to
+	// MaxPollInterval and closing the election longer; two heartbeat timeouts cover both.
+	if since := time.Since(time.Unix(0, h.lastPulse.Load())); since > 2*h.cfg.Limits.HeartbeatTimeout {
+		return fmt.Errorf("harvest loop has not pulsed for %v", since.Round(time.Millisecond))
+	}
+	return nil
+}
+
+// Pinger is implemented by bindings and electors that can check their connection.
+type Pinger interface {
+	Ping(ctx context.Context) error
+}
+
+// Ready reports whether the harvester is healthy and can reach both Postgres and Kafka: nil, or
+// what is wrong. A standby that is ready can take over at once. It suits a readiness probe.
+func (h *Harvest) Ready(ctx context.Context) error {
+	if err := h.Healthy(); err != nil {
+		return err
+	}
+	var errs []error
+	if p, ok := h.db.(Pinger); ok {
+		if err := p.Ping(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("database: %w", err))
+		}
+	}
+	if p, ok := h.elector.(Pinger); ok {
+		if err := p.Ping(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("kafka: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// BacklogSampler is implemented by bindings that can count the outbox's backlog cheaply.
+type BacklogSampler interface {
+	// Backlog returns how many records the outbox holds (counting stops at limit) and the
+	// creation time of the oldest, zero when empty.
+	Backlog(ctx context.Context, limit int) (int, time.Time, error)
+}
+
+// sampleBacklog keeps the backlog metrics current while this harvester leads.
+func (h *Harvest) sampleBacklog() {
+	sampler, ok := h.db.(BacklogSampler)
+	if !ok {
+		return
+	}
+	tick := time.NewTicker(h.cfg.Limits.BacklogSampleInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-h.done:
+			return
+		case <-tick.C:
+		}
+		if !h.IsLeader() {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), h.cfg.Limits.BacklogSampleInterval)
+		n, oldest, err := sampler.Backlog(ctx, backlogLimit)
+		cancel()
+		if err != nil {
+			continue // the database's trouble is counted and logged where it matters
+		}
+		h.metrics.backlog.Set(float64(n))
+		if oldest.IsZero() {
+			h.metrics.oldestAge.Set(0)
+		} else {
+			h.metrics.oldestAge.Set(time.Since(oldest).Seconds())
+		}
+	}
+}
+
+// backlogLimit bounds the count behind goharvest_outbox_backlog_records, so that sampling stays
+// cheap however large the backlog grows.
+const backlogLimit = 1_000_000
+
 // episode logs an outage once when it begins and once when it ends, however many operations
 // fail in between.
 type episode struct {
-	what string
+	what     string
+	failures prometheus.Counter // counts every failure; may be nil
 
-	mu       sync.Mutex
-	failing  bool
-	since    time.Time
-	failures int
+	mu      sync.Mutex
+	failing bool
+	since   time.Time
+	count   int
 }
 
 func (e *episode) fail(log *slog.Logger, op string, err error) {
+	if e.failures != nil {
+		e.failures.Inc()
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.failures++
+	e.count++
 	if !e.failing {
 		e.failing, e.since = true, time.Now()
 		log.Warn(e.what+" unavailable; retrying", "op", op, "error", err)
@@ -485,7 +606,7 @@ func (e *episode) ok(log *slog.Logger) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.failing {
-		log.Info(e.what+" available again", "after", time.Since(e.since).Round(time.Millisecond), "failures", e.failures)
-		e.failing, e.failures = false, 0
+		log.Info(e.what+" available again", "after", time.Since(e.since).Round(time.Millisecond), "failures", e.count)
+		e.failing, e.count = false, 0
 	}
 }

@@ -11,6 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/kafkatest"
@@ -216,4 +220,68 @@ func testLogLevel() slog.Level {
 		return slog.LevelDebug
 	}
 	return slog.LevelWarn
+}
+
+// A traceparent written with the record arrives unchanged on the consumed message, and with a
+// tracer provider the harvester records one publish span per record, linked to that trace.
+func TestTraceContextRoundTrip(t *testing.T) {
+	r := newIntRig(t)
+	ctx := context.Background()
+	traceID, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	spanID, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	written := trace.ContextWithSpanContext(ctx, trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: traceID, SpanID: spanID, TraceFlags: trace.FlagsSampled, Remote: true}))
+	rec := verify.Record(r.topic, "traced", r.run, 0, goharvest.String("v"))
+	rec.KafkaHeaders = append(rec.KafkaHeaders, stasher.TraceHeaders(written)...)
+	st, _ := stasher.New("outbox")
+	if err := st.StashPgx(ctx, r.pool, rec); err != nil {
+		t.Fatal(err)
+	}
+
+	spans := tracetest.NewSpanRecorder()
+	h, err := goharvest.New(goharvest.Config{
+		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": r.broker.Addr()},
+		LeaderGroupID:   "trace-int",
+		LeaderTopic:     "trace-int.leader",
+		DataSource:      r.dsn,
+		Limits:          goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond},
+		TracerProvider:  sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
+		Logger:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- h.Run(runCtx) }()
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(r.broker.Addr()), kgo.ConsumeTopics(r.topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var got string
+	pollCtx, stopPoll := context.WithTimeout(ctx, 30*time.Second)
+	defer stopPoll()
+	for got == "" && pollCtx.Err() == nil {
+		cl.PollFetches(pollCtx).EachRecord(func(m *kgo.Record) {
+			for _, hd := range m.Headers {
+				if hd.Key == "traceparent" {
+					got = string(hd.Value)
+				}
+			}
+		})
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if want := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"; got != want {
+		t.Fatalf("consumed traceparent %q, want %q", got, want)
+	}
+	ended := spans.Ended()
+	if len(ended) != 1 || ended[0].Name() != "publish "+r.topic || len(ended[0].Links()) != 1 ||
+		ended[0].Links()[0].SpanContext.TraceID() != traceID || ended[0].SpanKind() != trace.SpanKindProducer {
+		t.Fatalf("spans %v; want one producer span linked to trace %s", ended, traceID)
+	}
 }

@@ -2,6 +2,7 @@ package goharvest
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,6 +10,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/goharvest/goharvest/neli"
 )
@@ -33,16 +37,17 @@ func (b *syncBuffer) String() string {
 
 // rig wires a harvester to fakes.
 type rig struct {
-	t       *testing.T
-	db      *fakeDB
-	kafka   *fakeKafka
-	elector *fakeElector
-	events  *eventLog
-	logs    *syncBuffer
-	h       *Harvest
-	keyOf   map[int64]string
-	seqOf   map[int64]int64 // per-key sequence, the order records must be published in
-	nextSeq map[string]int64
+	t        *testing.T
+	db       *fakeDB
+	kafka    *fakeKafka
+	elector  *fakeElector
+	events   *eventLog
+	logs     *syncBuffer
+	h        *Harvest
+	keyOf    map[int64]string
+	registry *prometheus.Registry
+	seqOf    map[int64]int64 // per-key sequence, the order records must be published in
+	nextSeq  map[string]int64
 }
 
 func fastLimits() Limits {
@@ -57,7 +62,8 @@ func fastLimits() Limits {
 
 func newRig(t *testing.T, limits Limits) *rig {
 	r := &rig{t: t, db: newFakeDB(), elector: &fakeElector{state: neli.Leader}, events: &eventLog{},
-		logs: &syncBuffer{}, keyOf: map[int64]string{}, seqOf: map[int64]int64{}, nextSeq: map[string]int64{}}
+		logs: &syncBuffer{}, keyOf: map[int64]string{}, seqOf: map[int64]int64{}, nextSeq: map[string]int64{},
+		registry: prometheus.NewRegistry()}
 	r.kafka = newFakeKafka(t, r.db)
 	r.h = r.newHarvest(limits)
 	return r
@@ -69,6 +75,7 @@ func (r *rig) newHarvest(limits Limits) *Harvest {
 		LeaderTopic:             "t",
 		Name:                    "test",
 		Limits:                  limits,
+		MetricsRegisterer:       r.registry,
 		Logger:                  slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		DatabaseBindingProvider: func(string, string) (DatabaseBinding, error) { return r.db, nil },
 		KafkaProducerProvider:   r.kafka.provider,
@@ -503,5 +510,83 @@ func TestLifecycle(t *testing.T) {
 	r.stop()
 	if r.h.State() != Stopped || !r.elector.closed {
 		t.Fatalf("state %v, elector closed %v", r.h.State(), r.elector.closed)
+	}
+}
+
+func TestMetricsCountWhatHappened(t *testing.T) {
+	r := newRig(t, fastLimits())
+	ids := r.load(20, 20)
+	r.kafka.rejectN[ids[5]] = 2
+	r.start()
+	r.waitEmpty(20 * time.Second)
+	m := r.h.metrics
+	if got := testutil.ToFloat64(m.leader); got != 1 {
+		t.Errorf("goharvest_leader = %v while leading", got)
+	}
+	n, err := testutil.GatherAndCount(r.registry, "goharvest_records_published_total", "goharvest_in_flight_records", "goharvest_errors_total")
+	if err != nil || n < 3 {
+		t.Errorf("gathered %d series, %v", n, err)
+	}
+	r.stop()
+	want := map[string]float64{
+		"published": float64(len(ids)), "purged": float64(len(ids)), "failed": 2, "elections": 1, "leader": 0,
+	}
+	got := map[string]float64{
+		"published": testutil.ToFloat64(m.published), "purged": testutil.ToFloat64(m.purged),
+		"failed": testutil.ToFloat64(m.failed), "elections": testutil.ToFloat64(m.elections), "leader": testutil.ToFloat64(m.leader),
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s = %v, want %v", k, got[k], w)
+		}
+	}
+	if marked := testutil.ToFloat64(m.marked); marked < float64(len(ids)) {
+		t.Errorf("marked %v < %d records", marked, len(ids))
+	}
+	if testutil.CollectAndCount(m.commitSeconds) != 1 || testutil.CollectAndCount(m.markSeconds) != 1 {
+		t.Error("latency histograms missing")
+	}
+	if n, _ := testutil.GatherAndCount(r.registry); n != 0 {
+		t.Errorf("%d series still registered after Stop", n)
+	}
+}
+
+func TestTwoHarvestersWithOneNameCannotShareARegistry(t *testing.T) {
+	r := newRig(t, fastLimits())
+	r.start()
+	other := r.newHarvest(fastLimits())
+	if err := other.Start(); err == nil || !strings.Contains(err.Error(), "register metrics") {
+		other.Stop()
+		t.Fatalf("a second harvester named like the first started: %v", err)
+	}
+}
+
+func TestHealthyAndReady(t *testing.T) {
+	r := newRig(t, fastLimits())
+	ctx := context.Background()
+	if err := r.h.Healthy(); err == nil {
+		t.Fatal("healthy before Start")
+	}
+	r.start()
+	if err := r.h.Healthy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.h.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.db.setDown(true)
+	if err := r.h.Ready(ctx); err == nil || !strings.Contains(err.Error(), "database") {
+		t.Fatalf("ready with the database down: %v", err)
+	}
+	if err := r.h.Healthy(); err != nil {
+		t.Fatalf("a database outage made the process unhealthy: %v", err)
+	}
+	r.db.setDown(false)
+	if err := r.h.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r.stop()
+	if err := r.h.Healthy(); err == nil {
+		t.Fatal("healthy after Stop")
 	}
 }

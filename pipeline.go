@@ -11,6 +11,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goharvest/goharvest/metric"
 )
@@ -67,7 +71,8 @@ type flight struct {
 	rec      MarkedRecord
 	worker   *sendWorker
 	attempts int
-	tracked  bool // counted among the in-flight keys
+	tracked  bool       // counted among the in-flight keys
+	span     trace.Span // the publish span, when tracing is on
 	// failure is what the delivery report said about the latest send (nil: success or not yet
 	// reported); the delivery reader writes it while the transaction loop may read it.
 	failure atomic.Pointer[error]
@@ -95,6 +100,9 @@ type pipelineDeps struct {
 	emit      func(Event)
 	meter     *metric.Meter
 	dbTrouble *episode
+	metrics   *metrics
+	// tracer records a span per published record; nil when tracing is off.
+	tracer trace.Tracer
 	// leading reports whether this harvester may still publish; workers ask before each send.
 	leading func() bool
 }
@@ -191,7 +199,9 @@ func (p *pipeline) markLoop() {
 			p.sleep(p.limits.DrainInterval, p.room)
 			continue
 		}
+		began := time.Now()
 		records, err := p.db.Mark(p.ctx, p.leaderID, min(room, p.limits.MarkQueryRecords))
+		p.metrics.markSeconds.Observe(time.Since(began).Seconds())
 		if err != nil {
 			if p.ctx.Err() != nil {
 				return
@@ -209,6 +219,7 @@ func (p *pipeline) markLoop() {
 			continue
 		}
 		idle = p.limits.MarkBackoff
+		p.metrics.marked.Add(float64(len(records)))
 		p.queued.Add(int64(len(records)))
 		for _, rec := range records {
 			w := p.workers[shardOf(rec.KafkaKey, len(p.workers))]
@@ -284,6 +295,7 @@ func (w *sendWorker) send(f *flight) {
 		// afresh (after an operator has fixed or deleted it).
 		f.attempts++
 		p.track(f)
+		p.metrics.failed.Inc()
 		p.log.Error("outbox record cannot be published; holding back its key", "id", f.rec.ID,
 			"topic", f.rec.KafkaTopic, "key", f.rec.KafkaKey, "error", f.rec.Err)
 		p.emit(RecordFailed{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: f.rec.KafkaKey, Attempts: f.attempts, Err: f.rec.Err})
@@ -296,6 +308,7 @@ func (w *sendWorker) send(f *flight) {
 	f.attempts++
 	f.failure.Store(nil)
 	p.track(f)
+	p.startSpan(f)
 	p.txnMu.RLock()
 	if !p.leading() {
 		p.txnMu.RUnlock()
@@ -340,6 +353,10 @@ func (w *sendWorker) retryAfter(f *flight, d time.Duration) {
 // rejected handles a record that Kafka (or the producer) refused as it stands: it is reported
 // and retried with backoff while its key waits.
 func (p *pipeline) rejected(f *flight, err error) {
+	p.metrics.failed.Inc()
+	if f.span != nil {
+		f.span.RecordError(err)
+	}
 	backoff := min(p.limits.IOErrorBackoff<<min(f.attempts-1, 16), maxRetryBackoff)
 	p.log.Warn("outbox record rejected; holding back its key and retrying", "id", f.rec.ID,
 		"topic", f.rec.KafkaTopic, "key", f.rec.KafkaKey, "attempt", f.attempts, "retryIn", backoff, "error", err)
@@ -395,9 +412,12 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 	}
 	began := time.Now()
 	err := p.commitTxn(ctx, batch)
+	p.metrics.commitSeconds.Observe(time.Since(began).Seconds())
 	p.log.Debug("transaction ended", "records", len(batch), "took", time.Since(began), "error", err)
 	if err == nil {
+		p.metrics.published.Add(float64(len(batch)))
 		for _, f := range batch {
+			p.endSpan(f, nil)
 			p.outcomes <- outcome{f: f}
 		}
 		if next {
@@ -406,6 +426,7 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 		return
 	}
 
+	p.metrics.errors.WithLabelValues(errorKindKafka).Inc()
 	var txnErr *TxnError
 	fatal := errors.As(err, &txnErr) && txnErr.Fatal
 	if !fatal {
@@ -429,6 +450,7 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 			// for this one, so sending it again in the next transaction can at worst repeat it.
 			f.worker.retryAfter(f, 0)
 		default:
+			p.endSpan(f, err)
 			p.outcomes <- outcome{f: f, failed: true}
 			remark = true
 		}
@@ -498,13 +520,17 @@ func (p *pipeline) commitLoop() {
 				purge = append(purge, o.f)
 			}
 		}
-		if len(purge) > 0 && p.commit("purge", purge, p.db.Purge) {
-			p.finish(purge)
+		if len(purge) > 0 {
+			began := time.Now()
+			if p.commit("purge", purge, p.db.Purge) {
+				p.metrics.purgeSeconds.Observe(time.Since(began).Seconds())
+				p.finish(purge)
+			}
 		}
-		if len(reset) > 0 {
-			p.commit("reset", reset, func(ctx context.Context, ids []int64) (int, error) {
-				return p.db.Reset(ctx, p.leaderID, ids)
-			})
+		if len(reset) > 0 && p.commit("reset", reset, func(ctx context.Context, ids []int64) (int, error) {
+			return p.db.Reset(ctx, p.leaderID, ids)
+		}) {
+			p.metrics.reset.Add(float64(len(reset)))
 		}
 	}
 }
@@ -544,6 +570,7 @@ func (p *pipeline) finish(batch []*flight) {
 		f.worker.finished <- f
 	}
 	p.queued.Add(-int64(len(batch)))
+	p.metrics.purged.Add(float64(len(batch)))
 	select {
 	case p.room <- struct{}{}:
 	default:
@@ -618,4 +645,57 @@ func (p *pipeline) awaitReports(deadline time.Time) bool {
 		time.Sleep(time.Millisecond)
 	}
 	return true
+}
+
+// headerCarrier lets OpenTelemetry read a record's headers.
+type headerCarrier KafkaHeaders
+
+func (c headerCarrier) Get(key string) string {
+	for _, h := range c {
+		if h.Key == key {
+			return h.Value
+		}
+	}
+	return ""
+}
+
+func (c headerCarrier) Set(string, string) {}
+
+func (c headerCarrier) Keys() []string {
+	keys := make([]string, len(c))
+	for i, h := range c {
+		keys[i] = h.Key
+	}
+	return keys
+}
+
+// startSpan begins the record's publish span, once, linked to the trace in its traceparent
+// header (the request that wrote it), when tracing is on.
+func (p *pipeline) startSpan(f *flight) {
+	if p.tracer == nil || f.span != nil {
+		return
+	}
+	written := propagation.TraceContext{}.Extract(context.Background(), headerCarrier(f.rec.KafkaHeaders))
+	_, f.span = p.tracer.Start(context.Background(), "publish "+f.rec.KafkaTopic,
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithLinks(trace.LinkFromContext(written)),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "kafka"),
+			attribute.String("messaging.destination.name", f.rec.KafkaTopic),
+			attribute.Int64("goharvest.record.id", f.rec.ID),
+			attribute.String("goharvest.leader.id", p.leaderID.String()),
+		))
+}
+
+// endSpan ends the record's publish span, if any: committed (err nil) or given up in this epoch.
+func (p *pipeline) endSpan(f *flight, err error) {
+	if f.span == nil {
+		return
+	}
+	if err != nil {
+		f.span.RecordError(err)
+		f.span.SetStatus(codes.Error, err.Error())
+	}
+	f.span.End()
+	f.span = nil
 }

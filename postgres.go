@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -285,3 +286,21 @@ func (b *PostgresBinding) Reset(ctx context.Context, leaderID uuid.UUID, ids []i
 
 // Dispose implements DatabaseBinding.
 func (b *PostgresBinding) Dispose() { b.pool.Close() }
+
+// Ping checks that the database answers.
+func (b *PostgresBinding) Ping(ctx context.Context) error { return b.pool.Ping(ctx) }
+
+// Backlog counts the outbox's records, up to limit, and finds the oldest's creation time; both
+// walk the primary key, so they stay cheap however large the table.
+func (b *PostgresBinding) Backlog(ctx context.Context, limit int) (int, time.Time, error) {
+	var (
+		n      int
+		oldest pgtype.Timestamptz
+	)
+	err := b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM (SELECT 1 FROM `+b.table+` LIMIT $1) AS s),
+		(SELECT create_time FROM `+b.table+` ORDER BY id LIMIT 1)`, limit).Scan(&n, &oldest)
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("sample outbox backlog: %w", err)
+	}
+	return n, oldest.Time, nil
+}

@@ -424,3 +424,23 @@ func TestCheckSchema(t *testing.T) {
 		t.Fatalf("a missing table gave %v", err)
 	}
 }
+
+func TestBacklogAndPing(t *testing.T) {
+	ctx := context.Background()
+	o := newOutbox(t, "outbox")
+	if err := o.binding.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n, oldest, err := o.binding.Backlog(ctx, 100); err != nil || n != 0 || !oldest.IsZero() {
+		t.Fatalf("empty outbox: %d, %v, %v", n, oldest, err)
+	}
+	created := time.Now().Add(-time.Hour).Truncate(time.Microsecond)
+	first := records(1, func(int) string { return "k" })
+	first[0].CreateTime = created
+	o.stash(t, first...)
+	o.stash(t, records(200, func(i int) string { return fmt.Sprint(i) })...)
+	n, oldest, err := o.binding.Backlog(ctx, 150)
+	if err != nil || n != 150 || !oldest.Equal(created) {
+		t.Fatalf("backlog %d (want 150, capped), oldest %v (want %v), %v", n, oldest, created, err)
+	}
+}

@@ -283,6 +283,19 @@ func (n *Neli) ensureTopic(ctx context.Context) error {
 	return nil
 }
 
+// Ping asks Kafka for the leader topic's metadata, to check that the cluster answers.
+func (n *Neli) Ping(ctx context.Context) error {
+	timeout := n.cfg.HeartbeatTimeout
+	if deadline, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, time.Until(deadline))
+	}
+	topic := n.cfg.LeaderTopic
+	if _, err := n.consumer.GetMetadata(&topic, false, max(1, int(timeout.Milliseconds()))); err != nil {
+		return fmt.Errorf("kafka metadata: %w", err)
+	}
+	return nil
+}
+
 func (n *Neli) handle(ev kafka.Event) error {
 	switch e := ev.(type) {
 	case *kafka.Message:

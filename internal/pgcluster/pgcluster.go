@@ -36,6 +36,7 @@ type Server struct {
 	binDir  string
 	dataDir string
 	runAs   *syscall.Credential
+	opts    string // the postmaster's settings, for Resume
 }
 
 // AdminDSN returns a data source name for the server's maintenance database.
@@ -132,6 +133,7 @@ func (s *Server) initAndStart(dir string, durable bool) error {
 		settings = append(settings, "-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off")
 	}
 	opts := strings.Join(settings, " ")
+	s.opts = opts
 	if err := s.run("pg_ctl", "start", "-w", "-t", "60", "-D", s.dataDir,
 		"-l", filepath.Join(dir, "postgres.log"), "-o", opts); err != nil {
 		return fmt.Errorf("%w (log: %s)", err, filepath.Join(dir, "postgres.log"))
@@ -153,6 +155,21 @@ func (s *Server) Restart() error {
 		return fmt.Errorf("pgcluster: restart: %w", err)
 	}
 	return nil
+}
+
+// Halt stops the cluster but keeps its data, for tests of a database that is down; Resume
+// brings it back.
+func (s *Server) Halt() error {
+	if s.dataDir == "" {
+		return errors.New("pgcluster: only a throwaway cluster can be halted")
+	}
+	return s.run("pg_ctl", "stop", "-w", "-m", "fast", "-D", s.dataDir)
+}
+
+// Resume starts a halted cluster again, with its data and settings.
+func (s *Server) Resume() error {
+	return s.run("pg_ctl", "start", "-w", "-t", "60", "-D", s.dataDir,
+		"-l", filepath.Join(filepath.Dir(s.dataDir), "postgres.log"), "-o", s.opts)
 }
 
 // CPUTime returns the CPU time (user and system) used so far by the cluster's processes that

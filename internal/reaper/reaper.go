@@ -10,6 +10,8 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"regexp"
@@ -17,6 +19,11 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/strictyaml"
@@ -34,6 +41,16 @@ type File struct {
 	// Harvest configures the harvester; the keys are those of goharvest.Config.
 	Harvest goharvest.Config `yaml:"harvest"`
 	Logging Logging          `yaml:"logging"`
+	Admin   Admin            `yaml:"admin"`
+}
+
+// Admin configures the reaper's HTTP endpoints: /metrics (Prometheus), /healthz (liveness:
+// the process and its loop are alive) and /readyz (readiness: Postgres and Kafka answer, so the
+// reaper leads or can take over at once).
+type Admin struct {
+	// Address to listen on, such as ":9090" or "127.0.0.1:9090". Empty (the default): no
+	// endpoints.
+	Address string `yaml:"address"`
 }
 
 // Logging configures the reaper's logs, written to standard error.
@@ -81,6 +98,7 @@ func Load(data []byte, lookupEnv func(string) (string, bool)) (File, error) {
 			}
 		}
 	}
+	expand("admin.address", &f.Admin.Address)
 	expand("logging.level", &f.Logging.Level)
 	expand("logging.format", &f.Logging.Format)
 	if _, err := f.Logging.level(); err != nil {
@@ -222,15 +240,51 @@ func Main(args []string, env Env) int {
 		return ExitOK
 	}
 
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	cfg.Harvest.MetricsRegisterer = registry
 	h, err := goharvest.New(cfg.Harvest)
 	if err != nil {
 		return fail(ExitUsage, fmt.Errorf("%s: %w", *file, err))
 	}
 	cfg.Harvest.Logger.Info("reaper starting", "version", Version(), "config", *file)
+	if cfg.Admin.Address != "" {
+		ln, err := net.Listen("tcp", cfg.Admin.Address)
+		if err != nil {
+			return fail(ExitFailed, fmt.Errorf("admin endpoints: %w", err))
+		}
+		srv := &http.Server{Handler: adminHandler(h, registry), ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln)
+		defer srv.Close()
+		cfg.Harvest.Logger.Info("serving /metrics, /healthz and /readyz", "address", ln.Addr().String())
+	}
 	if err := h.Run(env.Context); err != nil {
 		return fail(ExitFailed, err)
 	}
 	return ExitOK
+}
+
+// adminHandler serves the metrics and the health probes. A probe answers 200 with "ok", or 503
+// with what is wrong.
+func adminHandler(h *goharvest.Harvest, registry *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	probe := func(check func(*http.Request) error) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if err := check(r); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ok")
+		}
+	}
+	mux.Handle("/healthz", probe(func(*http.Request) error { return h.Healthy() }))
+	mux.Handle("/readyz", probe(func(r *http.Request) error {
+		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+		defer cancel()
+		return h.Ready(ctx)
+	}))
+	return mux
 }
 
 // SignalContext returns a context that ends on SIGINT or SIGTERM.

@@ -1,0 +1,130 @@
+package reaper_test
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/pgcluster"
+	"github.com/goharvest/goharvest/internal/reaper"
+)
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func get(url string) (int, string) {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+func eventually(t *testing.T, what string, within time.Duration, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ok, last := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v; last answer: %s", what, within, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The reaper serves /healthz, /readyz and /metrics; readiness follows the database down and up,
+// while liveness does not.
+func TestAdminEndpoints(t *testing.T) {
+	pg, err := pgcluster.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Stop()
+	dsn, _, err := pg.CreateDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := goharvest.CreateOutboxTable(context.Background(), dsn, "outbox"); err != nil {
+		t.Fatal(err)
+	}
+	broker := kafkatest.Start(t)
+	addr := freeAddr(t)
+	config := filepath.Join(t.TempDir(), "reaper.yaml")
+	os.WriteFile(config, []byte(`harvest:
+  baseKafkaConfig:
+    bootstrap.servers: `+broker.Addr()+`
+  leaderTopic: admin.leader
+  leaderGroupID: admin
+  dataSource: "`+dsn+`"
+  limits:
+    heartbeatTimeout: 1s
+    minPollInterval: 50ms
+admin:
+  address: `+addr+`
+`), 0o600)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan int, 1)
+	var stderr bytes.Buffer
+	go func() {
+		done <- reaper.Main([]string{"-f", config}, reaper.Env{Stdout: io.Discard, Stderr: &stderr, LookupEnv: os.LookupEnv, Context: ctx})
+	}()
+	base := "http://" + addr
+	status := func(path string, want int) func() (bool, string) {
+		return func() (bool, string) {
+			code, body := get(base + path)
+			return code == want, body
+		}
+	}
+	eventually(t, "healthz 200", 15*time.Second, status("/healthz", 200))
+	eventually(t, "readyz 200", 15*time.Second, status("/readyz", 200))
+	eventually(t, "metrics", 15*time.Second, func() (bool, string) {
+		code, body := get(base + "/metrics")
+		return code == 200 && strings.Contains(body, `goharvest_leader{harvest=`) && strings.Contains(body, "go_goroutines"), body[:min(200, len(body))]
+	})
+
+	if err := pg.Halt(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "readyz 503 naming the database", 15*time.Second, func() (bool, string) {
+		code, body := get(base + "/readyz")
+		return code == 503 && strings.Contains(body, "database"), body
+	})
+	if code, body := get(base + "/healthz"); code != 200 {
+		t.Fatalf("the database being down made the reaper unhealthy: %d %s", code, body)
+	}
+	if err := pg.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "readyz 200 again", 30*time.Second, status("/readyz", 200))
+
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the reaper did not stop")
+	}
+}

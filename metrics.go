@@ -1,0 +1,88 @@
+package goharvest
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the harvester's Prometheus metrics. Each carries a constant "harvest" label (the
+// harvester's Name), so that several harvesters can share one registry.
+type metrics struct {
+	leader                             prometheus.Gauge
+	marked, published, purged          prometheus.Counter
+	reset, failed                      prometheus.Counter
+	elections, fences, remarks         prometheus.Counter
+	errors                             *prometheus.CounterVec
+	markSeconds, purgeSeconds          prometheus.Histogram
+	commitSeconds                      prometheus.Histogram
+	backlog, oldestAge                 prometheus.Gauge
+	inFlightRecords, inFlightKeysGauge prometheus.GaugeFunc
+}
+
+// Error kinds counted by goharvest_errors_total.
+const (
+	errorKindDatabase = "database"
+	errorKindKafka    = "kafka"
+)
+
+func newMetrics(name string, inFlight func() ([]string, int)) *metrics {
+	labels := prometheus.Labels{"harvest": name}
+	counter := func(metric, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: "goharvest_" + metric, Help: help, ConstLabels: labels})
+	}
+	gauge := func(metric, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Name: "goharvest_" + metric, Help: help, ConstLabels: labels})
+	}
+	histogram := func(metric, help string) prometheus.Histogram {
+		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: "goharvest_" + metric, Help: help, ConstLabels: labels,
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}})
+	}
+	return &metrics{
+		leader:    gauge("leader", "1 while this harvester is the leader and publishing, else 0."),
+		marked:    counter("records_marked_total", "Records marked for publishing."),
+		published: counter("records_published_total", "Records committed to Kafka."),
+		purged:    counter("records_purged_total", "Records deleted from the outbox after publishing."),
+		reset:     counter("records_reset_total", "Records reset to be marked again after a failure."),
+		failed:    counter("records_failed_total", "Failed attempts to publish a record that Kafka refused or that is malformed."),
+		elections: counter("leader_elections_total", "Times this harvester became the leader."),
+		fences:    counter("leader_fences_total", "Times this harvester fenced itself after losing contact with Kafka."),
+		remarks:   counter("remarks_total", "Times the leader moved to a new leader ID to mark records again."),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "goharvest_errors_total",
+			Help: "Errors talking to the database or Kafka, by kind.", ConstLabels: labels}, []string{"kind"}),
+		markSeconds:   histogram("mark_duration_seconds", "Time taken by one mark query."),
+		purgeSeconds:  histogram("purge_duration_seconds", "Time taken by one purge statement."),
+		commitSeconds: histogram("commit_duration_seconds", "Time taken to commit one Kafka transaction (producing its records included)."),
+		backlog:       gauge("outbox_backlog_records", "Records in the outbox (counted up to 1,000,000), sampled by the leader."),
+		oldestAge:     gauge("outbox_oldest_record_age_seconds", "Age of the oldest record in the outbox, sampled by the leader; 0 when empty."),
+		inFlightRecords: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "goharvest_in_flight_records",
+			Help: "Records sent and not yet committed and purged.", ConstLabels: labels},
+			func() float64 { _, n := inFlight(); return float64(n) }),
+		inFlightKeysGauge: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "goharvest_in_flight_keys",
+			Help: "Keys with a record in flight.", ConstLabels: labels},
+			func() float64 { keys, _ := inFlight(); return float64(len(keys)) }),
+	}
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.leader, m.marked, m.published, m.purged, m.reset, m.failed,
+		m.elections, m.fences, m.remarks, m.errors, m.markSeconds, m.purgeSeconds, m.commitSeconds,
+		m.backlog, m.oldestAge, m.inFlightRecords, m.inFlightKeysGauge}
+}
+
+// register adds every metric to r. A metric registered already (by a harvester of the same
+// name, say) is an error: two harvesters must not share a name.
+func (m *metrics) register(r prometheus.Registerer) error {
+	var errs []error
+	for _, c := range m.collectors() {
+		errs = append(errs, r.Register(c))
+	}
+	return errors.Join(errs...)
+}
+
+// unregister removes the metrics again, so that a stopped harvester can be replaced.
+func (m *metrics) unregister(r prometheus.Registerer) {
+	for _, c := range m.collectors() {
+		r.Unregister(c)
+	}
+}
