@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -283,5 +284,65 @@ func TestTraceContextRoundTrip(t *testing.T) {
 	if len(ended) != 1 || ended[0].Name() != "publish "+r.topic || len(ended[0].Links()) != 1 ||
 		ended[0].Links()[0].SpanContext.TraceID() != traceID || ended[0].SpanKind() != trace.SpanKindProducer {
 		t.Fatalf("spans %v; want one producer span linked to trace %s", ended, traceID)
+	}
+}
+
+// After a real run, the metrics agree with what was delivered.
+func TestMetricsMatchDeliveries(t *testing.T) {
+	const keys, perKey = 100, 50
+	r := newIntRig(t)
+	r.load(keys, perKey)
+	v := r.verifier()
+	registry := prometheus.NewRegistry()
+	h, err := goharvest.New(goharvest.Config{
+		BaseKafkaConfig:   goharvest.KafkaConfigMap{"bootstrap.servers": r.broker.Addr()},
+		LeaderGroupID:     "metrics-int",
+		LeaderTopic:       "metrics-int.leader",
+		DataSource:        r.dsn,
+		Name:              "metrics-int",
+		MetricsRegisterer: registry,
+		Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, BacklogSampleInterval: 100 * time.Millisecond},
+		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { h.Stop(); h.Await() }()
+	r.waitEmpty(time.Minute)
+	v.WaitDistinct(t, keys*perKey, time.Minute)
+	time.Sleep(300 * time.Millisecond) // a backlog sample after the drain
+	values := map[string]float64{}
+	families, err := registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			switch {
+			case m.GetCounter() != nil:
+				values[f.GetName()] += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				values[f.GetName()] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	want := map[string]float64{
+		"goharvest_records_published_total": keys * perKey,
+		"goharvest_records_purged_total":    keys * perKey,
+		"goharvest_leader":                  1,
+		"goharvest_leader_elections_total":  1,
+		"goharvest_in_flight_records":       0,
+		"goharvest_outbox_backlog_records":  0,
+	}
+	for name, w := range want {
+		if values[name] != w {
+			t.Errorf("%s = %v, want %v", name, values[name], w)
+		}
+	}
+	if values["goharvest_records_marked_total"] < keys*perKey {
+		t.Errorf("marked %v records, fewer than the %d published", values["goharvest_records_marked_total"], keys*perKey)
 	}
 }
