@@ -91,9 +91,6 @@ type NeliProvider func(config neli.Config) (Elector, error)
 // ErrQueueFull is returned by Produce when the producer's queue has no room.
 var ErrQueueFull = errors.New("producer queue full")
 
-// ErrAborted is a Delivery's error for a message dropped because its transaction was aborted or
-// the producer abandoned it, rather than because of anything wrong with the message itself.
-var ErrAborted = errors.New("message dropped with its transaction")
 
 // TxnError classifies a failed transactional call. Retriable: call it again. Abortable: abort
 // the transaction, then carry on with a new one. Fatal: the producer is unusable (fenced by a
@@ -263,8 +260,6 @@ func classify(err error) error {
 		return err
 	}
 	switch kerr.Code() {
-	case kafka.ErrPurgeQueue, kafka.ErrPurgeInflight:
-		return fmt.Errorf("%w: %v", ErrAborted, kerr)
 	case kafka.ErrMsgSizeTooLarge, kafka.ErrRecordListTooLarge, kafka.ErrInvalidMsg, kafka.ErrInvalidRecord,
 		kafka.ErrUnknownTopic, kafka.ErrUnknownTopicOrPart, kafka.ErrTopicException,
 		kafka.ErrTopicAuthorizationFailed, kafka.ErrPolicyViolation:
