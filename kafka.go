@@ -91,7 +91,6 @@ type NeliProvider func(config neli.Config) (Elector, error)
 // ErrQueueFull is returned by Produce when the producer's queue has no room.
 var ErrQueueFull = errors.New("producer queue full")
 
-
 // TxnError classifies a failed transactional call. Retriable: call it again. Abortable: abort
 // the transaction, then carry on with a new one. Fatal: the producer is unusable (fenced by a
 // newer epoch, for one); end the epoch.
