@@ -289,6 +289,12 @@ func (r *rig) startReaper(name string) *reaper {
 		p.cmd.Process.Kill()
 		<-p.done
 		f.Close()
+		if r.t.Failed() {
+			// The log goes with the test's directory; show its end while it is still there.
+			data, _ := os.ReadFile(logPath)
+			lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+			r.t.Logf("last lines of %s's log:\n%s", name, strings.Join(lines[max(0, len(lines)-40):], "\n"))
+		}
 	})
 	return p
 }

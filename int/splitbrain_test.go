@@ -21,7 +21,7 @@ func TestSplitBrainFrozenLeaderResumes(t *testing.T) {
 		waitLeader(t, 30*time.Second, reapers...)
 		time.Sleep(time.Second) // let the group settle, so the takeover measured is the freeze's
 		leader := waitLeader(t, 30*time.Second, reapers...)
-		r.waitProgress(1000, 30*time.Second)
+		r.waitProgress(1000, time.Minute)
 		var other *reaper
 		for _, p := range reapers {
 			if p != leader {
@@ -39,7 +39,9 @@ func TestSplitBrainFrozenLeaderResumes(t *testing.T) {
 		}
 		takeovers = append(takeovers, time.Since(frozen))
 		t.Logf("round %d: %s frozen; %s took over after %v", round, leader.name, other.name, takeovers[round].Round(time.Millisecond))
-		r.waitProgress(1000, 30*time.Second) // the successor publishes while the old leader is frozen
+		// The successor publishes while the old leader is frozen. The window is generous: this checks
+		// progress, not speed, on a machine that may be busy with other test processes.
+		r.waitProgress(1000, time.Minute)
 		leader.signal(syscall.SIGCONT)
 		time.Sleep(2 * time.Second) // the resumed process gets every chance to publish stale records
 	}
