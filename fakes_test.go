@@ -207,6 +207,7 @@ type fakeKafka struct {
 	commits      int
 	aborts       int
 	fatalCommits int              // fail this many coming commits fatally
+	abortCommits int              // fail this many coming commits abortably
 	outstanding  map[string]int64 // key -> id sent and not yet committed or aborted
 	lastAcked    map[string]int64 // key -> last id committed
 	maxOut       int
@@ -266,6 +267,10 @@ func (p *fakeProducer) CommitTransaction(context.Context) error {
 	defer k.mu.Unlock()
 	if p.epoch != k.epoch {
 		return &TxnError{Err: errors.New("producer fenced"), Fatal: true}
+	}
+	if k.abortCommits > 0 {
+		k.abortCommits--
+		return &TxnError{Err: errors.New("coordinator trouble"), Abortable: true}
 	}
 	if k.fatalCommits > 0 {
 		k.fatalCommits--

@@ -244,6 +244,23 @@ func TestDeliveryFailureRetriesInTheNextTransaction(t *testing.T) {
 	}
 }
 
+// A producer whose transactions keep failing is replaced: after a few failed commits in a row
+// the epoch ends and a new one, with a new producer, carries on.
+func TestRepeatedTransactionFailuresRemark(t *testing.T) {
+	r := newRig(t, fastLimits())
+	r.kafka.delay = time.Millisecond
+	ids := r.load(20, 20)
+	r.kafka.abortCommits = 7
+	r.runUntilEmpty()
+	r.checkOrder(ids)
+	if n := countEvents[LeaderRefreshed](r.events); n < 1 {
+		t.Fatalf("no remark after %d failed commits in a row", 7)
+	}
+	if r.kafka.producers < 3 {
+		t.Fatalf("%d producers: failing transactions did not bring a new one", r.kafka.producers)
+	}
+}
+
 // A fatal producer error (a newer epoch fenced this producer, say) ends the epoch: the records
 // are reset and marked again under a new leader ID, with a new producer.
 func TestFatalTransactionErrorRemarks(t *testing.T) {

@@ -64,6 +64,9 @@ const (
 	txnLinger = 10 * time.Millisecond
 	// txnPoll is how often the transaction loop looks for records to commit.
 	txnPoll = time.Millisecond
+	// maxTxnFailures is how many commits may fail in a row before the epoch ends, and a new
+	// producer, under a new leader ID, takes over.
+	maxTxnFailures = 3
 )
 
 // flight is one record on its way through the pipeline.
@@ -122,6 +125,9 @@ type pipeline struct {
 	txnMu sync.RWMutex
 	txnMx sync.Mutex // guards txn while workers append to it under the read lock
 	txn   []*flight
+	// txnFailures counts commits that failed in a row (guarded by txnMu): retrying in place is
+	// right for a passing fault, but a producer whose transactions keep failing is replaced.
+	txnFailures int
 
 	workers  []*sendWorker
 	outcomes chan outcome // from the delivery reader to the committers
@@ -415,6 +421,7 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 	p.metrics.commitSeconds.Observe(time.Since(began).Seconds())
 	p.log.Debug("transaction ended", "records", len(batch), "took", time.Since(began), "error", err)
 	if err == nil {
+		p.txnFailures = 0
 		p.metrics.published.Add(float64(len(batch)))
 		for _, f := range batch {
 			p.endSpan(f, nil)
@@ -438,14 +445,15 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 	}
 	// The abort has the producer report on every message of the transaction.
 	p.awaitReports(time.Now().Add(time.Second))
-	remark := fatal
+	p.txnFailures++
+	remark := fatal || p.txnFailures >= maxTxnFailures
 	for _, f := range batch {
 		failure := f.deliveryFailure()
 		var rejected *RejectedError
 		switch {
 		case errors.As(failure, &rejected) && p.ctx.Err() == nil:
 			p.rejected(f, failure)
-		case !fatal && p.ctx.Err() == nil:
+		case !remark && p.ctx.Err() == nil:
 			// Nothing of the aborted transaction was committed, and the key's next record waits
 			// for this one, so sending it again in the next transaction can at worst repeat it.
 			f.worker.retryAfter(f, 0)
