@@ -1,7 +1,6 @@
 package goharvest
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -469,13 +468,4 @@ func countEvents[T Event](l *eventLog) int {
 		}
 	}
 	return n
-}
-
-func sortedIDs(m map[int64]string) []int64 {
-	ids := make([]int64, 0, len(m))
-	for id := range m {
-		ids = append(ids, id)
-	}
-	slices.SortFunc(ids, cmp.Compare)
-	return ids
 }

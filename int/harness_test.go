@@ -169,7 +169,6 @@ type writers struct {
 	done   sync.WaitGroup
 	mu     sync.Mutex
 	count  map[string]int64
-	errs   []error
 }
 
 func (r *rig) startWriters(n, keys int, perSecond int) {
@@ -234,16 +233,6 @@ func (w *writers) stop() map[string]int64 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.count
-}
-
-func (w *writers) total() int64 {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var n int64
-	for _, c := range w.count {
-		n += c
-	}
-	return n
 }
 
 func reaperBinary(t *testing.T) string {

@@ -156,14 +156,10 @@ type sampler struct {
 
 	mu         sync.Mutex
 	violations []string
-	leaderFrom map[string]time.Time // when each contender was last seen becoming leader
-	leaderTill map[string]time.Time // when each contender was last seen stopping being leader
 }
 
 func startSampler(t *testing.T, cs ...*contender) *sampler {
-	s := &sampler{contenders: cs, stopCh: make(chan struct{}), done: make(chan struct{}),
-		leaderFrom: map[string]time.Time{}, leaderTill: map[string]time.Time{}}
-	was := map[string]bool{}
+	s := &sampler{contenders: cs, stopCh: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
 		tick := time.NewTicker(2 * time.Millisecond)
@@ -178,17 +174,9 @@ func startSampler(t *testing.T, cs ...*contender) *sampler {
 			now := time.Now()
 			s.mu.Lock()
 			for _, c := range s.contenders {
-				is := c.n.IsLeader()
-				if is {
+				if c.n.IsLeader() {
 					leaders = append(leaders, c.name)
 				}
-				if is && !was[c.name] {
-					s.leaderFrom[c.name] = now
-				}
-				if !is && was[c.name] {
-					s.leaderTill[c.name] = now
-				}
-				was[c.name] = is
 			}
 			if len(leaders) > 1 {
 				s.violations = append(s.violations, fmt.Sprintf("%s: leaders %v", now.Format("15:04:05.000"), leaders))
@@ -211,12 +199,6 @@ func (s *sampler) stop(t *testing.T) {
 	if len(s.violations) > 0 {
 		t.Errorf("two unfenced leaders at once, %d times: %v", len(s.violations), s.violations[:min(5, len(s.violations))])
 	}
-}
-
-func (s *sampler) times(name string) (from, till time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.leaderFrom[name], s.leaderTill[name]
 }
 
 // waitForLeader waits until exactly one of cs leads, and returns it.
@@ -303,9 +285,9 @@ func TestStalledLeaderIsFencedBeforeAnotherIsElected(t *testing.T) {
 	b := kafkatest.Start(t)
 	cs := startContenders(t, b, "stall", 3)
 	s := startSampler(t, cs...)
-	leader := waitForLeader(t, 15*time.Second, cs...)
+	waitForLeader(t, 15*time.Second, cs...)
 	time.Sleep(testHeartbeatTimeout)
-	leader = waitForLeader(t, 5*time.Second, cs...)
+	leader := waitForLeader(t, 5*time.Second, cs...)
 
 	leader.paused.Store(true)
 	stalledAt := time.Now()
@@ -354,9 +336,9 @@ func TestBrokerRestartFencesLeaderAndLeadershipResumes(t *testing.T) {
 	b := kafkatest.Start(t)
 	cs := []*contender{startContender(t, b, "restart", "c0"), startContender(t, b, "restart", "c1")}
 	s := startSampler(t, cs...)
-	leader := waitForLeader(t, 15*time.Second, cs...)
+	waitForLeader(t, 15*time.Second, cs...)
 	time.Sleep(testHeartbeatTimeout)
-	leader = waitForLeader(t, 5*time.Second, cs...)
+	leader := waitForLeader(t, 5*time.Second, cs...)
 
 	if err := b.Restart(2 * testHeartbeatTimeout); err != nil {
 		t.Fatal(err)
