@@ -88,3 +88,13 @@ type DatabaseBinding interface {
 type SchemaChecker interface {
 	CheckSchema(ctx context.Context) error
 }
+
+// Listener is implemented by bindings that can tell the harvester when records are written
+// (PostgresBinding does, with LISTEN/NOTIFY), so that an idle outbox need not be polled often.
+// Polling remains the fallback: a notification only brings the next mark forward.
+type Listener interface {
+	// Listen calls wake whenever records may have been written, and once as soon as it is
+	// listening, until ctx is done (then it returns nil) or it fails (then it returns the error
+	// and the harvester calls it again after Limits.IOErrorBackoff).
+	Listen(ctx context.Context, wake func()) error
+}

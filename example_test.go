@@ -73,7 +73,20 @@ func ExampleCreateOutboxTable() {
 	//   kafka_header_keys   TEXT[] NOT NULL,
 	//   kafka_header_values TEXT[] NOT NULL,
 	//   leader_id           UUID
-	// )
+	// );
+	// CREATE OR REPLACE FUNCTION goharvest_notify() RETURNS trigger LANGUAGE plpgsql AS $fn$
+	// BEGIN
+	//   PERFORM pg_notify(TG_ARGV[0], '');
+	//   RETURN NULL;
+	// END
+	// $fn$;
+	// DO $do$
+	// BEGIN
+	//   IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '"outbox"'::regclass AND tgname = 'goharvest_notify') THEN
+	//     CREATE TRIGGER goharvest_notify AFTER INSERT ON "outbox" FOR EACH STATEMENT EXECUTE FUNCTION goharvest_notify('goharvest.outbox');
+	//   END IF;
+	// END
+	// $do$
 }
 
 // Embed a harvester in a Go service. It joins the leader election, and while it leads it

@@ -346,3 +346,52 @@ func TestMetricsMatchDeliveries(t *testing.T) {
 		t.Errorf("marked %v records, fewer than the %d published", values["goharvest_records_marked_total"], keys*perKey)
 	}
 }
+
+// TestNotificationWakesIdleHarvester checks that a record written to an idle outbox is published
+// on the notification, not at the next poll: polling is slowed to once a minute, so only the
+// notification can bring the record out within seconds. With the trigger dropped the record waits,
+// until a writer notifies by hand.
+func TestNotificationWakesIdleHarvester(t *testing.T) {
+	r := newIntRig(t)
+	ctx := context.Background()
+	h, err := goharvest.New(goharvest.Config{
+		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": r.broker.Addr()},
+		LeaderGroupID:   "harvest-notify",
+		LeaderTopic:     "harvest-notify.leader",
+		DataSource:      r.dsn,
+		Limits: goharvest.Limits{
+			HeartbeatTimeout: time.Second,
+			MinPollInterval:  50 * time.Millisecond,
+			MarkBackoff:      time.Minute,
+			MaxMarkBackoff:   time.Minute,
+		},
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { h.Stop(); h.Await() }()
+	for !h.IsLeader() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // past the first empty mark: the marker now sleeps a minute
+
+	r.load(1, 1)
+	r.waitEmpty(5 * time.Second)
+
+	if _, err := r.pool.Exec(ctx, "DROP TRIGGER goharvest_notify ON outbox"); err != nil {
+		t.Fatal(err)
+	}
+	r.load(1, 1)
+	time.Sleep(3 * time.Second)
+	if n := r.outboxRows(); n != 1 {
+		t.Fatalf("%d rows in the outbox without a notification; want the record still waiting", n)
+	}
+	if _, err := r.pool.Exec(ctx, "SELECT pg_notify($1, '')", goharvest.NotifyChannel("outbox")); err != nil {
+		t.Fatal(err)
+	}
+	r.waitEmpty(5 * time.Second)
+}

@@ -135,6 +135,7 @@ type pipeline struct {
 	queued     atomic.Int64  // marked and not finished: bounded by MaxInFlightRecords
 	unreported atomic.Int64  // produced, delivery not yet reported
 	room       chan struct{} // one slot: wakes the marker when records finish
+	written    chan struct{} // one slot: wakes an idle marker when records are written
 
 	remarkOnce sync.Once
 	remarkCh   chan struct{} // closed when the epoch should end with a remark
@@ -160,6 +161,7 @@ func startPipeline(deps pipelineDeps) *pipeline {
 		flushCancel:  flushCancel,
 		outcomes:     make(chan outcome, max),
 		room:         make(chan struct{}, 1),
+		written:      make(chan struct{}, 1),
 		remarkCh:     make(chan struct{}),
 		keys:         map[string]int{},
 	}
@@ -175,6 +177,9 @@ func startPipeline(deps pipelineDeps) *pipeline {
 		p.sending.Go(w.run)
 	}
 	p.sending.Go(p.markLoop)
+	if l, ok := deps.db.(Listener); ok {
+		p.sending.Go(func() { p.listenLoop(l) })
+	}
 	p.sending.Go(p.txnLoop)
 	p.delivering.Go(p.readDeliveries)
 	for range committers {
@@ -220,7 +225,7 @@ func (p *pipeline) markLoop() {
 		}
 		p.dbTrouble.ok(p.log)
 		if len(records) == 0 {
-			p.sleep(idle, nil)
+			p.sleep(idle, p.written)
 			idle = min(2*idle, p.limits.MaxMarkBackoff)
 			continue
 		}
@@ -235,6 +240,27 @@ func (p *pipeline) markLoop() {
 				return
 			}
 		}
+	}
+}
+
+// listenLoop has the binding wake the marker when records are written, and keeps it listening
+// through database outages. While it cannot listen, the marker's polling carries on alone.
+func (p *pipeline) listenLoop(l Listener) {
+	trouble := &episode{what: "notification of new records (polling meanwhile)"}
+	wake := func() {
+		trouble.ok(p.log)
+		select {
+		case p.written <- struct{}{}:
+		default:
+		}
+	}
+	for {
+		err := l.Listen(p.ctx, wake)
+		if p.ctx.Err() != nil {
+			return
+		}
+		trouble.fail(p.log, "listen", err)
+		p.sleep(p.limits.IOErrorBackoff, nil)
 	}
 }
 

@@ -30,14 +30,52 @@ const outboxDDLTemplate = `CREATE TABLE IF NOT EXISTS %s (
   leader_id           UUID
 )`
 
-// OutboxTableDDL returns the CREATE TABLE IF NOT EXISTS statement for an outbox table with the
-// given (optionally schema-qualified) name.
+// notifyDDLTemplate installs a statement-level trigger that sends a notification on the outbox's
+// channel (see NotifyChannel) after every INSERT, so that a harvester waiting on an idle outbox
+// hears of new records at once instead of at its next poll. Postgres folds the notifications of
+// one transaction into one, delivered at commit. The trigger is created only if absent, so the
+// statement can be run again.
+const notifyDDLTemplate = `CREATE OR REPLACE FUNCTION %[1]s() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+  PERFORM pg_notify(TG_ARGV[0], '');
+  RETURN NULL;
+END
+$fn$;
+DO $do$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '%[2]s'::regclass AND tgname = 'goharvest_notify') THEN
+    CREATE TRIGGER goharvest_notify AFTER INSERT ON %[2]s FOR EACH STATEMENT EXECUTE FUNCTION %[1]s('%[3]s');
+  END IF;
+END
+$do$`
+
+// OutboxTableDDL returns the statements that create an outbox table with the given (optionally
+// schema-qualified) name, if it does not exist, and its notification trigger (see
+// NotifyChannel). Run them as one script; they may be run again.
 func OutboxTableDDL(table string) (string, error) {
 	quoted, err := pgname.QuoteTable(table)
 	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf(outboxDDLTemplate, quoted), nil
+	// The trigger function lives in the table's schema. Names that pass QuoteTable hold no quote
+	// marks, so they can go inside the SQL string literals as they are.
+	function := "goharvest_notify"
+	if schema, _, qualified := strings.Cut(table, "."); qualified {
+		function = pgx.Identifier{schema, function}.Sanitize()
+	}
+	return fmt.Sprintf(outboxDDLTemplate, quoted) + ";\n" +
+		fmt.Sprintf(notifyDDLTemplate, function, quoted, NotifyChannel(table)), nil
+}
+
+// NotifyChannel returns the channel on which a harvester of the outbox table listens:
+// "goharvest." followed by the table's name as configured, cut to Postgres's 63-byte limit (two
+// long names that then share a channel cost only a spurious wake-up). The trigger that
+// OutboxTableDDL installs notifies it; a writer can also run SELECT pg_notify(channel, '') in
+// its transaction. Without notifications the harvester still finds new records by polling, within
+// Limits.MaxMarkBackoff.
+func NotifyChannel(table string) string {
+	channel := "goharvest." + table
+	return channel[:min(len(channel), 63)]
 }
 
 // CreateOutboxTable connects to dataSource and creates the outbox table if it does not exist.
@@ -61,6 +99,8 @@ func CreateOutboxTable(ctx context.Context, dataSource, table string) error {
 // PostgresBinding is the DatabaseBinding for PostgreSQL, on a pgx connection pool.
 type PostgresBinding struct {
 	pool     *pgxpool.Pool
+	listen   *pgx.ConnConfig // for the listening connection, which is not the pool's
+	channel  string
 	table    string // quoted
 	markSQL  string
 	purgeSQL string
@@ -157,8 +197,10 @@ func NewPostgresBinding(dataSource, outboxTable string) (*PostgresBinding, error
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	return &PostgresBinding{
-		pool:  pool,
-		table: table,
+		pool:    pool,
+		listen:  cfg.ConnConfig.Copy(),
+		channel: NotifyChannel(outboxTable),
+		table:   table,
 		// The subquery walks the primary key from the head of the table; RETURNING gives the rows
 		// in no particular order, so Mark sorts them.
 		markSQL: `UPDATE ` + table + ` SET leader_id = $1
@@ -282,6 +324,30 @@ func (b *PostgresBinding) Reset(ctx context.Context, leaderID uuid.UUID, ids []i
 		return 0, fmt.Errorf("reset outbox: %w", err)
 	}
 	return int(tag.RowsAffected()), nil
+}
+
+// Listen implements Listener on a connection of its own, outside the pool, which it closes on
+// return. It returns nil when ctx is done, and an error when the connection fails.
+func (b *PostgresBinding) Listen(ctx context.Context, wake func()) error {
+	conn, err := pgx.ConnectConfig(ctx, b.listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: connect: %w", b.channel, err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{b.channel}.Sanitize()); err != nil {
+		return fmt.Errorf("listen on %s: %w", b.channel, err)
+	}
+	// Records written before the LISTEN took effect sent their notifications to nobody.
+	wake()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("listen on %s: %w", b.channel, err)
+		}
+		wake()
+	}
 }
 
 // Dispose implements DatabaseBinding.

@@ -444,3 +444,48 @@ func TestBacklogAndPing(t *testing.T) {
 		t.Fatalf("backlog %d (want 150, capped), oldest %v (want %v), %v", n, oldest, created, err)
 	}
 }
+
+// TestListenWakesOnCommit checks the binding's notifications for a plain and a schema-qualified
+// table: a wake once listening, one when a writer's transaction commits, and none before.
+func TestListenWakesOnCommit(t *testing.T) {
+	for _, table := range []string{"outbox", "app.outbox"} {
+		t.Run(table, func(t *testing.T) {
+			o := newOutbox(t, table)
+			ctx, cancel := context.WithCancel(context.Background())
+			wakes := make(chan struct{}, 10)
+			done := make(chan error, 1)
+			go func() { done <- o.binding.Listen(ctx, func() { wakes <- struct{}{} }) }()
+			expectWake := func(what string) {
+				t.Helper()
+				select {
+				case <-wakes:
+				case <-time.After(5 * time.Second):
+					t.Fatalf("no wake %s", what)
+				}
+			}
+			expectWake("once listening")
+
+			tx, err := o.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := o.stasher.StashPgx(ctx, tx, goharvest.OutboxRecord{KafkaTopic: "t", KafkaKey: "k"}); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-wakes:
+				t.Fatal("woken before the writer committed")
+			case <-time.After(200 * time.Millisecond):
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			expectWake("after the commit")
+
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("Listen returned %v after its context ended; want nil", err)
+			}
+		})
+	}
+}
