@@ -70,8 +70,8 @@ func OutboxTableDDL(table string) (string, error) {
 // NotifyChannel returns the channel on which a harvester of the outbox table listens:
 // "goharvest." followed by the table's name as configured, cut to Postgres's 63-byte limit (two
 // long names that then share a channel cost only a spurious wake-up). The trigger that
-// OutboxTableDDL installs notifies it; a writer can also run SELECT pg_notify(channel, ”) in
-// its transaction. Without notifications the harvester still finds new records by polling, within
+// OutboxTableDDL installs notifies it; a writer can also call pg_notify(channel, payload) in its
+// transaction (the payload is ignored). Without notifications the harvester still finds new records by polling, within
 // Limits.MaxMarkBackoff.
 func NotifyChannel(table string) string {
 	channel := "goharvest." + table
