@@ -71,8 +71,8 @@ func OutboxTableDDL(table string) (string, error) {
 // "goharvest." followed by the table's name as configured, cut to Postgres's 63-byte limit (two
 // long names that then share a channel cost only a spurious wake-up). The trigger that
 // OutboxTableDDL installs notifies it; a writer can also call pg_notify(channel, payload) in its
-// transaction (the payload is ignored). Without notifications the harvester still finds new records by polling, within
-// Limits.MaxMarkBackoff.
+// transaction (the payload is ignored). Without notifications the harvester still finds new
+// records by polling, within Limits.MaxMarkBackoff.
 func NotifyChannel(table string) string {
 	channel := "goharvest." + table
 	return channel[:min(len(channel), 63)]
