@@ -41,7 +41,7 @@ const (
 	DefaultHeartbeatTimeout      = 5 * time.Second
 	DefaultQueueTimeout          = 30 * time.Second
 	DefaultMarkBackoff           = 10 * time.Millisecond
-	DefaultMaxMarkBackoff        = 500 * time.Millisecond
+	DefaultMaxMarkBackoff        = time.Second
 	DefaultMaxInFlightRecords    = 1000
 	DefaultSendConcurrency       = 8
 	DefaultSendBuffer            = 10
@@ -175,9 +175,10 @@ type Limits struct {
 	// Default: DefaultMarkBackoff. Range: 1ms to MaxMarkBackoff.
 	MarkBackoff time.Duration `yaml:"markBackoff"`
 
-	// MaxMarkBackoff bounds the wait between marks of an idle outbox, and so how long a record
-	// written to an idle outbox may wait to be noticed. Default: DefaultMaxMarkBackoff.
-	// Range: MarkBackoff to 1m.
+	// MaxMarkBackoff bounds the wait between marks of an idle outbox. A notification (see
+	// NotifyChannel) ends the wait at once, so this matters only when none comes: then it bounds
+	// how long a record written to an idle outbox may wait to be noticed.
+	// Default: DefaultMaxMarkBackoff. Range: MarkBackoff to 1m.
 	MaxMarkBackoff time.Duration `yaml:"maxMarkBackoff"`
 
 	// MaxInFlightRecords bounds the records sent but not yet acknowledged, and so the memory

@@ -131,6 +131,9 @@ func (s *Server) initAndStart(dir string, durable bool) error {
 	if !durable {
 		// The cluster is thrown away, and fsync only slows the tests down.
 		settings = append(settings, "-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off")
+	} else if _, err := os.Stat(filepath.Join(s.binDir, "..", "lib", "pg_stat_statements.so")); err == nil {
+		// Benchmarks count and profile statements.
+		settings = append(settings, "-c shared_preload_libraries=pg_stat_statements")
 	}
 	opts := strings.Join(settings, " ")
 	s.opts = opts

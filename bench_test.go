@@ -1,0 +1,566 @@
+package goharvest_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/pgcluster"
+	"github.com/goharvest/goharvest/internal/verify"
+	"github.com/goharvest/goharvest/stasher"
+)
+
+// The benchmarks share one setup, which README's figures name: a throwaway Postgres with its
+// default durability (fsync and synchronous commit on), a Kafka-protocol broker (kfake) in a
+// child process, so that the CPU this process uses is the harvester's (plus the benchmark's own
+// writers and consumer, where it has them), a topic of 16 partitions, values of 256 bytes, and
+// one harvester with its default limits (heartbeat timeout 1s so that it leads sooner).
+// make bench runs them all once (-benchtime 1x) and prints one table; each reports:
+//
+//	records/s       records published (drains) or written (sustained, latency) per second
+//	relay-µs/rec    this process's CPU per record
+//	pg-µs/rec       Postgres's CPU per record
+//	p50-ms, p99-ms  from the writer's commit to arrival at a read_committed consumer
+//	idle-q/s        statements the harvester ran per second against an empty outbox
+//	peak-MiB        this process's peak resident memory during the run
+const (
+	benchTopic      = "bench"
+	benchPartitions = 16
+	benchValueSize  = 256
+)
+
+// BenchmarkDrain: a backlog of 200,000 records over 10,000 keys, drained by one harvester.
+func BenchmarkDrain(b *testing.B) { benchDrain(b, 200_000, 10_000) }
+
+// BenchmarkDrainHotKeys: 50,000 records over only 10 keys, where the one-record-in-flight-per-key
+// rule, not the database, sets the pace.
+func BenchmarkDrainHotKeys(b *testing.B) { benchDrain(b, 50_000, 10) }
+
+// BenchmarkDrainMillion: 1,000,000 records over 10,000 keys, for the peak memory of a large
+// drain, which the in-flight limit should bound.
+func BenchmarkDrainMillion(b *testing.B) { benchDrain(b, 1_000_000, 10_000) }
+
+func benchDrain(b *testing.B, records, keys int) {
+	rig := startBenchRig(b)
+	for range b.N {
+		run := rig.newRun()
+		run.loadBacklog(records, keys)
+		b.ResetTimer()
+		m := rig.measure()
+		run.startHarvester()
+		for !run.empty() {
+			time.Sleep(20 * time.Millisecond)
+		}
+		m.stop(b, records)
+		b.StopTimer()
+		run.close()
+	}
+}
+
+// BenchmarkSustained: writers stash records as fast as they can (8 connections, 10 records per
+// transaction, 1,000 keys) for 30 s while the harvester publishes them. It reports the write
+// rate, the largest and the final backlog, and the latency, which show whether the harvester
+// kept up.
+func BenchmarkSustained(b *testing.B) {
+	rig := startBenchRig(b)
+	for range b.N {
+		run := rig.newRun()
+		run.startHarvester()
+		c := run.startConsumer()
+		w := run.writers(8, 10, 1000, 0)
+		b.ResetTimer()
+		m := rig.measure()
+		var maxBacklog int
+		done := w.runFor(30 * time.Second)
+	sample:
+		for {
+			select {
+			case <-done:
+				break sample
+			case <-time.After(time.Second):
+				maxBacklog = max(maxBacklog, run.backlog())
+			}
+		}
+		endBacklog := run.backlog()
+		m.stop(b, w.total())
+		b.StopTimer()
+		c.await(b, w)
+		c.report(b, w)
+		b.ReportMetric(float64(maxBacklog), "max-backlog")
+		b.ReportMetric(float64(endBacklog), "end-backlog")
+		run.close()
+	}
+}
+
+// BenchmarkLatency: 1,000 records/s (4 connections, one record per transaction, 1,000 keys) for
+// 20 s; the latency is the figure of interest.
+func BenchmarkLatency(b *testing.B) {
+	rig := startBenchRig(b)
+	for range b.N {
+		run := rig.newRun()
+		run.startHarvester()
+		c := run.startConsumer()
+		w := run.writers(4, 1, 1000, 1000)
+		b.ResetTimer()
+		m := rig.measure()
+		<-w.runFor(20 * time.Second)
+		m.stop(b, w.total())
+		b.StopTimer()
+		c.await(b, w)
+		c.report(b, w)
+		run.close()
+	}
+}
+
+// BenchmarkIdle: an empty outbox for 10 s, counting the statements the harvester runs (from
+// pg_stat_statements) and the CPU it costs per second; then 50 records written one at a time, 100 to 300 ms apart, each to an
+// outbox gone idle again, for the latency of a record that wakes the harvester.
+func BenchmarkIdle(b *testing.B) {
+	rig := startBenchRig(b)
+	for range b.N {
+		run := rig.newRun()
+		run.startHarvester()
+		c := run.startConsumer()
+		time.Sleep(time.Second) // past the first empty marks
+		b.ResetTimer()
+		m := rig.measure()
+		statements := run.statements()
+		const idle = 10 * time.Second
+		time.Sleep(idle)
+		queries := run.statements() - statements - 1 // less the first count's own statement
+		m.stopIdle(b, queries)
+		w := run.writers(1, 1, 50, 0)
+		for range 50 {
+			time.Sleep(time.Duration(100+rand.IntN(200)) * time.Millisecond)
+			w.writeOne(0)
+		}
+		b.StopTimer()
+		c.await(b, w)
+		c.report(b, w)
+		run.close()
+	}
+}
+
+// benchRig is the Postgres server and broker that a benchmark's runs share.
+type benchRig struct {
+	b      *testing.B
+	server *pgcluster.Server
+	broker *kafkatest.Process
+	runs   int
+}
+
+func startBenchRig(b *testing.B) *benchRig {
+	b.StopTimer()
+	server, err := pgcluster.StartDurable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { server.Stop() })
+	broker := kafkatest.StartProcess(b, map[string]int32{benchTopic: benchPartitions})
+	return &benchRig{b: b, server: server, broker: broker}
+}
+
+// benchRun is one harvester over a fresh database.
+type benchRun struct {
+	rig       *benchRig
+	b         *testing.B
+	dsn       string
+	drop      func() error
+	pool      *pgxpool.Pool
+	h         *goharvest.Harvest
+	run       string // stamped on the records, for the consumer
+	consumers []*benchConsumer
+}
+
+func (rig *benchRig) newRun() *benchRun {
+	b := rig.b
+	b.StopTimer()
+	rig.runs++
+	dsn, drop, err := rig.server.CreateDatabase()
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := goharvest.CreateOutboxTable(ctx, dsn, "outbox"); err != nil {
+		b.Fatal(err)
+	}
+	// Enough connections for the writers; the harvester has a pool of its own.
+	pool, err := pgxpool.New(ctx, dsn+" pool_max_conns=16")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
+		b.Fatal(err)
+	}
+	return &benchRun{rig: rig, b: b, dsn: dsn, drop: drop, pool: pool, run: uuid.NewString()}
+}
+
+func (r *benchRun) startHarvester() {
+	r.rig.runs++
+	group := fmt.Sprintf("bench-%d-%d", os.Getpid(), r.rig.runs)
+	h, err := goharvest.New(goharvest.Config{
+		BaseKafkaConfig:   goharvest.KafkaConfigMap{"bootstrap.servers": r.rig.broker.Addr},
+		LeaderGroupID:     group,
+		LeaderTopic:       group + ".leader",
+		DataSource:        r.dsn,
+		Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond},
+		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
+		MetricsRegisterer: prometheus.NewRegistry(),
+	})
+	if err != nil {
+		r.b.Fatal(err)
+	}
+	if err := h.Start(); err != nil {
+		r.b.Fatal(err)
+	}
+	r.h = h
+	for !h.IsLeader() {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (r *benchRun) close() {
+	if r.h != nil {
+		r.h.Stop()
+		if err := r.h.Await(); err != nil {
+			r.b.Fatal(err)
+		}
+	}
+	for _, c := range r.consumers {
+		c.close()
+	}
+	r.pool.Close()
+	r.drop()
+}
+
+// loadBacklog stashes records over keys, round robin, before the harvester starts.
+func (r *benchRun) loadBacklog(records, keys int) {
+	ctx := context.Background()
+	st, _ := stasher.New("outbox")
+	value := strings.Repeat("v", benchValueSize)
+	batch := make([]goharvest.OutboxRecord, 0, 5000)
+	for i := range records {
+		batch = append(batch, goharvest.OutboxRecord{KafkaTopic: benchTopic, KafkaKey: "key-" + strconv.Itoa(i%keys), KafkaValue: &value})
+		if len(batch) == cap(batch) || i == records-1 {
+			if err := st.StashPgx(ctx, r.pool, batch...); err != nil {
+				r.b.Fatal(err)
+			}
+			batch = batch[:0]
+		}
+	}
+	if _, err := r.pool.Exec(ctx, "VACUUM ANALYZE outbox"); err != nil {
+		r.b.Fatal(err)
+	}
+}
+
+// empty asks cheaply whether the outbox is empty, so that watching costs Postgres little.
+func (r *benchRun) empty() bool {
+	var rows bool
+	if err := r.pool.QueryRow(context.Background(), "SELECT EXISTS (SELECT 1 FROM outbox)").Scan(&rows); err != nil {
+		r.b.Fatal(err)
+	}
+	return !rows
+}
+
+func (r *benchRun) backlog() int {
+	var n int
+	if err := r.pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&n); err != nil {
+		r.b.Fatal(err)
+	}
+	return n
+}
+
+// statements counts the statements run so far in this run's database.
+func (r *benchRun) statements() int64 {
+	var n int64
+	err := r.pool.QueryRow(context.Background(), `SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements
+		WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n)
+	if err != nil {
+		r.b.Fatal(err)
+	}
+	return n
+}
+
+// measurement is CPU time and peak memory from start to stop.
+type measurement struct {
+	rig       *benchRig
+	start     time.Time
+	relay, pg time.Duration
+}
+
+func (rig *benchRig) measure() *measurement {
+	resetPeakRSS(rig.b)
+	rig.b.StartTimer()
+	return &measurement{rig: rig, start: time.Now(), relay: processCPU(), pg: mustCPU(rig.b, rig.server)}
+}
+
+// stopIdle reports CPU per second rather than per record, and statements per second.
+func (m *measurement) stopIdle(b *testing.B, statements int64) {
+	elapsed := time.Since(m.start)
+	relay, pg := processCPU()-m.relay, mustCPU(b, m.rig.server)-m.pg
+	b.ReportMetric(float64(statements)/elapsed.Seconds(), "idle-q/s")
+	b.ReportMetric(float64(relay.Milliseconds())/elapsed.Seconds(), "relay-ms/s")
+	b.ReportMetric(float64(pg.Milliseconds())/elapsed.Seconds(), "pg-ms/s")
+	b.ReportMetric(float64(peakRSS(b))/(1<<20), "peak-MiB")
+}
+
+func (m *measurement) stop(b *testing.B, records int) {
+	elapsed := time.Since(m.start)
+	relay, pg := processCPU()-m.relay, mustCPU(b, m.rig.server)-m.pg
+	b.ReportMetric(float64(records)/elapsed.Seconds(), "records/s")
+	b.ReportMetric(float64(relay.Microseconds())/float64(records), "relay-µs/rec")
+	b.ReportMetric(float64(pg.Microseconds())/float64(records), "pg-µs/rec")
+	b.ReportMetric(float64(peakRSS(b))/(1<<20), "peak-MiB")
+}
+
+// benchWriters stash stamped records from several connections and remember when each record's
+// transaction committed. Key k belongs to writer k mod n, so each key's records commit in order.
+type benchWriters struct {
+	r     *benchRun
+	st    *stasher.Stasher
+	value string
+	batch int
+	rate  float64 // records/s for all writers together; 0: as fast as they can
+	keys  [][]string
+	next  []map[string]int64 // per writer: the next sequence number of each key
+
+	mu        sync.Mutex
+	committed map[string]time.Time // by key/seq
+}
+
+func (r *benchRun) writers(n, batch, keys int, rate float64) *benchWriters {
+	st, _ := stasher.New("outbox")
+	w := &benchWriters{r: r, st: st, value: strings.Repeat("v", benchValueSize), batch: batch, rate: rate,
+		committed: map[string]time.Time{}}
+	w.keys = make([][]string, n)
+	w.next = make([]map[string]int64, n)
+	for k := range keys {
+		w.keys[k%n] = append(w.keys[k%n], "key-"+strconv.Itoa(k))
+	}
+	for i := range n {
+		w.next[i] = map[string]int64{}
+	}
+	return w
+}
+
+// runFor writes for d and closes the returned channel when every writer has finished.
+func (w *benchWriters) runFor(d time.Duration) <-chan struct{} {
+	done := make(chan struct{})
+	deadline := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for i := range w.keys {
+		wg.Go(func() {
+			var interval time.Duration
+			if w.rate > 0 {
+				interval = time.Duration(float64(time.Second) * float64(w.batch*len(w.keys)) / w.rate)
+			}
+			next := time.Now()
+			for time.Now().Before(deadline) {
+				w.writeOne(i)
+				if interval > 0 {
+					next = next.Add(interval)
+					time.Sleep(time.Until(next))
+				}
+			}
+		})
+	}
+	go func() { wg.Wait(); close(done) }()
+	return done
+}
+
+// writeOne commits one transaction of writer i's batch of records.
+func (w *benchWriters) writeOne(i int) {
+	keys, next := w.keys[i], w.next[i]
+	batch := make([]goharvest.OutboxRecord, 0, w.batch)
+	ids := make([]string, 0, w.batch)
+	for len(batch) < w.batch {
+		key := keys[0]
+		keys = append(keys[1:], key)
+		batch = append(batch, verify.Record(benchTopic, key, w.r.run, next[key], &w.value))
+		ids = append(ids, key+"/"+strconv.FormatInt(next[key], 10))
+		next[key]++
+	}
+	w.keys[i] = keys
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, w.r.pool, func(tx pgx.Tx) error { return w.st.StashPgx(ctx, tx, batch...) }); err != nil {
+		w.r.b.Error(err)
+		return
+	}
+	now := time.Now()
+	w.mu.Lock()
+	for _, id := range ids {
+		w.committed[id] = now
+	}
+	w.mu.Unlock()
+}
+
+func (w *benchWriters) total() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.committed)
+}
+
+func (w *benchWriters) expected() map[string]int64 {
+	out := map[string]int64{}
+	for i := range w.next {
+		for k, n := range w.next[i] {
+			out[k] = n
+		}
+	}
+	return out
+}
+
+// benchConsumer reads the topic as a read_committed consumer would, checks order and
+// completeness, and notes when each record arrived.
+type benchConsumer struct {
+	cl      *kgo.Client
+	mu      sync.Mutex
+	checker *verify.Checker
+	arrived map[string]time.Time // by key/seq, the first arrival
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+func (r *benchRun) startConsumer() *benchConsumer {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(r.rig.broker.Addr), kgo.ConsumeTopics(benchTopic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.FetchMaxWait(100*time.Millisecond))
+	if err != nil {
+		r.b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &benchConsumer{cl: cl, checker: verify.NewChecker(r.run), arrived: map[string]time.Time{}, cancel: cancel, done: make(chan struct{})}
+	r.consumers = append(r.consumers, c)
+	go func() {
+		defer close(c.done)
+		for ctx.Err() == nil {
+			fetches := cl.PollFetches(ctx)
+			now := time.Now()
+			c.mu.Lock()
+			fetches.EachRecord(func(rec *kgo.Record) {
+				stamp, err := verify.Parse(func(name string) (string, bool) {
+					for _, h := range rec.Headers {
+						if h.Key == name {
+							return string(h.Value), true
+						}
+					}
+					return "", false
+				})
+				if err != nil || !c.checker.Observe(string(rec.Key), stamp, now) {
+					return
+				}
+				id := string(rec.Key) + "/" + strconv.FormatInt(stamp.Seq, 10)
+				if _, seen := c.arrived[id]; !seen {
+					c.arrived[id] = now
+				}
+			})
+			c.mu.Unlock()
+		}
+	}()
+	return c
+}
+
+// await waits until every record written has arrived, for at most a minute.
+func (c *benchConsumer) await(b *testing.B, w *benchWriters) {
+	want := w.total()
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		c.mu.Lock()
+		n := len(c.arrived)
+		c.mu.Unlock()
+		if n >= want {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// report checks that every record arrived in per-key order and reports the commit-to-arrival
+// latency.
+func (c *benchConsumer) report(b *testing.B, w *benchWriters) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rep := c.checker.Report(w.expected())
+	if !rep.OK() {
+		b.Fatalf("the run did not arrive intact:\n%s", rep)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	latencies := make([]time.Duration, 0, len(w.committed))
+	for id, committed := range w.committed {
+		latencies = append(latencies, c.arrived[id].Sub(committed))
+	}
+	slices.Sort(latencies)
+	ms := func(q float64) float64 {
+		return float64(latencies[min(len(latencies)-1, int(q*float64(len(latencies))))].Microseconds()) / 1000
+	}
+	b.ReportMetric(ms(0.50), "p50-ms")
+	b.ReportMetric(ms(0.99), "p99-ms")
+}
+
+func (c *benchConsumer) close() {
+	c.cancel()
+	<-c.done
+	c.cl.Close()
+}
+
+// processCPU is this process's user and system CPU time so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func mustCPU(b *testing.B, s *pgcluster.Server) time.Duration {
+	d, err := s.CPUTime()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return d
+}
+
+// resetPeakRSS starts the kernel's peak resident memory count (VmHWM) afresh.
+func resetPeakRSS(b *testing.B) {
+	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+		b.Fatalf("reset peak RSS: %v", err)
+	}
+}
+
+// peakRSS is this process's peak resident memory, in bytes, since resetPeakRSS.
+func peakRSS(b *testing.B) int64 {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if rest, ok := strings.CutPrefix(s.Text(), "VmHWM:"); ok {
+			kib, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return kib << 10
+		}
+	}
+	b.Fatal("no VmHWM in /proc/self/status")
+	return 0
+}
