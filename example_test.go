@@ -73,7 +73,7 @@ func ExampleCreateOutboxTable() {
 	//   kafka_header_keys   TEXT[] NOT NULL,
 	//   kafka_header_values TEXT[] NOT NULL,
 	//   leader_id           UUID
-	// );
+	// ) WITH (fillfactor = 80);
 	// CREATE OR REPLACE FUNCTION goharvest_notify() RETURNS trigger LANGUAGE plpgsql AS $fn$
 	// BEGIN
 	//   PERFORM pg_notify(TG_ARGV[0], '');

@@ -18,7 +18,9 @@ import (
 
 // outboxDDLTemplate creates the outbox table. There is deliberately no index on leader_id:
 // marking rewrites leader_id on every row, and without an index on it Postgres can make that a
-// heap-only (HOT) update, which is much cheaper.
+// heap-only (HOT) update, which is much cheaper. A HOT update also needs room for the new row
+// version on the same page, which the fillfactor leaves; in the drain benchmark it cut Postgres's
+// CPU per record by about a fifth.
 const outboxDDLTemplate = `CREATE TABLE IF NOT EXISTS %s (
   id                  BIGSERIAL PRIMARY KEY,
   create_time         TIMESTAMP WITH TIME ZONE NOT NULL,
@@ -28,7 +30,7 @@ const outboxDDLTemplate = `CREATE TABLE IF NOT EXISTS %s (
   kafka_header_keys   TEXT[] NOT NULL,
   kafka_header_values TEXT[] NOT NULL,
   leader_id           UUID
-)`
+) WITH (fillfactor = 80)`
 
 // notifyDDLTemplate installs a statement-level trigger that sends a notification on the outbox's
 // channel (see NotifyChannel) after every INSERT, so that a harvester waiting on an idle outbox
