@@ -20,9 +20,13 @@ lint:
 	if [ -n "$$unformatted" ]; then echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 
-## bench: the benchmarks, against a throwaway Postgres and the in-process broker
+## bench: every benchmark once (about 6 minutes), against a throwaway Postgres and the in-process
+## broker, then one table of their figures (BENCH=Drain runs only those whose names match)
+BENCH ?= .
+bench: SHELL := /bin/bash
 bench:
-	$(GO) test -run '^$$' -bench . -benchtime 1x -count 1 ./...
+	set -o pipefail; $(GO) test -run '^$$' -bench '$(BENCH)' -benchtime 1x -count 1 -timeout 60m . \
+		| $(GO) run ./internal/benchtable
 
 ## chaos: the long variants of the fault-tolerance suite (int/); prints the figures README reports
 chaos:
