@@ -62,7 +62,8 @@ const (
 	// gather meanwhile, so that each commit (a round trip to the transaction coordinator, and a
 	// purge) carries many. A transaction that follows a quiet spell commits at once.
 	txnLinger = 10 * time.Millisecond
-	// txnPoll is how often the transaction loop looks for records to commit.
+	// txnPoll is how often the transaction loop looks for a reason to commit while the current
+	// transaction holds records; while it is empty, the loop sleeps until a record is produced.
 	txnPoll = time.Millisecond
 	// maxTxnFailures is how many commits may fail in a row before the epoch ends, and a new
 	// producer, under a new leader ID, takes over.
@@ -125,6 +126,8 @@ type pipeline struct {
 	txnMu sync.RWMutex
 	txnMx sync.Mutex // guards txn while workers append to it under the read lock
 	txn   []*flight
+	// produced wakes the transaction loop when a record joins an empty transaction.
+	produced chan struct{}
 	// txnFailures counts commits that failed in a row (guarded by txnMu): retrying in place is
 	// right for a passing fault, but a producer whose transactions keep failing is replaced.
 	txnFailures int
@@ -135,6 +138,7 @@ type pipeline struct {
 	queued     atomic.Int64  // marked and not finished: bounded by MaxInFlightRecords
 	unreported atomic.Int64  // produced, delivery not yet reported
 	room       chan struct{} // one slot: wakes the marker when records finish
+	starved    atomic.Bool   // the marker is waiting: the pipeline is full, or the outbox empty
 	written    chan struct{} // one slot: wakes an idle marker when records are written
 
 	remarkOnce sync.Once
@@ -162,6 +166,7 @@ func startPipeline(deps pipelineDeps) *pipeline {
 		outcomes:     make(chan outcome, max),
 		room:         make(chan struct{}, 1),
 		written:      make(chan struct{}, 1),
+		produced:     make(chan struct{}, 1),
 		remarkCh:     make(chan struct{}),
 		keys:         map[string]int{},
 	}
@@ -207,7 +212,9 @@ func (p *pipeline) markLoop() {
 	for p.ctx.Err() == nil {
 		room := p.limits.MaxInFlightRecords - int(p.queued.Load())
 		if room <= 0 {
+			p.starved.Store(true)
 			p.sleep(p.limits.DrainInterval, p.room)
+			p.starved.Store(false)
 			continue
 		}
 		began := time.Now()
@@ -225,7 +232,9 @@ func (p *pipeline) markLoop() {
 		}
 		p.dbTrouble.ok(p.log)
 		if len(records) == 0 {
+			p.starved.Store(true)
 			p.sleep(idle, p.written)
+			p.starved.Store(false)
 			idle = min(2*idle, p.limits.MaxMarkBackoff)
 			continue
 		}
@@ -357,7 +366,14 @@ func (w *sendWorker) send(f *flight) {
 	if err == nil {
 		p.txnMx.Lock()
 		p.txn = append(p.txn, f)
+		first := len(p.txn) == 1
 		p.txnMx.Unlock()
+		if first {
+			select {
+			case p.produced <- struct{}{}:
+			default:
+			}
+		}
 	}
 	p.txnMu.RUnlock()
 	if err == nil {
@@ -407,26 +423,47 @@ func (p *pipeline) readDeliveries() {
 	}
 }
 
-// txnLoop commits the current transaction when it holds records and a linger has passed since
-// the previous commit ended.
+// txnLoop commits the current transaction when it holds records and either a linger has passed
+// since the previous commit ended or the transaction cannot grow: every record sent has been
+// reported, and no more can be sent until something commits (the marker waits for room or for
+// records, the workers have nothing new, and each key with records waiting has one out).
 func (p *pipeline) txnLoop() {
 	tick := time.NewTicker(txnPoll)
 	defer tick.Stop()
 	var lastEnd time.Time
 	for {
-		select {
-		case <-p.ctx.Done():
-			return
-		case <-tick.C:
-		}
 		p.txnMx.Lock()
 		waiting := len(p.txn)
 		p.txnMx.Unlock()
-		if waiting > 0 && time.Since(lastEnd) >= txnLinger {
+		wake := tick.C
+		if waiting == 0 {
+			wake = nil
+		}
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-p.produced:
+			continue
+		case <-wake:
+		}
+		if time.Since(lastEnd) >= txnLinger || p.stalled() {
 			p.endTxn(p.flushCtx, true)
 			lastEnd = time.Now()
 		}
 	}
+}
+
+// stalled reports whether the current transaction cannot grow until something commits.
+func (p *pipeline) stalled() bool {
+	if !p.starved.Load() || p.unreported.Load() > 0 {
+		return false
+	}
+	for _, w := range p.workers {
+		if len(w.in) > 0 || len(w.retry) > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // endTxn commits the current transaction, if it holds records, and passes them on to be purged;
