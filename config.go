@@ -42,10 +42,10 @@ const (
 	DefaultQueueTimeout          = 30 * time.Second
 	DefaultMarkBackoff           = 10 * time.Millisecond
 	DefaultMaxMarkBackoff        = time.Second
-	DefaultMaxInFlightRecords    = 1000
+	DefaultMaxInFlightRecords    = 2000
 	DefaultSendConcurrency       = 8
 	DefaultSendBuffer            = 10
-	DefaultMarkQueryRecords      = 100
+	DefaultMarkQueryRecords      = 500
 	DefaultMinMetricsInterval    = 5 * time.Second
 	DefaultBacklogSampleInterval = 10 * time.Second
 )
