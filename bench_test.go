@@ -72,7 +72,32 @@ func benchDrain(b *testing.B, records, keys int) {
 		}
 		m.stop(b, records)
 		b.StopTimer()
+		run.reportStatements()
 		run.close()
+	}
+}
+
+// reportStatements reports, from pg_stat_statements, how long the mark and the purge took per
+// call in the server and how many rows each call carried: what the profile of a drain comes down
+// to on the database's side.
+func (r *benchRun) reportStatements() {
+	for _, st := range []struct{ name, like string }{
+		{"mark", "UPDATE % SET leader_id = $1%RETURNING%"},
+		{"purge", "DELETE FROM % WHERE id = ANY($1)"},
+	} {
+		var calls, rows int64
+		var total float64
+		err := r.pool.QueryRow(context.Background(), `SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(rows), 0)::bigint,
+			coalesce(sum(total_exec_time), 0) FROM pg_stat_statements
+			WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND query LIKE $1`, st.like).Scan(&calls, &rows, &total)
+		if err != nil {
+			r.b.Fatal(err)
+		}
+		if calls == 0 {
+			r.b.Fatalf("pg_stat_statements saw no %s statement", st.name)
+		}
+		r.b.ReportMetric(total/float64(calls), st.name+"-ms/call")
+		r.b.ReportMetric(float64(rows)/float64(calls), st.name+"-rows/call")
 	}
 }
 
