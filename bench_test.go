@@ -26,6 +26,7 @@ import (
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/verify"
+	"github.com/goharvest/goharvest/internal/verifytest"
 	"github.com/goharvest/goharvest/stasher"
 )
 
@@ -267,8 +268,9 @@ func BenchmarkLatency(b *testing.B) {
 }
 
 // BenchmarkIdle: an empty outbox for 10 s, counting the statements the harvester runs (from
-// pg_stat_statements) and the CPU it costs per second; then 50 records written one at a time, 100 to 300 ms apart, each to an
-// outbox gone idle again, for the latency of a record that wakes the harvester.
+// pg_stat_statements) and the CPU it costs per second; then 50 records written one at a time,
+// 100 to 300 ms apart, each to an outbox gone idle again, for the latency of a record that wakes
+// the harvester.
 func BenchmarkIdle(b *testing.B) {
 	rig := startBenchRig(b)
 	for range b.N {
@@ -592,14 +594,7 @@ func (r *benchRun) startConsumer() *benchConsumer {
 			now := time.Now()
 			c.mu.Lock()
 			fetches.EachRecord(func(rec *kgo.Record) {
-				stamp, err := verify.Parse(func(name string) (string, bool) {
-					for _, h := range rec.Headers {
-						if h.Key == name {
-							return string(h.Value), true
-						}
-					}
-					return "", false
-				})
+				stamp, err := verifytest.ParseRecord(rec)
 				if err != nil || !c.checker.Observe(string(rec.Key), stamp, now) {
 					return
 				}

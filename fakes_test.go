@@ -349,6 +349,13 @@ func (p *fakeProducer) Abandon()                    {}
 func (p *fakeProducer) Close() {
 	p.wg.Wait()
 	p.k.mu.Lock()
+	// A transaction left open is aborted: the broker does so when the next producer with the
+	// transactional ID calls InitTransactions, and the next producer is created only after this one
+	// is closed.
+	for _, m := range p.txn {
+		delete(p.k.outstanding, m.key)
+	}
+	p.txn = nil
 	p.k.open--
 	p.k.mu.Unlock()
 	close(p.deliveries)

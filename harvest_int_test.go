@@ -74,23 +74,39 @@ func (r *intRig) outboxRows() int {
 
 func (r *intRig) harvester(events *eventRecorder) *goharvest.Harvest {
 	r.t.Helper()
+	h := r.harvesterWith("harvest-int", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil)
+	if events != nil {
+		h.SetEventHandler(events.record)
+	}
+	return h
+}
+
+// harvesterWith returns a harvester in the election group named group, with a 1 s heartbeat
+// timeout and frequent polls unless limits say otherwise, and its metrics in registry (a
+// registry of its own if nil).
+func (r *intRig) harvesterWith(group string, limits goharvest.Limits, registry prometheus.Registerer) *goharvest.Harvest {
+	r.t.Helper()
+	if limits.HeartbeatTimeout == 0 {
+		limits.HeartbeatTimeout = time.Second
+	}
+	if limits.MinPollInterval == 0 {
+		limits.MinPollInterval = 50 * time.Millisecond
+	}
+	if registry == nil {
+		registry = prometheus.NewRegistry()
+	}
 	h, err := goharvest.New(goharvest.Config{
-		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": r.broker.Addr()},
-		LeaderGroupID:   "harvest-int",
-		LeaderTopic:     "harvest-int.leader",
-		DataSource:      r.dsn,
-		Limits: goharvest.Limits{
-			HeartbeatTimeout: time.Second,
-			MinPollInterval:  50 * time.Millisecond,
-			IOErrorBackoff:   50 * time.Millisecond,
-		},
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
+		BaseKafkaConfig:   goharvest.KafkaConfigMap{"bootstrap.servers": r.broker.Addr()},
+		LeaderGroupID:     group,
+		LeaderTopic:       group + ".leader",
+		DataSource:        r.dsn,
+		Name:              group,
+		Limits:            limits,
+		MetricsRegisterer: registry,
+		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
 	})
 	if err != nil {
 		r.t.Fatal(err)
-	}
-	if events != nil {
-		h.SetEventHandler(events.record)
 	}
 	return h
 }
@@ -294,19 +310,7 @@ func TestMetricsMatchDeliveries(t *testing.T) {
 	r.load(keys, perKey)
 	v := r.verifier()
 	registry := prometheus.NewRegistry()
-	h, err := goharvest.New(goharvest.Config{
-		BaseKafkaConfig:   goharvest.KafkaConfigMap{"bootstrap.servers": r.broker.Addr()},
-		LeaderGroupID:     "metrics-int",
-		LeaderTopic:       "metrics-int.leader",
-		DataSource:        r.dsn,
-		Name:              "metrics-int",
-		MetricsRegisterer: registry,
-		Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, BacklogSampleInterval: 100 * time.Millisecond},
-		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := r.harvesterWith("metrics-int", goharvest.Limits{BacklogSampleInterval: 100 * time.Millisecond}, registry)
 	if err := h.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -354,22 +358,7 @@ func TestMetricsMatchDeliveries(t *testing.T) {
 func TestNotificationWakesIdleHarvester(t *testing.T) {
 	r := newIntRig(t)
 	ctx := context.Background()
-	h, err := goharvest.New(goharvest.Config{
-		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": r.broker.Addr()},
-		LeaderGroupID:   "harvest-notify",
-		LeaderTopic:     "harvest-notify.leader",
-		DataSource:      r.dsn,
-		Limits: goharvest.Limits{
-			HeartbeatTimeout: time.Second,
-			MinPollInterval:  50 * time.Millisecond,
-			MarkBackoff:      time.Minute,
-			MaxMarkBackoff:   time.Minute,
-		},
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	h := r.harvesterWith("harvest-notify", goharvest.Limits{MarkBackoff: time.Minute, MaxMarkBackoff: time.Minute}, nil)
 	if err := h.Start(); err != nil {
 		t.Fatal(err)
 	}

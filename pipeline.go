@@ -131,6 +131,9 @@ type pipeline struct {
 	// txnFailures counts commits that failed in a row (guarded by txnMu): retrying in place is
 	// right for a passing fault, but a producer whose transactions keep failing is replaced.
 	txnFailures int
+	// fatal is the producer's fatal error, once it has had one (guarded by txnMu): nothing it
+	// still holds can commit, so the epoch's last flush does not try.
+	fatal error
 
 	workers  []*sendWorker
 	outcomes chan outcome // from the delivery reader to the committers
@@ -480,8 +483,11 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 		return
 	}
 	began := time.Now()
-	err := p.commitTxn(ctx, batch)
-	p.metrics.commitSeconds.Observe(time.Since(began).Seconds())
+	err := p.fatal
+	if err == nil {
+		err = p.commitTxn(ctx, batch)
+		p.metrics.commitSeconds.Observe(time.Since(began).Seconds())
+	}
 	p.log.Debug("transaction ended", "records", len(batch), "took", time.Since(began), "error", err)
 	if err == nil {
 		p.txnFailures = 0
@@ -496,15 +502,21 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 		return
 	}
 
-	p.metrics.errors.WithLabelValues(errorKindKafka).Inc()
+	if err != p.fatal {
+		p.metrics.errors.WithLabelValues(errorKindKafka).Inc()
+	}
 	var txnErr *TxnError
 	fatal := errors.As(err, &txnErr) && txnErr.Fatal
 	if !fatal {
 		abortCtx, cancel := context.WithTimeout(ctx, p.limits.HeartbeatTimeout)
 		if abortErr := p.producer.AbortTransaction(abortCtx); abortErr != nil {
-			fatal = true // the producer cannot go on; a new epoch brings a new one
+			// The producer cannot go on; a new epoch brings a new one.
+			fatal, err = true, fmt.Errorf("abort transaction: %w", abortErr)
 		}
 		cancel()
+	}
+	if fatal {
+		p.fatal = err
 	}
 	// The abort has the producer report on every message of the transaction.
 	p.awaitReports(time.Now().Add(time.Second))

@@ -44,14 +44,7 @@ func Start(tb testing.TB, addr, topic, run string) *Verifier {
 				v.arrivals = append(v.arrivals, now)
 			}
 			fetches.EachRecord(func(rec *kgo.Record) {
-				stamp, err := verify.Parse(func(name string) (string, bool) {
-					for _, h := range rec.Headers {
-						if h.Key == name {
-							return string(h.Value), true
-						}
-					}
-					return "", false
-				})
+				stamp, err := ParseRecord(rec)
 				if err != nil {
 					tb.Errorf("offset %d: %v", rec.Offset, err)
 					return
@@ -63,6 +56,18 @@ func Start(tb testing.TB, addr, topic, run string) *Verifier {
 	}()
 	tb.Cleanup(v.Stop)
 	return v
+}
+
+// ParseRecord reads the stamp of a consumed record.
+func ParseRecord(rec *kgo.Record) (verify.Stamp, error) {
+	return verify.Parse(func(name string) (string, bool) {
+		for _, h := range rec.Headers {
+			if h.Key == name {
+				return string(h.Value), true
+			}
+		}
+		return "", false
+	})
 }
 
 // Stop stops consuming; calling it again does nothing.
