@@ -139,7 +139,7 @@ func benchSustained(b *testing.B, rate float64) {
 		endBacklog := run.backlog()
 		m.stop(b, w.total())
 		b.StopTimer()
-		c.await(b, w)
+		c.await(w)
 		c.report(b, w)
 		b.ReportMetric(float64(maxBacklog), "max-backlog")
 		b.ReportMetric(float64(endBacklog), "end-backlog")
@@ -261,7 +261,7 @@ func BenchmarkLatency(b *testing.B) {
 		<-w.runFor(20 * time.Second)
 		m.stop(b, w.total())
 		b.StopTimer()
-		c.await(b, w)
+		c.await(w)
 		c.report(b, w)
 		run.close()
 	}
@@ -291,7 +291,7 @@ func BenchmarkIdle(b *testing.B) {
 			w.writeOne(0)
 		}
 		b.StopTimer()
-		c.await(b, w)
+		c.await(w)
 		c.report(b, w)
 		run.close()
 	}
@@ -302,7 +302,7 @@ type benchRig struct {
 	b      *testing.B
 	server *pgcluster.Server
 	broker *kafkatest.Process
-	runs   int
+	runs   int // harvesters started, for unique election groups
 }
 
 func startBenchRig(b *testing.B) *benchRig {
@@ -331,7 +331,6 @@ type benchRun struct {
 func (rig *benchRig) newRun() *benchRun {
 	b := rig.b
 	b.StopTimer()
-	rig.runs++
 	dsn, drop, err := rig.server.CreateDatabase()
 	if err != nil {
 		b.Fatal(err)
@@ -610,7 +609,7 @@ func (r *benchRun) startConsumer() *benchConsumer {
 }
 
 // await waits until every record written has arrived, for at most a minute.
-func (c *benchConsumer) await(b *testing.B, w *benchWriters) {
+func (c *benchConsumer) await(w *benchWriters) {
 	want := w.total()
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {

@@ -38,10 +38,7 @@ type intRig struct {
 func newIntRig(t *testing.T) *intRig {
 	t.Helper()
 	ctx := context.Background()
-	r := &intRig{t: t, dsn: pgtest.NewDatabase(t), topic: "events", run: t.Name()}
-	if err := goharvest.CreateOutboxTable(ctx, r.dsn, "outbox"); err != nil {
-		t.Fatal(err)
-	}
+	r := &intRig{t: t, dsn: pgtest.NewOutbox(t), topic: "events", run: t.Name()}
 	pool, err := pgxpool.New(ctx, r.dsn)
 	if err != nil {
 		t.Fatal(err)

@@ -76,10 +76,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		o.heartbeatTimeout = time.Second
 	}
 	ctx := context.Background()
-	r := &rig{t: t, run: t.Name() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36), dsn: pgtest.NewDatabase(t), bin: reaperBinary(t)}
-	if err := goharvest.CreateOutboxTable(ctx, r.dsn, "outbox"); err != nil {
-		t.Fatal(err)
-	}
+	r := &rig{t: t, run: t.Name() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36), dsn: pgtest.NewOutbox(t), bin: reaperBinary(t)}
 	pool, err := pgxpool.New(ctx, r.dsn)
 	if err != nil {
 		t.Fatal(err)

@@ -41,15 +41,6 @@ func TestMain(m *testing.M) {
 	}))
 }
 
-func newOutbox(t *testing.T) string {
-	t.Helper()
-	dsn := pgtest.NewDatabase(t)
-	if err := goharvest.CreateOutboxTable(context.Background(), dsn, "outbox"); err != nil {
-		t.Fatal(err)
-	}
-	return dsn
-}
-
 // readBack marks everything in the outbox and returns it in id order.
 func readBack(t *testing.T, dsn string) []goharvest.OutboxRecord {
 	t.Helper()
@@ -97,7 +88,7 @@ func sameRecords(t *testing.T, got, want []goharvest.OutboxRecord) {
 func TestStashWithDatabaseSQLDrivers(t *testing.T) {
 	for _, driver := range []string{"pgx", "postgres"} {
 		t.Run(driver, func(t *testing.T) {
-			dsn := newOutbox(t)
+			dsn := pgtest.NewOutbox(t)
 			db, err := sql.Open(driver, dsn)
 			if err != nil {
 				t.Fatal(err)
@@ -124,7 +115,7 @@ func TestStashWithDatabaseSQLDrivers(t *testing.T) {
 }
 
 func TestStashWithPgxTx(t *testing.T) {
-	dsn := newOutbox(t)
+	dsn := pgtest.NewOutbox(t)
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
@@ -142,7 +133,7 @@ func TestStashWithPgxTx(t *testing.T) {
 func TestPreStash(t *testing.T) {
 	for _, driver := range []string{"pgx", "postgres"} {
 		t.Run(driver, func(t *testing.T) {
-			dsn := newOutbox(t)
+			dsn := pgtest.NewOutbox(t)
 			db, _ := sql.Open(driver, dsn)
 			defer db.Close()
 			st, _ := stasher.New("outbox")
@@ -173,7 +164,7 @@ func TestPreStash(t *testing.T) {
 }
 
 func TestStashManyRecordsKeepsOrder(t *testing.T) {
-	dsn := newOutbox(t)
+	dsn := pgtest.NewOutbox(t)
 	ctx := context.Background()
 	conn, _ := pgx.Connect(ctx, dsn)
 	defer conn.Close(ctx)
@@ -191,7 +182,7 @@ func TestStashManyRecordsKeepsOrder(t *testing.T) {
 }
 
 func TestStashRolledBackLeavesNothing(t *testing.T) {
-	dsn := newOutbox(t)
+	dsn := pgtest.NewOutbox(t)
 	db, _ := sql.Open("pgx", dsn)
 	defer db.Close()
 	st, _ := stasher.New("outbox")
@@ -207,7 +198,7 @@ func TestStashRolledBackLeavesNothing(t *testing.T) {
 }
 
 func TestStashRejectsInvalidRecordAndWritesNothing(t *testing.T) {
-	dsn := newOutbox(t)
+	dsn := pgtest.NewOutbox(t)
 	db, _ := sql.Open("pgx", dsn)
 	defer db.Close()
 	st, _ := stasher.New("outbox")

@@ -9,11 +9,13 @@
 package pgtest
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"sync"
 	"testing"
 
+	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 )
 
@@ -110,5 +112,16 @@ func NewDatabase(tb testing.TB) string {
 			tb.Errorf("pgtest: %v", err)
 		}
 	})
+	return dsn
+}
+
+// NewOutbox creates a database for the calling test, as NewDatabase does, with an outbox table
+// named "outbox" in it, and returns its data source name.
+func NewOutbox(tb testing.TB) string {
+	tb.Helper()
+	dsn := NewDatabase(tb)
+	if err := goharvest.CreateOutboxTable(context.Background(), dsn, "outbox"); err != nil {
+		tb.Fatalf("pgtest: %v", err)
+	}
 	return dsn
 }

@@ -21,15 +21,6 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
 
-func newOutbox(t *testing.T) string {
-	t.Helper()
-	dsn := pgtest.NewDatabase(t)
-	if err := goharvest.CreateOutboxTable(context.Background(), dsn, "outbox"); err != nil {
-		t.Fatal(err)
-	}
-	return dsn
-}
-
 func runMain(t *testing.T, args ...string) (int, string) {
 	t.Helper()
 	var out bytes.Buffer
@@ -40,7 +31,7 @@ func runMain(t *testing.T, args ...string) (int, string) {
 }
 
 func TestPumpWritesAndVerifiesThroughAHarvester(t *testing.T) {
-	dsn := newOutbox(t)
+	dsn := pgtest.NewOutbox(t)
 	broker := kafkatest.Start(t, kafkatest.WithTopics(8, "pump"))
 	h, err := goharvest.New(goharvest.Config{
 		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": broker.Addr()},
@@ -121,7 +112,7 @@ func TestVerifyCatchesInjectedLossAndReversal(t *testing.T) {
 }
 
 func TestTimedRunWrites(t *testing.T) {
-	dsn := newOutbox(t)
+	dsn := pgtest.NewOutbox(t)
 	code, out := runMain(t, "-dsn", dsn, "-records", "0", "-duration", "1s", "-keys", "10", "-writers", "2")
 	if code != ExitOK {
 		t.Fatalf("exit %d:\n%s", code, out)
