@@ -50,20 +50,27 @@ const (
 )
 
 // BenchmarkDrain: a backlog of 200,000 records over 10,000 keys, drained by one harvester.
-func BenchmarkDrain(b *testing.B) { benchDrain(b, 200_000, 10_000) }
+func BenchmarkDrain(b *testing.B) { benchDrain(b, 200_000, 10_000, 0) }
 
-// BenchmarkDrainHotKeys: 50,000 records over only 10 keys, where the one-record-in-flight-per-key
-// rule, not the database, sets the pace.
-func BenchmarkDrainHotKeys(b *testing.B) { benchDrain(b, 50_000, 10) }
+// BenchmarkDrainHotKeys: 50,000 records over only 10 keys. With one record per key in flight
+// (MaxKeyRun 1, the default) the keys, not the database, set the pace; with runs of up to 100
+// records per key per transaction they do not.
+func BenchmarkDrainHotKeys(b *testing.B) {
+	for _, run := range []int{1, 100} {
+		b.Run("maxKeyRun="+strconv.Itoa(run), func(b *testing.B) { benchDrain(b, 50_000, 10, run) })
+	}
+}
 
 // BenchmarkDrainMillion: 1,000,000 records over 10,000 keys, for the peak memory of a large
 // drain, which the in-flight limit should bound.
-func BenchmarkDrainMillion(b *testing.B) { benchDrain(b, 1_000_000, 10_000) }
+func BenchmarkDrainMillion(b *testing.B) { benchDrain(b, 1_000_000, 10_000, 0) }
 
-func benchDrain(b *testing.B, records, keys int) {
+// benchDrain drains a backlog of records over keys; maxKeyRun 0 is the default.
+func benchDrain(b *testing.B, records, keys, maxKeyRun int) {
 	rig := startBenchRig(b)
 	for range b.N {
 		run := rig.newRun()
+		run.maxKeyRun = maxKeyRun
 		run.loadBacklog(records, keys)
 		b.ResetTimer()
 		m := rig.measure()
@@ -326,6 +333,7 @@ type benchRun struct {
 	h         *goharvest.Harvest
 	run       string // stamped on the records, for the consumer
 	consumers []*benchConsumer
+	maxKeyRun int // Limits.MaxKeyRun of the harvester; 0 is the default
 }
 
 func (rig *benchRig) newRun() *benchRun {
@@ -358,7 +366,7 @@ func (r *benchRun) startHarvester() {
 		LeaderGroupID:     group,
 		LeaderTopic:       group + ".leader",
 		DataSource:        r.dsn,
-		Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond},
+		Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, MaxKeyRun: r.maxKeyRun},
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
 		MetricsRegisterer: prometheus.NewRegistry(),
 	})

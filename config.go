@@ -43,6 +43,7 @@ const (
 	DefaultMarkBackoff           = 10 * time.Millisecond
 	DefaultMaxMarkBackoff        = time.Second
 	DefaultMaxInFlightRecords    = 2000
+	DefaultMaxKeyRun             = 1
 	DefaultSendConcurrency       = 8
 	DefaultSendBuffer            = 10
 	DefaultMarkQueryRecords      = 500
@@ -186,6 +187,18 @@ type Limits struct {
 	// Range: 1 to 1,000,000.
 	MaxInFlightRecords int `yaml:"maxInFlightRecords"`
 
+	// MaxKeyRun bounds how many records of one key a transaction may carry. A key's records with
+	// Kafka always belong to one transaction, and its next records wait until that transaction
+	// is committed and purged, so with 1 (the default) each key has one record in flight, and a
+	// few busy keys get one record each per transaction. A larger value lets a transaction carry
+	// a run of a key's records; such a transaction also writes a note listing them in the group
+	// LeaderGroupID + NoteGroupSuffix (see NotePlace), so that a successor never publishes a run
+	// again whole. Raise it only when every consumer reads with isolation.level=read_committed
+	// (librdkafka's default, not the Java client's): a consumer that reads uncommitted records
+	// sees an aborted run and then its retry, A B A B, where with 1 it sees only A A.
+	// Default: DefaultMaxKeyRun. Range: 1 to 10,000.
+	MaxKeyRun int `yaml:"maxKeyRun"`
+
 	// SendConcurrency is the number of send workers; records are sharded over them by key.
 	// Default: DefaultSendConcurrency. Range: 1 to 1024.
 	SendConcurrency int `yaml:"sendConcurrency"`
@@ -286,6 +299,7 @@ func (l Limits) WithDefaults() Limits {
 	setDefault(&l.MarkBackoff, DefaultMarkBackoff)
 	setDefault(&l.MaxMarkBackoff, max(DefaultMaxMarkBackoff, l.MarkBackoff))
 	setDefault(&l.MaxInFlightRecords, DefaultMaxInFlightRecords)
+	setDefault(&l.MaxKeyRun, DefaultMaxKeyRun)
 	setDefault(&l.SendConcurrency, DefaultSendConcurrency)
 	setDefault(&l.SendBuffer, DefaultSendBuffer)
 	setDefault(&l.MarkQueryRecords, DefaultMarkQueryRecords)
@@ -426,6 +440,7 @@ func (l Limits) validate() []error {
 	between("MinMetricsInterval", "minMetricsInterval", l.MinMetricsInterval, time.Millisecond, time.Hour, "")
 	between("BacklogSampleInterval", "backlogSampleInterval", l.BacklogSampleInterval, 100*time.Millisecond, time.Hour, "")
 	betweenInt("MaxInFlightRecords", "maxInFlightRecords", l.MaxInFlightRecords, 1, 1_000_000)
+	betweenInt("MaxKeyRun", "maxKeyRun", l.MaxKeyRun, 1, 10_000)
 	betweenInt("SendConcurrency", "sendConcurrency", l.SendConcurrency, 1, 1024)
 	betweenInt("SendBuffer", "sendBuffer", l.SendBuffer, 1, 100_000)
 	betweenInt("MarkQueryRecords", "markQueryRecords", l.MarkQueryRecords, 1, 100_000)

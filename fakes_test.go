@@ -20,6 +20,9 @@ type fakeDB struct {
 	rows    map[int64]*OutboxRecord
 	nextID  int64
 	down    bool // every call fails while set
+	// failPurges makes purges fail while set, as if the leader stopped after a commit and
+	// before its purge.
+	failPurges bool
 	marks   int
 	purges  int
 	purged  []int64
@@ -72,6 +75,12 @@ func (d *fakeDB) insertAt(id int64, r OutboxRecord) {
 	defer d.mu.Unlock()
 	r.ID = id
 	d.rows[id] = &r
+}
+
+func (d *fakeDB) setFailPurges(fail bool) {
+	d.mu.Lock()
+	d.failPurges = fail
+	d.mu.Unlock()
 }
 
 func (d *fakeDB) setDown(down bool) {
@@ -138,7 +147,7 @@ func (d *fakeDB) Purge(ctx context.Context, ids []int64) (int, error) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.down {
+	if d.down || d.failPurges {
 		return 0, errDBDown
 	}
 	d.purges++
@@ -205,17 +214,27 @@ type fakeKafka struct {
 	epoch        int // the newest InitTransactions
 	commits      int
 	aborts       int
-	fatalCommits int              // fail this many coming commits fatally
-	abortCommits int              // fail this many coming commits abortably
-	outstanding  map[string]int64 // key -> id sent and not yet committed or aborted
-	lastAcked    map[string]int64 // key -> last id committed
-	maxOut       int
+	fatalCommits int               // fail this many coming commits fatally
+	abortCommits int               // fail this many coming commits abortably
+	failNotes    int               // fail this many coming WriteNote calls abortably
+	outstanding  map[string]outKey // key -> records sent and not yet committed or aborted
+	lastAcked    map[string]int64  // key -> last id committed
+	maxOut       int               // most records outstanding at once
+	maxRun       int               // most records of one key in one committed transaction
+	note         string            // the latest committed note
+	notes        int               // committed transactions that wrote a note
 	violations   []string
+}
+
+// outKey is what one key has in flight: records of one producer's transaction.
+type outKey struct {
+	producer, txn int
+	ids           []int64
 }
 
 func newFakeKafka(t *testing.T, db *fakeDB) *fakeKafka {
 	return &fakeKafka{t: t, db: db, failOnce: map[int64]error{}, rejectN: map[int64]int{},
-		outstanding: map[string]int64{}, lastAcked: map[string]int64{}}
+		outstanding: map[string]outKey{}, lastAcked: map[string]int64{}}
 }
 
 func (k *fakeKafka) violate(format string, args ...any) {
@@ -247,6 +266,38 @@ type fakeProducer struct {
 	deliveries chan Delivery
 	wg         sync.WaitGroup
 	txn        []*sentMessage // guarded by k.mu
+	txnNo      int            // numbers the current transaction (guarded by k.mu)
+	note       *string        // the current transaction's note, if it wrote one (guarded by k.mu)
+}
+
+// endTxn forgets the current transaction (committed or not). Called with k.mu held.
+func (p *fakeProducer) endTxn() {
+	for _, m := range p.txn {
+		delete(p.k.outstanding, m.key)
+	}
+	p.txn = nil
+	p.note = nil
+	p.txnNo++
+}
+
+func (p *fakeProducer) WriteNote(_ context.Context, place NotePlace, note string) error {
+	p.k.mu.Lock()
+	defer p.k.mu.Unlock()
+	if place.Group == "" || place.Topic == "" {
+		p.k.violate("note written to %+v", place)
+	}
+	if p.k.failNotes > 0 {
+		p.k.failNotes--
+		return &TxnError{Err: errors.New("offset commit failed"), Abortable: true}
+	}
+	p.note = &note
+	return nil
+}
+
+func (p *fakeProducer) ReadNote(context.Context, NotePlace) (string, error) {
+	p.k.mu.Lock()
+	defer p.k.mu.Unlock()
+	return p.k.note, nil
 }
 
 func (p *fakeProducer) InitTransactions(context.Context) error {
@@ -273,10 +324,7 @@ func (p *fakeProducer) CommitTransaction(context.Context) error {
 	}
 	if k.fatalCommits > 0 {
 		k.fatalCommits--
-		for _, m := range p.txn {
-			delete(k.outstanding, m.key)
-		}
-		p.txn = nil
+		p.endTxn()
 		return &TxnError{Err: errors.New("producer fenced by a newer epoch"), Fatal: true}
 	}
 	for _, m := range p.txn {
@@ -284,16 +332,42 @@ func (p *fakeProducer) CommitTransaction(context.Context) error {
 			return &TxnError{Err: fmt.Errorf("a message failed: %w", m.err), Abortable: true}
 		}
 	}
-	for _, m := range p.txn {
-		if prev, ok := k.lastAcked[m.key]; ok && prev != m.id && k.db.exists(prev) {
-			k.violate("key %s: record %d committed before the purge of record %d committed", m.key, m.id, prev)
+	// Every record that a later one of its key follows in this transaction must be in the note,
+	// so that a successor can purge it rather than publish the run again.
+	var noted []int64
+	if p.note != nil {
+		var err error
+		if noted, err = decodeNote(*p.note); err != nil {
+			k.violate("note %q: %v", *p.note, err)
 		}
+	}
+	last := map[string]int64{}
+	run := map[string]int{}
+	for _, m := range p.txn {
+		last[m.key] = m.id
+		run[m.key]++
+		k.maxRun = max(k.maxRun, run[m.key])
+	}
+	for _, m := range p.txn {
+		if last[m.key] != m.id && !slices.Contains(noted, m.id) {
+			k.violate("key %s: record %d committed in a run without a note listing it", m.key, m.id)
+		}
+	}
+	for key := range last {
+		if prev, ok := k.lastAcked[key]; ok && k.db.exists(prev) && !slices.ContainsFunc(p.txn, func(m *sentMessage) bool { return m.id == prev }) {
+			k.violate("key %s: records committed before the purge of record %d committed", key, prev)
+		}
+	}
+	for _, m := range p.txn {
 		k.log = append(k.log, published{id: m.id, key: m.key, value: m.value, producer: p.index})
 		k.lastAcked[m.key] = m.id
-		delete(k.outstanding, m.key)
+	}
+	if p.note != nil {
+		k.note = *p.note
+		k.notes++
 	}
 	k.commits++
-	p.txn = nil
+	p.endTxn()
 	return nil
 }
 
@@ -301,10 +375,7 @@ func (p *fakeProducer) AbortTransaction(context.Context) error {
 	p.wg.Wait()
 	p.k.mu.Lock()
 	defer p.k.mu.Unlock()
-	for _, m := range p.txn {
-		delete(p.k.outstanding, m.key)
-	}
-	p.txn = nil
+	p.endTxn()
 	p.k.aborts++
 	return nil
 }
@@ -314,17 +385,20 @@ func (p *fakeProducer) Produce(msg Message) error {
 	f := msg.Opaque.(*flight)
 	id, key := f.rec.ID, string(msg.Key)
 	k.mu.Lock()
-	if other, ok := k.outstanding[key]; ok {
-		k.violate("key %s: record %d sent while record %d is still in flight", key, id, other)
+	out, ok := k.outstanding[key]
+	if ok && (out.producer != p.index || out.txn != p.txnNo) {
+		k.violate("key %s: record %d sent while records %v of another transaction are still in flight", key, id, out.ids)
 	}
-	// The previous record of this key, once committed, must be purged before the next is sent.
-	if prev, ok := k.lastAcked[key]; ok && prev != id && k.db.exists(prev) {
+	// The previous record of this key, once committed, must be purged before the next run starts.
+	if prev, acked := k.lastAcked[key]; !ok && acked && prev != id && k.db.exists(prev) {
 		k.violate("key %s: record %d sent before the purge of record %d committed", key, id, prev)
 	}
-	k.outstanding[key] = id
-	if n := len(k.outstanding); n > k.maxOut {
-		k.maxOut = n
+	k.outstanding[key] = outKey{producer: p.index, txn: p.txnNo, ids: append(out.ids, id)}
+	n := 0
+	for _, o := range k.outstanding {
+		n += len(o.ids)
 	}
+	k.maxOut = max(k.maxOut, n)
 	m := &sentMessage{id: id, key: key, value: f.rec.KafkaValue}
 	if k.rejectN[id] > 0 {
 		k.rejectN[id]--
@@ -352,13 +426,17 @@ func (p *fakeProducer) Close() {
 	// A transaction left open is aborted: the broker does so when the next producer with the
 	// transactional ID calls InitTransactions, and the next producer is created only after this one
 	// is closed.
-	for _, m := range p.txn {
-		delete(p.k.outstanding, m.key)
-	}
-	p.txn = nil
+	p.endTxn()
 	p.k.open--
 	p.k.mu.Unlock()
 	close(p.deliveries)
+}
+
+// stats returns what the broker counted, under its lock.
+func (k *fakeKafka) stats() (commits, notes, maxRun int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.commits, k.notes, k.maxRun
 }
 
 func (k *fakeKafka) published() []published {

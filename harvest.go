@@ -40,6 +40,10 @@ import (
 // which every harvester of an outbox shares (see KafkaProducer).
 const TransactionalIDPrefix = "goharvest."
 
+// NoteGroupSuffix is put after LeaderGroupID to make the consumer group in which transactions
+// leave their notes (see NotePlace). The producer's principal needs Read on this group.
+const NoteGroupSuffix = ".notes"
+
 // State is a Harvest's place in its lifecycle.
 type State int
 
@@ -358,6 +362,10 @@ func (h *Harvest) startEpoch(ctx context.Context, refresh bool) (bool, error) {
 		return false, nil
 	}
 	h.kafkaTrouble.ok(h.log)
+	if !h.purgeNoted(ctx, producer) {
+		producer.Close()
+		return false, nil
+	}
 	leaderID := uuid.New()
 	p := startPipeline(pipelineDeps{
 		leaderID:  leaderID,
@@ -371,6 +379,7 @@ func (h *Harvest) startEpoch(ctx context.Context, refresh bool) (bool, error) {
 		metrics:   h.metrics,
 		tracer:    h.tracer(),
 		leading:   func() bool { return h.elector.State() == neli.Leader },
+		notes:     h.notePlace(),
 	})
 	h.mu.Lock()
 	h.pipeline = p
@@ -386,6 +395,47 @@ func (h *Harvest) startEpoch(ctx context.Context, refresh bool) (bool, error) {
 		h.emit(LeaderAcquired{LeaderID: leaderID})
 	}
 	return true, nil
+}
+
+// notePlace is where this outbox's transactions leave their notes (see note.go).
+func (h *Harvest) notePlace() NotePlace {
+	return NotePlace{Group: h.cfg.LeaderGroupID + NoteGroupSuffix, Topic: h.cfg.LeaderTopic}
+}
+
+// purgeNoted purges the records that the latest committed note lists: an earlier epoch
+// published them and may have stopped before purging them. InitTransactions has settled every
+// earlier transaction, so the note read is final. It reports false, to be retried, when Kafka or
+// the database fails.
+func (h *Harvest) purgeNoted(ctx context.Context, producer KafkaProducer) bool {
+	readCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
+	note, err := producer.ReadNote(readCtx, h.notePlace())
+	cancel()
+	if err != nil {
+		h.kafkaTrouble.fail(h.log, "read note", err)
+		return false
+	}
+	ids, err := decodeNote(note)
+	if err != nil {
+		// Not ours to interpret: someone else wrote to the group. Publishing on would risk a run
+		// going out again whole, so wait for an operator.
+		h.kafkaTrouble.fail(h.log, "read note of group "+h.notePlace().Group, err)
+		return false
+	}
+	if len(ids) == 0 {
+		return true
+	}
+	purgeCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
+	n, err := h.db.Purge(purgeCtx, ids)
+	cancel()
+	if err != nil {
+		h.dbTrouble.fail(h.log, "purge noted records", err)
+		return false
+	}
+	h.dbTrouble.ok(h.log)
+	if n > 0 {
+		h.log.Info("purged records an earlier leader published and had not purged", "records", n)
+	}
+	return true
 }
 
 // schemaReady checks the outbox table's columns, if the binding can. A table the harvester

@@ -2,10 +2,12 @@ package goharvest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -81,7 +83,7 @@ func (r *intRig) harvester(events *eventRecorder) *goharvest.Harvest {
 // harvesterWith returns a harvester in the election group named group, with a 1 s heartbeat
 // timeout and frequent polls unless limits say otherwise, and its metrics in registry (a
 // registry of its own if nil).
-func (r *intRig) harvesterWith(group string, limits goharvest.Limits, registry prometheus.Registerer) *goharvest.Harvest {
+func (r *intRig) harvesterWith(group string, limits goharvest.Limits, registry prometheus.Registerer, adjust ...func(*goharvest.Config)) *goharvest.Harvest {
 	r.t.Helper()
 	if limits.HeartbeatTimeout == 0 {
 		limits.HeartbeatTimeout = time.Second
@@ -92,7 +94,7 @@ func (r *intRig) harvesterWith(group string, limits goharvest.Limits, registry p
 	if registry == nil {
 		registry = prometheus.NewRegistry()
 	}
-	h, err := goharvest.New(goharvest.Config{
+	cfg := goharvest.Config{
 		BaseKafkaConfig:   goharvest.KafkaConfigMap{"bootstrap.servers": r.broker.Addr()},
 		LeaderGroupID:     group,
 		LeaderTopic:       group + ".leader",
@@ -101,7 +103,11 @@ func (r *intRig) harvesterWith(group string, limits goharvest.Limits, registry p
 		Limits:            limits,
 		MetricsRegisterer: registry,
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
-	})
+	}
+	for _, f := range adjust {
+		f(&cfg)
+	}
+	h, err := goharvest.New(cfg)
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -181,23 +187,92 @@ func TestHarvestDrainsFiftyThousandRecordsInOrder(t *testing.T) {
 	}
 }
 
+// 1% of produce requests fail with an error the harvester sees (its transaction is aborted and
+// the records sent again), and 1% time out after the broker stored the batch (librdkafka
+// retries; idempotence must drop the copy). With one record per key in flight, even a consumer
+// that reads the records of aborted transactions sees nothing worse than repeats; with runs, a
+// consumer that reads committed records sees the same.
 func TestHarvestSurvivesFailedProduceRequests(t *testing.T) {
-	const keys, perKey = 500, 40
+	cases := []struct {
+		name      string
+		keys      int
+		maxKeyRun int
+		verifier  func(testing.TB, string, string, string) *verifytest.Verifier
+	}{
+		{"one per key, read uncommitted", 500, 1, verifytest.StartUncommitted},
+		{"runs, read committed", 50, 100, verifytest.Start},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			perKey := 20000 / c.keys
+			r := newIntRig(t)
+			expected := r.load(c.keys, perKey)
+			v := c.verifier(t, r.broker.Addr(), r.topic, r.run)
+			visible := r.broker.FailProduce(100, kerr.UnknownServerError)
+			timedOut := r.broker.FailProduce(100, kerr.RequestTimedOut)
+			events := &eventRecorder{}
+			h := r.harvesterWith("harvest-int", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond, MaxKeyRun: c.maxKeyRun}, nil)
+			h.SetEventHandler(events.record)
+			r.runUntilDelivered(h, v, int64(c.keys*perKey))
+			dups := checkDelivered(t, v, expected)
+			t.Logf("faults: %d visible, %d timed out; remarks: %d; duplicates: %d",
+				visible.Hits(), timedOut.Hits(), events.count("goharvest.LeaderRefreshed"), dups)
+			if visible.Hits() == 0 || timedOut.Hits() == 0 {
+				t.Fatal("the faults were never injected")
+			}
+		})
+	}
+}
+
+// failingPurges is a Postgres binding whose purges fail while fail is set.
+type failingPurges struct {
+	goharvest.DatabaseBinding
+	fail atomic.Bool
+}
+
+func (b *failingPurges) Purge(ctx context.Context, ids []int64) (int, error) {
+	if b.fail.Load() {
+		return 0, errors.New("injected purge failure")
+	}
+	return b.DatabaseBinding.Purge(ctx, ids)
+}
+
+// A leader whose runs commit but whose purges all fail is stopped; its successor must purge the
+// records the note lists, so that a consumer sees at most the last record of each run again,
+// never a key going backwards.
+func TestHarvestNextEpochPurgesNotedRecords(t *testing.T) {
+	const keys, perKey = 5, 400
 	r := newIntRig(t)
 	expected := r.load(keys, perKey)
 	v := r.verifier()
-	// 1% of produce requests fail with an error the harvester sees (its transaction is aborted
-	// and the records sent again), and 1% time out after the broker stored the batch (librdkafka
-	// retries; idempotence must drop the copy).
-	visible := r.broker.FailProduce(100, kerr.UnknownServerError)
-	timedOut := r.broker.FailProduce(100, kerr.RequestTimedOut)
-	events := &eventRecorder{}
-	r.runUntilDelivered(r.harvester(events), v, keys*perKey)
+	limits := goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond, MaxKeyRun: 100}
+	binding := &failingPurges{}
+	binding.fail.Store(true)
+	first := r.harvesterWith("harvest-int", limits, nil, func(c *goharvest.Config) {
+		c.DatabaseBindingProvider = func(dataSource, table string) (goharvest.DatabaseBinding, error) {
+			pg, err := goharvest.NewPostgresBinding(dataSource, table)
+			binding.DatabaseBinding = pg
+			return binding, err
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- first.Run(ctx) }()
+	v.WaitDistinct(t, 2*keys, 30*time.Second) // some runs committed (their purges cannot)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	published := v.Report(expected).Distinct
+	if rows := r.outboxRows(); rows != keys*perKey {
+		t.Fatalf("%d rows left of %d; every purge should have failed", rows, keys*perKey)
+	}
+
+	r.runUntilDelivered(r.harvesterWith("harvest-int", limits, nil), v, keys*perKey)
 	dups := checkDelivered(t, v, expected)
-	t.Logf("faults: %d visible, %d timed out; remarks: %d; duplicates: %d",
-		visible.Hits(), timedOut.Hits(), events.count("goharvest.LeaderRefreshed"), dups)
-	if visible.Hits() == 0 || timedOut.Hits() == 0 {
-		t.Fatal("the faults were never injected")
+	t.Logf("%d records committed and left unpurged; %d published again", published, dups)
+	if dups > keys {
+		t.Errorf("%d records published again; want at most the last of each key's run (%d)", dups, keys)
 	}
 }
 

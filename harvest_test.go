@@ -50,8 +50,10 @@ type rig struct {
 	nextSeq  map[string]int64
 }
 
+// fastLimits lets keys run (MaxKeyRun), so that every test exercises runs and their notes.
 func fastLimits() Limits {
 	return Limits{
+		MaxKeyRun:        100,
 		HeartbeatTimeout: time.Second,
 		MinPollInterval:  10 * time.Millisecond,
 		IOErrorBackoff:   20 * time.Millisecond,
@@ -217,13 +219,77 @@ func TestInFlightThrottle(t *testing.T) {
 	}
 }
 
-// One hot key: every record must wait for its predecessor's purge (the fake producer flags any
-// record sent earlier), and all arrive in order.
-func TestOneRecordPerKeyInFlight(t *testing.T) {
+// One hot key. A transaction carries a run of its records, never more than MaxKeyRun, and notes
+// every record of the run but the last (the fake producer flags a run without its note, and any
+// record sent while another transaction's are in flight or before their purge). With MaxKeyRun
+// 1, each record waits for its predecessor's purge and no note is written.
+func TestKeyRuns(t *testing.T) {
+	for _, run := range []int{1, 100} {
+		t.Run(fmt.Sprint("MaxKeyRun=", run), func(t *testing.T) {
+			limits := fastLimits()
+			limits.MaxKeyRun = run
+			r := newRig(t, limits)
+			ids := r.load(1, 300)
+			r.runUntilEmpty()
+			r.checkOrder(ids)
+			commits, notes, maxRun := r.kafka.stats()
+			if maxRun > run {
+				t.Errorf("a transaction carried %d records of the key; MaxKeyRun is %d", maxRun, run)
+			}
+			if run == 1 && notes > 0 {
+				t.Errorf("%d notes written without runs", notes)
+			}
+			if run > 1 && (maxRun < 2 || notes == 0) {
+				t.Errorf("longest run %d, %d notes: the key did not run", maxRun, notes)
+			}
+			t.Logf("%d records in %d transactions, longest run %d", len(ids), commits, maxRun)
+		})
+	}
+}
+
+// The leader stops after its runs committed and before any purge did. The next epoch purges the
+// records the note lists and publishes again only the last of each run: a consumer sees an
+// immediate repeat, never a key going backwards.
+func TestNextEpochPurgesNotedRecords(t *testing.T) {
 	r := newRig(t, fastLimits())
-	ids := r.load(1, 300)
+	ids := r.load(3, 100)
+	r.db.setFailPurges(true)
+	r.start()
+	r.waitFor("runs to commit", 10*time.Second, func() bool { _, notes, _ := r.kafka.stats(); return notes > 0 })
+	r.stop()
+	if r.db.len() != len(ids) {
+		t.Fatalf("%d of %d records left; the purges should all have failed", r.db.len(), len(ids))
+	}
+	firstEpoch := len(r.kafka.published())
+
+	r.db.setFailPurges(false)
+	r.elector.set(neli.Leader)
+	r.h = r.newHarvest(fastLimits())
 	r.runUntilEmpty()
 	r.checkOrder(ids)
+	// Each key had one run committed and unpurged; only its last record may come again.
+	if dups := len(r.kafka.published()) - len(ids); dups > 3 {
+		t.Errorf("%d records published again after %d were committed unpurged; want at most one per key (3)", dups, firstEpoch)
+	}
+	if !strings.Contains(r.logs.String(), "purged records an earlier leader published") {
+		t.Error("the next epoch did not report purging the noted records")
+	}
+}
+
+// A note that cannot be written fails its transaction like a failed commit: it is aborted and
+// its runs are sent again, from their first records, in the next.
+func TestFailedNoteAbortsTheTransaction(t *testing.T) {
+	r := newRig(t, fastLimits())
+	ids := r.load(5, 100)
+	r.kafka.failNotes = 2
+	r.runUntilEmpty()
+	r.checkOrder(ids)
+	if r.kafka.aborts < 2 {
+		t.Errorf("%d aborts for two failed notes", r.kafka.aborts)
+	}
+	if n := countEvents[LeaderRefreshed](r.events); n != 0 {
+		t.Errorf("%d remarks for failures a retry in place handles", n)
+	}
 }
 
 // A failed delivery aborts the transaction; its records are sent again in the next one (their
@@ -236,8 +302,8 @@ func TestDeliveryFailureRetriesInTheNextTransaction(t *testing.T) {
 	r.kafka.failOnce[ids[250]] = errors.New("broker went away")
 	r.runUntilEmpty()
 	r.checkOrder(ids)
-	if r.kafka.aborts < 2 {
-		t.Fatalf("%d aborted transactions for two failed deliveries", r.kafka.aborts)
+	if r.kafka.aborts < 1 {
+		t.Fatalf("no aborted transaction for two failed deliveries")
 	}
 	if n := countEvents[LeaderRefreshed](r.events); n != 0 {
 		t.Fatalf("%d remarks for failures a retry in place handles", n)
@@ -467,7 +533,9 @@ func TestIdleOutboxBacksOff(t *testing.T) {
 // On a revoke the epoch drains before the next begins: the fake producer flags any overlap of
 // producers and any message sent through an old one.
 func TestRevokeAndFenceEndTheEpochBeforeTheNext(t *testing.T) {
-	r := newRig(t, fastLimits())
+	limits := fastLimits()
+	limits.MaxKeyRun = 1 // slow enough that the backlog outlasts the revoke and the fence
+	r := newRig(t, limits)
 	r.kafka.delay = 5 * time.Millisecond
 	ids := r.load(50, 20)
 	r.start()

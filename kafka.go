@@ -60,6 +60,15 @@ type KafkaProducer interface {
 	CommitTransaction(ctx context.Context) error
 	// AbortTransaction aborts the current transaction; its messages are never committed.
 	AbortTransaction(ctx context.Context) error
+	// WriteNote attaches note to the current transaction: ReadNote returns it once the
+	// transaction commits, and never if it aborts. The harvester notes which records a
+	// transaction published, so that a successor can purge them instead of publishing them
+	// again (see NotePlace).
+	WriteNote(ctx context.Context, place NotePlace, note string) error
+	// ReadNote returns the note of the latest committed transaction that wrote one at place, or
+	// "" if none has. Called after InitTransactions, it sees the outcome of every earlier
+	// producer's transaction.
+	ReadNote(ctx context.Context, place NotePlace) (string, error)
 
 	// Produce queues msg. Its outcome arrives later on Deliveries. An error means the message was
 	// not queued and no Delivery will follow; ErrQueueFull means try again shortly.
@@ -72,6 +81,16 @@ type KafkaProducer interface {
 	// Close releases the producer. The caller first waits for every Delivery (after Abandon if
 	// need be); Close then closes Deliveries.
 	Close()
+}
+
+// NotePlace is where transactions leave their notes: the committed offset metadata of partition
+// 0 of Topic in the consumer group Group, a group without members that exists only for this.
+// Committing offsets within a transaction is how Kafka makes a consumer's progress atomic with
+// what it produces; goharvest uses the same mechanism to make "these records are published"
+// atomic with publishing them.
+type NotePlace struct {
+	Group string
+	Topic string
 }
 
 // KafkaProducerProvider creates a producer from librdkafka properties.
@@ -139,6 +158,9 @@ type confluentProducer struct {
 	p          *kafka.Producer
 	deliveries chan Delivery
 	log        *slog.Logger
+
+	notesMu sync.Mutex
+	admin   *kafka.AdminClient // reads notes; made from p when first needed
 
 	topicsMu sync.Mutex
 	topics   map[string]topicState
@@ -246,11 +268,66 @@ func (c *confluentProducer) AbortTransaction(ctx context.Context) error {
 	return txnError(c.p.AbortTransaction(ctx))
 }
 
+func (c *confluentProducer) WriteNote(ctx context.Context, place NotePlace, note string) error {
+	// A group without members accepts offsets from a producer that is not one of its consumers;
+	// this metadata says so (generation -1, no member ID).
+	group, err := kafka.NewTestConsumerGroupMetadata(place.Group)
+	if err != nil {
+		return fmt.Errorf("note group %q: %w", place.Group, err)
+	}
+	topic := place.Topic
+	offsets := []kafka.TopicPartition{{Topic: &topic, Partition: 0, Offset: 0, Metadata: &note}}
+	return txnError(c.p.SendOffsetsToTransaction(ctx, offsets, group))
+}
+
+func (c *confluentProducer) ReadNote(ctx context.Context, place NotePlace) (string, error) {
+	c.notesMu.Lock()
+	if c.admin == nil {
+		admin, err := kafka.NewAdminClientFromProducer(c.p)
+		if err != nil {
+			c.notesMu.Unlock()
+			return "", fmt.Errorf("read note: %w", err)
+		}
+		c.admin = admin
+	}
+	admin := c.admin
+	c.notesMu.Unlock()
+	topic := place.Topic
+	res, err := admin.ListConsumerGroupOffsets(ctx, []kafka.ConsumerGroupTopicPartitions{{
+		Group: place.Group, Partitions: []kafka.TopicPartition{{Topic: &topic, Partition: 0}},
+	}}, kafka.SetAdminRequireStableOffsets(true))
+	var kerr kafka.Error
+	if errors.As(err, &kerr) && kerr.Code() == kafka.ErrGroupIDNotFound {
+		return "", nil // no transaction has written a note yet
+	}
+	if err != nil {
+		return "", fmt.Errorf("read note from group %q: %w", place.Group, err)
+	}
+	for _, g := range res.ConsumerGroupsTopicPartitions {
+		for _, tp := range g.Partitions {
+			if tp.Error != nil {
+				return "", fmt.Errorf("read note from group %q: %w", place.Group, tp.Error)
+			}
+			if tp.Metadata != nil && tp.Offset >= 0 {
+				return *tp.Metadata, nil
+			}
+		}
+	}
+	return "", nil
+}
+
 func (c *confluentProducer) Abandon() {
 	c.p.Purge(kafka.PurgeQueue | kafka.PurgeInFlight | kafka.PurgeNonBlocking)
 }
 
-func (c *confluentProducer) Close() { c.p.Close() }
+func (c *confluentProducer) Close() {
+	c.notesMu.Lock()
+	if c.admin != nil {
+		c.admin.Close()
+	}
+	c.notesMu.Unlock()
+	c.p.Close()
+}
 
 // classify marks errors that retrying the same message will not cure.
 func classify(err error) error {

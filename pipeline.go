@@ -26,27 +26,29 @@ import (
 //
 //	marker ──> send workers (sharded by key) ──> producer (current transaction)
 //	              ^                                   │
-//	              │                       transaction loop: commit, begin
+//	              │                       transaction loop: note, commit, begin
 //	              │                                   │
 //	              └──── key finished <── committers (purge) <── committed records
 //
 // The marker marks batches from the head of the outbox while the pipeline has room
 // (MaxInFlightRecords counts every record marked and not yet finished), and hands each record
-// to the send worker that owns its key. A worker keeps a queue per key and has at most one
-// record per key with Kafka: the next is sent only once the previous has been committed and
-// its purge has committed too. The transaction loop commits whatever has been produced,
-// continuously, and passes the committed records to the committers, which purge them in batches
-// (one DELETE for many rows, while the next batch gathers) and then tell the workers.
+// to the send worker that owns its key. A worker keeps a queue per key, and a key's records
+// with Kafka all belong to one transaction: its first record starts a run in the current
+// transaction, and more join the run while that transaction stays open (up to MaxKeyRun, and
+// while the note has room; see note.go). The key's next run starts only once this run has been
+// committed and purged. The transaction loop commits whatever has been produced, continuously,
+// and passes the committed records to the committers, which purge them in batches (one DELETE
+// for many rows, while the next batch gathers) and then tell the workers.
 //
-// When a commit fails, the transaction is aborted. A record Kafka refused outright is retried
-// with backoff, holding back only its own key. The others are sent again in the next
-// transaction: nothing of an aborted transaction was committed, and each key's next record waits
-// for this one, so the worst a consumer can see is a record repeated. (The reference algorithm
-// resets and remarks on every failed delivery because it cannot tell what else of a batch was
-// sent; with one record per key in flight and transactions, that churn buys nothing.) A fatal
-// producer error (fenced by a newer epoch, say) resets the records and asks for a remark: the
-// owner ends the epoch and starts another under a new leader ID, which marks everything not yet
-// purged again, from the head, in order.
+// When a commit fails, the transaction is aborted and its runs go back to their workers, which
+// send each again from its first record in the next transaction: nothing of an aborted
+// transaction was committed, so the worst a consumer can see is a record repeated. A record
+// Kafka refused outright is retried with backoff, holding back only its own key. (The reference
+// algorithm resets and remarks on every failed delivery because it cannot tell what else of a
+// batch was sent; with transactions that churn buys nothing.) A fatal producer error (fenced by
+// a newer epoch, say) resets the records and asks for a remark: the owner ends the epoch and
+// starts another under a new leader ID, which marks everything not yet purged again, from the
+// head, in order.
 
 const (
 	// committers is how many purge statements may run at once; with two, one gathers a batch
@@ -77,6 +79,12 @@ type flight struct {
 	attempts int
 	tracked  bool       // counted among the in-flight keys
 	span     trace.Span // the publish span, when tracing is on
+	// held and done belong to the worker: held stops the key's queue at this record (waiting out
+	// a backoff, or malformed); done means purged, to be dropped from the queue.
+	held, done bool
+	// noted means a committed note lists this record (set before the record reaches the
+	// committers).
+	noted bool
 	// failure is what the delivery report said about the latest send (nil: success or not yet
 	// reported); the delivery reader writes it while the transaction loop may read it.
 	failure atomic.Pointer[error]
@@ -109,6 +117,8 @@ type pipelineDeps struct {
 	tracer trace.Tracer
 	// leading reports whether this harvester may still publish; workers ask before each send.
 	leading func() bool
+	// notes is where this epoch's transactions write their notes.
+	notes NotePlace
 }
 
 type pipeline struct {
@@ -122,10 +132,12 @@ type pipeline struct {
 	flushCancel context.CancelFunc
 
 	// txnMu lets workers produce (read lock) or the transaction loop end a transaction (write
-	// lock), never both; txn holds the records produced in the current transaction.
+	// lock), never both; txn holds the records produced in the current transaction, and gen
+	// numbers it, so that a worker can tell whether a run's transaction is still open.
 	txnMu sync.RWMutex
 	txnMx sync.Mutex // guards txn while workers append to it under the read lock
 	txn   []*flight
+	gen   uint64
 	// produced wakes the transaction loop when a record joins an empty transaction.
 	produced chan struct{}
 	// txnFailures counts commits that failed in a row (guarded by txnMu): retrying in place is
@@ -150,6 +162,11 @@ type pipeline struct {
 
 	keysMu sync.Mutex
 	keys   map[string]int // keys with a record sent (or held for retry) and not finished
+
+	// ledger holds the records committed notes list and not yet purged; noted counts those and
+	// the records the current transaction's note will list, and stays within maxNotedRecords.
+	ledger ledger
+	noted  atomic.Int64
 
 	sending    sync.WaitGroup // marker and workers
 	delivering sync.WaitGroup // delivery reader
@@ -178,8 +195,9 @@ func startPipeline(deps pipelineDeps) *pipeline {
 			p:        p,
 			in:       make(chan *flight, deps.limits.SendBuffer),
 			finished: make(chan *flight, max),
+			aborted:  make(chan abortedRun, max),
 			retry:    make(chan *flight, max),
-			queues:   map[string][]*flight{},
+			queues:   map[string]*keyQueue{},
 		}
 		p.workers = append(p.workers, w)
 		p.sending.Go(w.run)
@@ -293,14 +311,35 @@ func shardOf(key string, n int) int {
 	return int(h.Sum32() % uint32(n))
 }
 
-// sendWorker owns the keys that hash to it: it keeps their records in order, and lets at most
-// one record per key be with Kafka.
+// sendWorker owns the keys that hash to it: it keeps their records in order, and lets each key
+// have one run (see pipeline) with Kafka at a time.
 type sendWorker struct {
 	p        *pipeline
-	in       chan *flight // marked records, from the marker
-	finished chan *flight // purged records, from the committers
-	retry    chan *flight // records to send again, after a backoff
-	queues   map[string][]*flight
+	in       chan *flight    // marked records, from the marker
+	finished chan *flight    // purged records, from the committers
+	aborted  chan abortedRun // runs of aborted transactions, to send again
+	retry    chan *flight    // held records whose backoff is over
+	queues   map[string]*keyQueue
+}
+
+// keyQueue is one key's records, marked and not yet finished, in the order to publish them.
+type keyQueue struct {
+	flights []*flight
+	out     int    // how many at the front are with Kafka: a run in transaction gen
+	gen     uint64 //
+}
+
+// abortedRun says that a key's run in transaction gen was not committed; hold lists the records
+// of it that Kafka refused, each to wait out its backoff before it is sent again.
+type abortedRun struct {
+	key  string
+	gen  uint64
+	hold []heldRecord
+}
+
+type heldRecord struct {
+	f       *flight
+	backoff time.Duration
 }
 
 func (w *sendWorker) run() {
@@ -312,38 +351,86 @@ func (w *sendWorker) run() {
 			// Records arrive in the order they were marked, which is the order to publish them in:
 			// a record committed late, with a lower id than one already sent, simply goes next.
 			q := w.queues[f.rec.KafkaKey]
-			w.queues[f.rec.KafkaKey] = append(q, f)
-			if len(q) == 0 {
-				w.send(f)
+			if q == nil {
+				q = &keyQueue{}
+				w.queues[f.rec.KafkaKey] = q
 			}
+			q.flights = append(q.flights, f)
+			w.pump(q)
 		case f := <-w.finished:
-			key := f.rec.KafkaKey
-			q := w.queues[key][1:]
-			if len(q) == 0 {
-				delete(w.queues, key)
+			// The purges of one run may commit in any order; the queue drops its front once done.
+			f.done = true
+			q := w.queues[f.rec.KafkaKey]
+			for len(q.flights) > 0 && q.flights[0].done {
+				q.flights = q.flights[1:]
+				q.out--
+			}
+			if len(q.flights) == 0 {
+				delete(w.queues, f.rec.KafkaKey)
 			} else {
-				w.queues[key] = q
-				w.send(q[0])
+				w.pump(q)
+			}
+		case r := <-w.aborted:
+			q := w.queues[r.key]
+			for _, h := range r.hold {
+				h.f.held = true
+				w.retryAfter(h.f, h.backoff)
+			}
+			if q != nil && q.gen == r.gen && q.out > 0 {
+				q.out = 0
+				w.pump(q)
 			}
 		case f := <-w.retry:
-			w.send(f)
+			f.held = false
+			if q := w.queues[f.rec.KafkaKey]; q != nil {
+				w.pump(q)
+			}
 		}
 	}
 }
 
-// send publishes the record at the head of its key's queue.
-func (w *sendWorker) send(f *flight) {
+// pump sends the key's next records while it may: a new run when none is out, or more of the
+// current run while its transaction is open.
+func (w *sendWorker) pump(q *keyQueue) {
+	for q.out < len(q.flights) {
+		f := q.flights[q.out]
+		if f.held || !w.send(f, q) {
+			return
+		}
+		q.out++
+	}
+}
+
+// send publishes f, the next record of q, and reports whether it joined the current
+// transaction.
+func (w *sendWorker) send(f *flight, q *keyQueue) bool {
 	p := w.p
 	if f.rec.Err != nil {
 		// A malformed row cannot be published; it holds back its key until the next epoch reads it
 		// afresh (after an operator has fixed or deleted it).
 		f.attempts++
+		f.held = true
 		p.track(f)
 		p.metrics.failed.Inc()
 		p.log.Error("outbox record cannot be published; holding back its key", "id", f.rec.ID,
 			"topic", f.rec.KafkaTopic, "key", f.rec.KafkaKey, "error", f.rec.Err)
 		p.emit(RecordFailed{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: f.rec.KafkaKey, Attempts: f.attempts, Err: f.rec.Err})
-		return
+		return false
+	}
+	p.txnMu.RLock()
+	defer p.txnMu.RUnlock()
+	if !p.leading() {
+		return false // the owner is about to end this epoch
+	}
+	extends := q.out > 0
+	if extends {
+		if q.gen != p.gen || q.out >= p.limits.MaxKeyRun {
+			return false // the run's transaction has ended, or the run is long enough
+		}
+		if p.noted.Add(1) > maxNotedRecords {
+			p.noted.Add(-1)
+			return false // the note is full
+		}
 	}
 	var value []byte
 	if f.rec.KafkaValue != nil {
@@ -353,11 +440,6 @@ func (w *sendWorker) send(f *flight) {
 	f.failure.Store(nil)
 	p.track(f)
 	p.startSpan(f)
-	p.txnMu.RLock()
-	if !p.leading() {
-		p.txnMu.RUnlock()
-		return // the owner is about to end this epoch
-	}
 	p.unreported.Add(1)
 	err := p.producer.Produce(Message{
 		Topic:   f.rec.KafkaTopic,
@@ -367,6 +449,7 @@ func (w *sendWorker) send(f *flight) {
 		Opaque:  f,
 	})
 	if err == nil {
+		q.gen = p.gen
 		p.txnMx.Lock()
 		p.txn = append(p.txn, f)
 		first := len(p.txn) == 1
@@ -377,21 +460,23 @@ func (w *sendWorker) send(f *flight) {
 			default:
 			}
 		}
-	}
-	p.txnMu.RUnlock()
-	if err == nil {
-		return
+		return true
 	}
 	p.unreported.Add(-1)
+	if extends {
+		p.noted.Add(-1)
+	}
+	f.held = true
 	if errors.Is(err, ErrQueueFull) {
 		f.attempts--
 		w.retryAfter(f, queueFullBackoff)
-		return
+	} else {
+		w.retryAfter(f, p.rejected(f, err))
 	}
-	p.rejected(f, err)
+	return false
 }
 
-// retryAfter sends f again after d, unless the epoch ends first.
+// retryAfter releases the held record f after d, unless the epoch ends first.
 func (w *sendWorker) retryAfter(f *flight, d time.Duration) {
 	time.AfterFunc(d, func() {
 		select {
@@ -401,9 +486,9 @@ func (w *sendWorker) retryAfter(f *flight, d time.Duration) {
 	})
 }
 
-// rejected handles a record that Kafka (or the producer) refused as it stands: it is reported
-// and retried with backoff while its key waits.
-func (p *pipeline) rejected(f *flight, err error) {
+// rejected reports a record that Kafka (or the producer) refused as it stands, and returns how
+// long it should wait (holding back its key) before it is sent again.
+func (p *pipeline) rejected(f *flight, err error) time.Duration {
 	p.metrics.failed.Inc()
 	if f.span != nil {
 		f.span.RecordError(err)
@@ -412,7 +497,7 @@ func (p *pipeline) rejected(f *flight, err error) {
 	p.log.Warn("outbox record rejected; holding back its key and retrying", "id", f.rec.ID,
 		"topic", f.rec.KafkaTopic, "key", f.rec.KafkaKey, "attempt", f.attempts, "retryIn", backoff, "error", err)
 	p.emit(RecordFailed{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: f.rec.KafkaKey, Attempts: f.attempts, Err: err})
-	f.worker.retryAfter(f, backoff)
+	return backoff
 }
 
 // readDeliveries notes what each delivery report says, for the transaction loop, until the
@@ -462,7 +547,7 @@ func (p *pipeline) stalled() bool {
 		return false
 	}
 	for _, w := range p.workers {
-		if len(w.in) > 0 || len(w.retry) > 0 {
+		if len(w.in) > 0 || len(w.retry) > 0 || len(w.aborted) > 0 {
 			return false
 		}
 	}
@@ -479,18 +564,25 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 	batch := p.txn
 	p.txn = nil
 	p.txnMx.Unlock()
+	gen := p.gen
+	p.gen++
 	if len(batch) == 0 {
 		return
 	}
+	extra := runsButLast(batch)
 	began := time.Now()
 	err := p.fatal
 	if err == nil {
-		err = p.commitTxn(ctx, batch)
+		err = p.commitTxn(ctx, batch, extra)
 		p.metrics.commitSeconds.Observe(time.Since(began).Seconds())
 	}
-	p.log.Debug("transaction ended", "records", len(batch), "took", time.Since(began), "error", err)
+	p.log.Debug("transaction ended", "records", len(batch), "noted", len(extra), "took", time.Since(began), "error", err)
 	if err == nil {
 		p.txnFailures = 0
+		for _, f := range extra {
+			f.noted = true
+		}
+		p.ledger.add(extra)
 		p.metrics.published.Add(float64(len(batch)))
 		for _, f := range batch {
 			p.endSpan(f, nil)
@@ -501,6 +593,7 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 		}
 		return
 	}
+	p.noted.Add(-int64(len(extra)))
 
 	if err != p.fatal {
 		p.metrics.errors.WithLabelValues(errorKindKafka).Inc()
@@ -521,36 +614,82 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 	// The abort has the producer report on every message of the transaction.
 	p.awaitReports(time.Now().Add(time.Second))
 	p.txnFailures++
-	remark := fatal || p.txnFailures >= maxTxnFailures
-	for _, f := range batch {
-		failure := f.deliveryFailure()
-		var rejected *RejectedError
-		switch {
-		case errors.As(failure, &rejected) && p.ctx.Err() == nil:
-			p.rejected(f, failure)
-		case !remark && p.ctx.Err() == nil:
-			// Nothing of the aborted transaction was committed, and the key's next record waits
-			// for this one, so sending it again in the next transaction can at worst repeat it.
-			f.worker.retryAfter(f, 0)
-		default:
+	if fatal || p.txnFailures >= maxTxnFailures || p.ctx.Err() != nil {
+		// The epoch ends: the records are reset, and the next epoch marks them again.
+		for _, f := range batch {
+			var rejected *RejectedError
+			if failure := f.deliveryFailure(); errors.As(failure, &rejected) {
+				p.rejected(f, failure)
+			}
 			p.endSpan(f, err)
 			p.outcomes <- outcome{f: f, failed: true}
-			remark = true
 		}
-	}
-	if remark && p.ctx.Err() == nil {
-		p.requestRemark("transaction failed", err)
+		if p.ctx.Err() == nil {
+			p.requestRemark("transaction failed", err)
+		}
+	} else {
+		p.returnRuns(gen, batch)
 	}
 	if next && !fatal {
 		p.beginTxn()
 	}
 }
 
-// commitTxn commits the current transaction. A transaction in which a message has already
-// failed cannot commit, and librdkafka sends nothing more of it, so committing would only wait
-// for the rest to time out: that is reported at once instead. A commit that takes longer than a
-// heartbeat timeout is given up the same way.
-func (p *pipeline) commitTxn(ctx context.Context, batch []*flight) error {
+// runsButLast returns the records of batch that a later record of the same key follows: what
+// the transaction's note must list.
+func runsButLast(batch []*flight) []*flight {
+	last := make(map[string]int, len(batch))
+	for i, f := range batch {
+		last[f.rec.KafkaKey] = i
+	}
+	var extra []*flight
+	for i, f := range batch {
+		if last[f.rec.KafkaKey] != i {
+			extra = append(extra, f)
+		}
+	}
+	return extra
+}
+
+// returnRuns gives the runs of aborted transaction gen back to their workers, to be sent again
+// from their first records; the records Kafka refused wait out a backoff first.
+func (p *pipeline) returnRuns(gen uint64, batch []*flight) {
+	runs := map[string]*abortedRun{}
+	var order []*abortedRun
+	for _, f := range batch {
+		r := runs[f.rec.KafkaKey]
+		if r == nil {
+			r = &abortedRun{key: f.rec.KafkaKey, gen: gen}
+			runs[r.key] = r
+			order = append(order, r)
+		}
+		var rejected *RejectedError
+		if failure := f.deliveryFailure(); errors.As(failure, &rejected) {
+			r.hold = append(r.hold, heldRecord{f: f, backoff: p.rejected(f, failure)})
+		}
+	}
+	for _, r := range order {
+		w := p.workers[shardOf(r.key, len(p.workers))]
+		select {
+		case w.aborted <- *r:
+		default:
+			// The channel has room for every record in flight, so this is not expected; a worker
+			// waiting to produce must not wait on this lock's holder, though.
+			go func(r abortedRun) {
+				select {
+				case w.aborted <- r:
+				case <-p.ctx.Done():
+				}
+			}(*r)
+		}
+	}
+}
+
+// commitTxn writes the transaction's note, if it carries runs, and commits it. A transaction in
+// which a message has already failed cannot commit, and librdkafka sends nothing more of it, so
+// committing would only wait for the rest to time out: that is reported at once instead. A
+// commit that takes longer than a heartbeat timeout is given up the same way.
+func (p *pipeline) commitTxn(ctx context.Context, batch, extra []*flight) error {
 	for _, f := range batch {
 		if failure := f.deliveryFailure(); failure != nil {
 			return fmt.Errorf("record %d: %w", f.rec.ID, failure)
@@ -558,6 +697,11 @@ func (p *pipeline) commitTxn(ctx context.Context, batch []*flight) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.limits.HeartbeatTimeout)
 	defer cancel()
+	if len(extra) > 0 {
+		if err := p.producer.WriteNote(ctx, p.notes, p.ledger.note(extra)); err != nil {
+			return fmt.Errorf("write note: %w", err)
+		}
+	}
 	err := p.producer.CommitTransaction(ctx)
 	var txnErr *TxnError
 	for errors.As(err, &txnErr) && txnErr.Retriable && ctx.Err() == nil {
@@ -607,6 +751,7 @@ func (p *pipeline) commitLoop() {
 			began := time.Now()
 			if p.commit("purge", purge, p.db.Purge) {
 				p.metrics.purgeSeconds.Observe(time.Since(began).Seconds())
+				p.noted.Add(-int64(p.ledger.forget(purge)))
 				p.finish(purge)
 			}
 		}

@@ -23,11 +23,24 @@ type Verifier struct {
 	done     chan struct{}
 }
 
-// Start starts consuming topic at addr; it stops when the test ends.
+// Start starts consuming topic at addr, reading committed records only, as every consumer of a
+// transactional producer should; it stops when the test ends.
 func Start(tb testing.TB, addr, topic, run string) *Verifier {
 	tb.Helper()
+	return start(tb, addr, topic, run, kgo.ReadCommitted())
+}
+
+// StartUncommitted is Start for a consumer that also reads the records of aborted transactions
+// (the Java client's default), to check what such a consumer sees.
+func StartUncommitted(tb testing.TB, addr, topic, run string) *Verifier {
+	tb.Helper()
+	return start(tb, addr, topic, run, kgo.ReadUncommitted())
+}
+
+func start(tb testing.TB, addr, topic, run string, isolation kgo.IsolationLevel) *Verifier {
+	tb.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(isolation))
 	if err != nil {
 		tb.Fatal(err)
 	}
