@@ -16,18 +16,18 @@ import (
 
 // fakeDB is an in-memory outbox with the semantics of the Postgres binding.
 type fakeDB struct {
-	mu      sync.Mutex
-	rows    map[int64]*OutboxRecord
-	nextID  int64
-	down    bool // every call fails while set
+	mu     sync.Mutex
+	rows   map[int64]*OutboxRecord
+	nextID int64
+	down   bool // every call fails while set
 	// failPurges makes purges fail while set, as if the leader stopped after a commit and
 	// before its purge.
 	failPurges bool
-	marks   int
-	purges  int
-	purged  []int64
-	failMk  int // fail this many coming marks
-	markErr map[int64]error
+	marks      int
+	purges     int
+	purged     []int64
+	failMk     int // fail this many coming marks
+	markErr    map[int64]error
 	// purgeDelay is the time a purge takes, as a round trip to a real database would.
 	purgeDelay time.Duration
 	// hang makes every call block until its context ends, as on a locked table.
