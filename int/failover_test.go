@@ -12,11 +12,23 @@ import (
 // and a fresh reaper started in its place each time. Each takeover is measured from the
 // leader's loss to the first record published after its successor took over.
 func TestFailover(t *testing.T) {
-	r := newRig(t, rigOptions{})
-	r.startWriters(4, 1000, 2000)
+	failover(t, "failover", rigOptions{}, 1000, pick(4, 12))
+}
+
+// Failover again, with writers on only 10 keys and runs of up to 100 records per key per
+// transaction: a leader killed after its runs committed and before their purge leaves them to
+// its successor, which must purge what the note lists rather than publish the runs again.
+func TestFailoverKeyRuns(t *testing.T) {
+	failover(t, "failover, key runs", rigOptions{extraYAML: "    maxKeyRun: 100", readCommitted: true, slowPurge: true}, 10, pick(4, 12))
+}
+
+func failover(t *testing.T, scenario string, o rigOptions, keys, rounds int) {
+	r := newRig(t, o)
+	r.startWriters(4, keys, 2000)
 	reapers := []*reaper{r.startReaper("r0"), r.startReaper("r1"), r.startReaper("r2")}
+	all := slices.Clone(reapers)
 	var killed, stopped []time.Duration
-	for round := range pick(4, 12) {
+	for round := range rounds {
 		waitLeader(t, 30*time.Second, reapers...)
 		r.waitProgress(500, 30*time.Second)
 		leader := waitLeader(t, 30*time.Second, reapers...)
@@ -49,12 +61,20 @@ func TestFailover(t *testing.T) {
 			stopped = append(stopped, takeover)
 		}
 		t.Logf("round %d: %s %s; %s publishing after %v", round, leader.name, how, successor.name, takeover.Round(time.Millisecond))
-		reapers = append(reapers, r.startReaper(fmt.Sprintf("r%d", round+3)))
+		fresh := r.startReaper(fmt.Sprintf("r%d", round+3))
+		reapers = append(reapers, fresh)
+		all = append(all, fresh)
 	}
 	report := r.finish(2 * time.Minute)
-	figure(t, "failover", "leaders lost %d (%d SIGKILL, %d SIGTERM); takeover after SIGKILL p50 %v max %v; after SIGTERM p50 %v max %v; records %d, duplicates %d, lost %d, reversals %d",
+	noted := 0
+	for _, p := range all {
+		p.mu.Lock()
+		noted += p.notedPurges
+		p.mu.Unlock()
+	}
+	figure(t, scenario, "leaders lost %d (%d SIGKILL, %d SIGTERM); takeover after SIGKILL p50 %v max %v; after SIGTERM p50 %v max %v; successors that purged noted records %d; records %d, duplicates %d, lost %d, reversals %d",
 		len(killed)+len(stopped), len(killed), len(stopped), median(killed), slices.Max(killed).Round(time.Millisecond),
-		median(stopped), slices.Max(stopped).Round(time.Millisecond),
+		median(stopped), slices.Max(stopped).Round(time.Millisecond), noted,
 		report.Expected, report.Duplicates, report.LostCount, len(report.Reversals))
 }
 

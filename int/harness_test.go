@@ -66,8 +66,14 @@ type rig struct {
 
 type rigOptions struct {
 	heartbeatTimeout time.Duration
-	extraYAML        string // more lines under harvest:
+	extraYAML        string // more lines under harvest.limits
 	noAutoCreate     bool   // the broker creates no topics on demand
+	// readCommitted makes the verifier read committed records only. Otherwise it also reads those
+	// of aborted transactions, the stricter check that one record per key in flight passes.
+	readCommitted bool
+	// slowPurge makes every DELETE on the outbox take 50ms longer, so that a leader is more
+	// often killed between a commit and its purge.
+	slowPurge bool
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -107,7 +113,19 @@ logging:
 	if err := os.WriteFile(r.config, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	r.v = verifytest.Start(t, r.broker.Addr(), topic, r.run)
+	if o.slowPurge {
+		_, err := pool.Exec(ctx, `CREATE FUNCTION slow_purge() RETURNS trigger LANGUAGE plpgsql AS
+			$$ BEGIN PERFORM pg_sleep(0.05); RETURN NULL; END $$;
+			CREATE TRIGGER slow_purge BEFORE DELETE ON outbox FOR EACH STATEMENT EXECUTE FUNCTION slow_purge()`)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if o.readCommitted {
+		r.v = verifytest.Start(t, r.broker.Addr(), topic, r.run)
+	} else {
+		r.v = verifytest.StartUncommitted(t, r.broker.Addr(), topic, r.run)
+	}
 	return r
 }
 
@@ -247,6 +265,8 @@ type reaper struct {
 	leading  bool
 	acquired []time.Time
 	events   []string
+	// notedPurges counts epochs that began by purging records a predecessor's note listed.
+	notedPurges int
 }
 
 func (r *rig) startReaper(name string) *reaper {
@@ -304,6 +324,8 @@ func (p *reaper) scan(out io.Reader) {
 		case "leader revoked", "leader fenced", "stopping":
 			p.leading = false
 			p.events = append(p.events, line.Msg)
+		case "purged records an earlier leader published and had not purged":
+			p.notedPurges++
 		}
 		p.mu.Unlock()
 	}
