@@ -417,19 +417,43 @@ func (w *sendWorker) send(f *flight, q *keyQueue) bool {
 		p.emit(RecordFailed{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: f.rec.KafkaKey, Attempts: f.attempts, Err: f.rec.Err})
 		return false
 	}
+	err := p.produce(f, q)
+	if err == errNotNow {
+		return false
+	}
+	if err == nil {
+		return true
+	}
+	f.held = true
+	if errors.Is(err, ErrQueueFull) {
+		f.attempts--
+		w.retryAfter(f, queueFullBackoff)
+	} else {
+		w.retryAfter(f, p.rejected(f, err))
+	}
+	return false
+}
+
+// errNotNow says that a record may not join the current transaction; it waits for its key's
+// run to finish, or for the epoch to end.
+var errNotNow = errors.New("not now")
+
+// produce hands f to the producer in the current transaction, as the start of a run or as more
+// of q's run if that is still open.
+func (p *pipeline) produce(f *flight, q *keyQueue) error {
 	p.txnMu.RLock()
 	defer p.txnMu.RUnlock()
 	if !p.leading() {
-		return false // the owner is about to end this epoch
+		return errNotNow // the owner is about to end this epoch
 	}
 	extends := q.out > 0
 	if extends {
 		if q.gen != p.gen || q.out >= p.limits.MaxKeyRun {
-			return false // the run's transaction has ended, or the run is long enough
+			return errNotNow // the run's transaction has ended, or the run is long enough
 		}
 		if p.noted.Add(1) > maxNotedRecords {
 			p.noted.Add(-1)
-			return false // the note is full
+			return errNotNow // the note is full
 		}
 	}
 	var value []byte
@@ -448,32 +472,25 @@ func (w *sendWorker) send(f *flight, q *keyQueue) bool {
 		Headers: f.rec.KafkaHeaders,
 		Opaque:  f,
 	})
-	if err == nil {
-		q.gen = p.gen
-		p.txnMx.Lock()
-		p.txn = append(p.txn, f)
-		first := len(p.txn) == 1
-		p.txnMx.Unlock()
-		if first {
-			select {
-			case p.produced <- struct{}{}:
-			default:
-			}
+	if err != nil {
+		p.unreported.Add(-1)
+		if extends {
+			p.noted.Add(-1)
 		}
-		return true
+		return err
 	}
-	p.unreported.Add(-1)
-	if extends {
-		p.noted.Add(-1)
+	q.gen = p.gen
+	p.txnMx.Lock()
+	p.txn = append(p.txn, f)
+	first := len(p.txn) == 1
+	p.txnMx.Unlock()
+	if first {
+		select {
+		case p.produced <- struct{}{}:
+		default:
+		}
 	}
-	f.held = true
-	if errors.Is(err, ErrQueueFull) {
-		f.attempts--
-		w.retryAfter(f, queueFullBackoff)
-	} else {
-		w.retryAfter(f, p.rejected(f, err))
-	}
-	return false
+	return nil
 }
 
 // retryAfter releases the held record f after d, unless the epoch ends first.
