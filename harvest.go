@@ -254,8 +254,7 @@ func (h *Harvest) InFlightRecords() int {
 	return n
 }
 
-// InFlightRecordKeys returns the keys of the records counted by InFlightRecords; each appears
-// once, as at most one record per key is in flight.
+// InFlightRecordKeys returns the keys of the records counted by InFlightRecords, each once.
 func (h *Harvest) InFlightRecordKeys() []string {
 	keys, _ := h.inFlight()
 	return keys
@@ -407,8 +406,9 @@ func (h *Harvest) notePlace() NotePlace {
 // earlier transaction, so the note read is final. It reports false, to be retried, when Kafka or
 // the database fails.
 func (h *Harvest) purgeNoted(ctx context.Context, producer KafkaProducer) bool {
+	place := h.notePlace()
 	readCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
-	note, err := producer.ReadNote(readCtx, h.notePlace())
+	note, err := producer.ReadNote(readCtx, place)
 	cancel()
 	if err != nil {
 		h.kafkaTrouble.fail(h.log, "read note", err)
@@ -418,7 +418,7 @@ func (h *Harvest) purgeNoted(ctx context.Context, producer KafkaProducer) bool {
 	if err != nil {
 		// Not ours to interpret: someone else wrote to the group. Publishing on would risk a run
 		// going out again whole, so wait for an operator.
-		h.kafkaTrouble.fail(h.log, "read note of group "+h.notePlace().Group, err)
+		h.kafkaTrouble.fail(h.log, "read note of group "+place.Group, err)
 		return false
 	}
 	if len(ids) == 0 {

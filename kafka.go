@@ -159,9 +159,6 @@ type confluentProducer struct {
 	deliveries chan Delivery
 	log        *slog.Logger
 
-	notesMu sync.Mutex
-	admin   *kafka.AdminClient // reads notes; made from p when first needed
-
 	topicsMu sync.Mutex
 	topics   map[string]topicState
 }
@@ -281,17 +278,13 @@ func (c *confluentProducer) WriteNote(ctx context.Context, place NotePlace, note
 }
 
 func (c *confluentProducer) ReadNote(ctx context.Context, place NotePlace) (string, error) {
-	c.notesMu.Lock()
-	if c.admin == nil {
-		admin, err := kafka.NewAdminClientFromProducer(c.p)
-		if err != nil {
-			c.notesMu.Unlock()
-			return "", fmt.Errorf("read note: %w", err)
-		}
-		c.admin = admin
+	// Read once per epoch, so the admin client (which shares the producer's connections) lives
+	// only for the call.
+	admin, err := kafka.NewAdminClientFromProducer(c.p)
+	if err != nil {
+		return "", fmt.Errorf("read note: %w", err)
 	}
-	admin := c.admin
-	c.notesMu.Unlock()
+	defer admin.Close()
 	topic := place.Topic
 	res, err := admin.ListConsumerGroupOffsets(ctx, []kafka.ConsumerGroupTopicPartitions{{
 		Group: place.Group, Partitions: []kafka.TopicPartition{{Topic: &topic, Partition: 0}},
@@ -320,14 +313,7 @@ func (c *confluentProducer) Abandon() {
 	c.p.Purge(kafka.PurgeQueue | kafka.PurgeInFlight | kafka.PurgeNonBlocking)
 }
 
-func (c *confluentProducer) Close() {
-	c.notesMu.Lock()
-	if c.admin != nil {
-		c.admin.Close()
-	}
-	c.notesMu.Unlock()
-	c.p.Close()
-}
+func (c *confluentProducer) Close() { c.p.Close() }
 
 // classify marks errors that retrying the same message will not cure.
 func classify(err error) error {

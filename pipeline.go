@@ -148,7 +148,7 @@ type pipeline struct {
 	fatal error
 
 	workers  []*sendWorker
-	outcomes chan outcome // from the delivery reader to the committers
+	outcomes chan outcome // from the transaction loop to the committers
 
 	queued     atomic.Int64  // marked and not finished: bounded by MaxInFlightRecords
 	unreported atomic.Int64  // produced, delivery not yet reported
@@ -325,8 +325,8 @@ type sendWorker struct {
 // keyQueue is one key's records, marked and not yet finished, in the order to publish them.
 type keyQueue struct {
 	flights []*flight
-	out     int    // how many at the front are with Kafka: a run in transaction gen
-	gen     uint64 //
+	out     int // how many at the front are with Kafka: a run in transaction gen
+	gen     uint64
 }
 
 // abortedRun says that a key's run in transaction gen was not committed; hold lists the records
@@ -672,33 +672,24 @@ func runsButLast(batch []*flight) []*flight {
 // from their first records; the records Kafka refused wait out a backoff first.
 func (p *pipeline) returnRuns(gen uint64, batch []*flight) {
 	runs := map[string]*abortedRun{}
-	var order []*abortedRun
+	var firsts []*flight // each run's first record, whose worker owns the key
 	for _, f := range batch {
 		r := runs[f.rec.KafkaKey]
 		if r == nil {
 			r = &abortedRun{key: f.rec.KafkaKey, gen: gen}
 			runs[r.key] = r
-			order = append(order, r)
+			firsts = append(firsts, f)
 		}
 		var rejected *RejectedError
 		if failure := f.deliveryFailure(); errors.As(failure, &rejected) {
 			r.hold = append(r.hold, heldRecord{f: f, backoff: p.rejected(f, failure)})
 		}
 	}
-	for _, r := range order {
-		w := p.workers[shardOf(r.key, len(p.workers))]
-		select {
-		case w.aborted <- *r:
-		default:
-			// The channel has room for every record in flight, so this is not expected; a worker
-			// waiting to produce must not wait on this lock's holder, though.
-			go func(r abortedRun) {
-				select {
-				case w.aborted <- r:
-				case <-p.ctx.Done():
-				}
-			}(*r)
-		}
+	// This cannot block (which, under txnMu, a worker waiting to produce would turn into a
+	// deadlock): a worker's pending runs are of distinct keys, each with a record unfinished, and
+	// its channel has room for MaxInFlightRecords.
+	for _, f := range firsts {
+		f.worker.aborted <- *runs[f.rec.KafkaKey]
 	}
 }
 

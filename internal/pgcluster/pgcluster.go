@@ -39,9 +39,6 @@ type Server struct {
 	opts    string // the postmaster's settings, for Resume
 }
 
-// AdminDSN returns a data source name for the server's maintenance database.
-func (s *Server) AdminDSN() string { return s.adminDSN }
-
 // CreateDatabase creates an empty database and returns its DSN and a function that drops it.
 func (s *Server) CreateDatabase() (dsn string, drop func() error, err error) {
 	name := fmt.Sprintf("goharvest_%d_%d", os.Getpid(), dbCounter.Add(1))
