@@ -23,6 +23,9 @@ type fakeDB struct {
 	// failPurges makes purges fail while set, as if the leader stopped after a commit and
 	// before its purge.
 	failPurges bool
+	// failPurgesFromRun sets failPurges at the first purge of two records of one key: a run its
+	// transaction's note lists.
+	failPurgesFromRun bool
 	marks      int
 	purges     int
 	purged     []int64
@@ -77,10 +80,17 @@ func (d *fakeDB) insertAt(id int64, r OutboxRecord) {
 	d.rows[id] = &r
 }
 
+// setFailPurges makes purges fail, or succeed, from now on.
 func (d *fakeDB) setFailPurges(fail bool) {
 	d.mu.Lock()
-	d.failPurges = fail
+	d.failPurges, d.failPurgesFromRun = fail, false
 	d.mu.Unlock()
+}
+
+func (d *fakeDB) purgesFailing() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.failPurges
 }
 
 func (d *fakeDB) setDown(down bool) {
@@ -147,6 +157,15 @@ func (d *fakeDB) Purge(ctx context.Context, ids []int64) (int, error) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.failPurgesFromRun && !d.failPurges {
+		keys := map[string]bool{}
+		for _, id := range ids {
+			if r := d.rows[id]; r != nil {
+				d.failPurges = d.failPurges || keys[r.KafkaKey]
+				keys[r.KafkaKey] = true
+			}
+		}
+	}
 	if d.down || d.failPurges {
 		return 0, errDBDown
 	}
