@@ -26,11 +26,11 @@ type fakeDB struct {
 	// failPurgesFromRun sets failPurges at the first purge of two records of one key: a run its
 	// transaction's note lists.
 	failPurgesFromRun bool
-	marks      int
-	purges     int
-	purged     []int64
-	failMk     int // fail this many coming marks
-	markErr    map[int64]error
+	marks             int
+	purges            int
+	purged            []int64
+	failMk            int // fail this many coming marks
+	markErr           map[int64]error
 	// purgeDelay is the time a purge takes, as a round trip to a real database would.
 	purgeDelay time.Duration
 	// hang makes every call block until its context ends, as on a locked table.
