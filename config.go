@@ -31,6 +31,10 @@ const (
 	DefaultOutboxTable = "outbox"
 	// DefaultLeaderTopicPrefix is put before LeaderGroupID to make the default LeaderTopic.
 	DefaultLeaderTopicPrefix = "goharvest.neli."
+	// DefaultProducerLinger is the producer's "linger.ms" unless ProducerKafkaConfig or
+	// BaseKafkaConfig sets it (or its alias "queue.buffering.max.ms"); librdkafka's own default
+	// is 5.
+	DefaultProducerLinger = 1
 )
 
 // Defaults of Limits. A zero field takes its default.
@@ -66,8 +70,8 @@ type Config struct {
 	BaseKafkaConfig KafkaConfigMap `yaml:"baseKafkaConfig"`
 
 	// ProducerKafkaConfig holds properties for the producer only, such as "compression.type" or
-	// "linger.ms"; they override BaseKafkaConfig. Idempotence is always on and cannot be
-	// disabled.
+	// "linger.ms" (default DefaultProducerLinger); they override BaseKafkaConfig. Idempotence is
+	// always on and cannot be disabled.
 	ProducerKafkaConfig KafkaConfigMap `yaml:"producerKafkaConfig"`
 
 	// LeaderTopic is the topic whose partition 0 decides leadership. All harvesters of one

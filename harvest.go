@@ -107,6 +107,14 @@ func New(config Config) (*Harvest, error) {
 	if !hasMessageTimeout && !hasDeliveryTimeout {
 		producerConfig["message.timeout.ms"] = int(cfg.Limits.QueueTimeout.Milliseconds())
 	}
+	_, hasLinger := producerConfig["linger.ms"]
+	_, hasLingerAlias := producerConfig["queue.buffering.max.ms"]
+	if !hasLinger && !hasLingerAlias {
+		// The transaction loop already gathers records between commits, and a commit sends what is
+		// queued at once; librdkafka's own 5 ms wait would only delay each delivery report, and
+		// with it the commit that releases a key's next record.
+		producerConfig["linger.ms"] = DefaultProducerLinger
+	}
 	maps.Copy(producerConfig, KafkaConfigMap{
 		"enable.idempotence":  true,
 		"acks":                "all",

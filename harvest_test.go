@@ -672,3 +672,29 @@ func TestHealthyAndReady(t *testing.T) {
 		t.Fatal("healthy after Stop")
 	}
 }
+
+// The producer lingers DefaultProducerLinger unless the configuration says otherwise, under
+// either of librdkafka's names.
+func TestProducerLingerDefault(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		set  KafkaConfigMap
+		want map[string]any
+	}{
+		{"default", nil, map[string]any{"linger.ms": DefaultProducerLinger}},
+		{"set", KafkaConfigMap{"linger.ms": 20}, map[string]any{"linger.ms": 20}},
+		{"alias", KafkaConfigMap{"queue.buffering.max.ms": 20}, map[string]any{"linger.ms": nil, "queue.buffering.max.ms": 20}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", ProducerKafkaConfig: c.set})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range c.want {
+				if got := h.producerConfig[k]; got != v {
+					t.Errorf("%s = %v, want %v", k, got, v)
+				}
+			}
+		})
+	}
+}
