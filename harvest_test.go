@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -525,6 +526,38 @@ func TestIdleOutboxBacksOff(t *testing.T) {
 	id := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "k"})[0]
 	r.waitFor("the new record", 3*time.Second, func() bool { return !r.db.exists(id) })
 	r.stop()
+}
+
+// A deposed leader that has not yet noticed can still mark rows, taking them from the current
+// leader, whose next mark then returns records it already holds. Those copies must be dropped:
+// queued behind the key's later records, they would be published out of order.
+func TestRecordsMarkedAgainMidEpochAreNotQueuedTwice(t *testing.T) {
+	r := newRig(t, fastLimits())
+	r.kafka.delay = time.Millisecond
+	ids := r.load(20, 50)
+	r.start()
+	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids) })
+	stolen := 0
+	for range 5 {
+		marked, err := r.db.Mark(context.Background(), uuid.New(), 200) // the deposed leader's mark
+		if err != nil {
+			t.Fatal(err)
+		}
+		stolen += len(marked)
+		time.Sleep(20 * time.Millisecond)
+	}
+	if stolen == 0 {
+		t.Fatal("nothing was left to mark again")
+	}
+	r.waitEmpty(20 * time.Second)
+	r.stop()
+	r.checkOrder(ids)
+	if dups := len(r.kafka.published()) - len(ids); dups != 0 {
+		t.Errorf("%d records published twice by one leader", dups)
+	}
+	if again := testutil.ToFloat64(r.h.metrics.markedAgain); again == 0 {
+		t.Error("no record was counted as marked again")
+	}
 }
 
 // On a revoke the epoch drains before the next begins: the fake producer flags any overlap of

@@ -11,7 +11,7 @@ import (
 type metrics struct {
 	leader                             prometheus.Gauge
 	marked, published, purged          prometheus.Counter
-	reset, failed                      prometheus.Counter
+	reset, failed, markedAgain         prometheus.Counter
 	elections, fences, remarks         prometheus.Counter
 	errors                             *prometheus.CounterVec
 	markSeconds, purgeSeconds          prometheus.Histogram
@@ -45,6 +45,8 @@ func newMetrics(name string, inFlight func() ([]string, int)) *metrics {
 		purged:    counter("records_purged_total", "Records deleted from the outbox after publishing."),
 		reset:     counter("records_reset_total", "Records reset to be marked again after a failure."),
 		failed:    counter("records_failed_total", "Failed attempts to publish a record that Kafka refused or that is malformed."),
+		markedAgain: counter("records_marked_again_total",
+			"Records a mark returned while the leader already held them, because a deposed leader had marked them; dropped, not published twice."),
 		elections: counter("leader_elections_total", "Times this harvester became the leader."),
 		fences:    counter("leader_fences_total", "Times this harvester fenced itself after losing contact with Kafka."),
 		remarks:   counter("remarks_total", "Times the leader moved to a new leader ID to mark records again."),
@@ -66,7 +68,7 @@ func newMetrics(name string, inFlight func() ([]string, int)) *metrics {
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.leader, m.marked, m.published, m.purged, m.reset, m.failed,
-		m.elections, m.fences, m.remarks, m.errors, m.markSeconds, m.purgeSeconds, m.commitSeconds,
+		m.markedAgain, m.elections, m.fences, m.remarks, m.errors, m.markSeconds, m.purgeSeconds, m.commitSeconds,
 		m.backlog, m.oldestAge, m.inFlightRecords, m.inFlightKeysGauge}
 }
 

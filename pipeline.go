@@ -329,6 +329,17 @@ type keyQueue struct {
 	gen     uint64
 }
 
+// holds reports whether the queue has the record with this id. Until its purge commits, a
+// record can be marked again.
+func (q *keyQueue) holds(id int64) bool {
+	for _, f := range q.flights {
+		if f.rec.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
 // abortedRun says that a key's run in transaction gen was not committed; hold lists the records
 // of it that Kafka refused, each to wait out its backoff before it is sent again.
 type abortedRun struct {
@@ -354,6 +365,13 @@ func (w *sendWorker) run() {
 			if q == nil {
 				q = &keyQueue{}
 				w.queues[f.rec.KafkaKey] = q
+			}
+			if q.holds(f.rec.ID) {
+				// Marked again: a deposed leader that has not yet noticed marked the row, and so
+				// this epoch's marker took it back. Queued twice, it would follow the key's later
+				// records.
+				w.p.dropDuplicate()
+				continue
 			}
 			q.flights = append(q.flights, f)
 			w.pump(q)
@@ -814,6 +832,16 @@ func (p *pipeline) finish(batch []*flight) {
 	p.meter.Add(int64(len(batch)))
 	if stats, ok := p.meter.Read(); ok {
 		p.emit(MeterRead{Stats: stats})
+	}
+}
+
+// dropDuplicate forgets a record marked a second time, making room for another.
+func (p *pipeline) dropDuplicate() {
+	p.queued.Add(-1)
+	p.metrics.markedAgain.Inc()
+	select {
+	case p.room <- struct{}{}:
+	default:
 	}
 }
 
