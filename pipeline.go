@@ -370,7 +370,8 @@ func (w *sendWorker) run() {
 				// Marked again: a deposed leader that has not yet noticed marked the row, and so
 				// this epoch's marker took it back. Queued twice, it would follow the key's later
 				// records.
-				w.p.dropDuplicate()
+				w.p.metrics.markedAgain.Inc()
+				w.p.makeRoom(1)
 				continue
 			}
 			q.flights = append(q.flights, f)
@@ -823,22 +824,17 @@ func (p *pipeline) finish(batch []*flight) {
 		p.untrack(f)
 		f.worker.finished <- f
 	}
-	p.queued.Add(-int64(len(batch)))
+	p.makeRoom(len(batch))
 	p.metrics.purged.Add(float64(len(batch)))
-	select {
-	case p.room <- struct{}{}:
-	default:
-	}
 	p.meter.Add(int64(len(batch)))
 	if stats, ok := p.meter.Read(); ok {
 		p.emit(MeterRead{Stats: stats})
 	}
 }
 
-// dropDuplicate forgets a record marked a second time, making room for another.
-func (p *pipeline) dropDuplicate() {
-	p.queued.Add(-1)
-	p.metrics.markedAgain.Inc()
+// makeRoom takes n records off the in-flight count and wakes the marker if it waits for room.
+func (p *pipeline) makeRoom(n int) {
+	p.queued.Add(-int64(n))
 	select {
 	case p.room <- struct{}{}:
 	default:
