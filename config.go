@@ -35,6 +35,10 @@ const (
 	// BaseKafkaConfig sets it (or its alias "queue.buffering.max.ms"); librdkafka's own default
 	// is 5.
 	DefaultProducerLinger = 1
+	// DefaultTransactionTimeout is librdkafka's transaction.timeout.ms, which the producer keeps
+	// unless ProducerKafkaConfig sets it or a longer QueueTimeout needs more (librdkafka refuses a
+	// message timeout longer than the transaction timeout).
+	DefaultTransactionTimeout = time.Minute
 )
 
 // Defaults of Limits. A zero field takes its default.
@@ -346,6 +350,52 @@ var (
 
 func topicSafe(s string) string { return notTopicChars.ReplaceAllString(s, "_") }
 
+// kafkaMillis returns a producer property given in milliseconds, and whether it is set (to a
+// value that reads as a number).
+func (c Config) kafkaMillis(key string) (time.Duration, bool) {
+	v, ok := c.ProducerKafkaConfig[key]
+	if !ok {
+		v, ok = c.BaseKafkaConfig[key]
+	}
+	if !ok {
+		return 0, false
+	}
+	var ms float64
+	switch v := v.(type) {
+	case int:
+		ms = float64(v)
+	case int64:
+		ms = float64(v)
+	case float64:
+		ms = v
+	case string:
+		if _, err := fmt.Sscan(v, &ms); err != nil {
+			return 0, false
+		}
+	default:
+		return 0, false
+	}
+	return time.Duration(ms * float64(time.Millisecond)), true
+}
+
+// messageTimeout is how long the producer tries to deliver a message: message.timeout.ms (or its
+// alias delivery.timeout.ms) if set, else QueueTimeout.
+func (c Config) messageTimeout() time.Duration {
+	if d, ok := c.kafkaMillis("message.timeout.ms"); ok {
+		return d
+	}
+	if d, ok := c.kafkaMillis("delivery.timeout.ms"); ok {
+		return d
+	}
+	return c.Limits.QueueTimeout
+}
+
+// transactionTimeout is the producer's transaction.timeout.ms unless the configuration sets it:
+// librdkafka's default, or the message timeout if that is longer.
+func (c Config) transactionTimeout() time.Duration {
+	return max(DefaultTransactionTimeout, c.messageTimeout())
+}
+
 // Validate checks a Config whose defaults have been applied (see WithDefaults). It reports
 // every problem, each naming the field (with its YAML key) and what is allowed.
 func (c Config) Validate() error {
@@ -369,6 +419,12 @@ func (c Config) Validate() error {
 	}
 	checkKafkaMap("BaseKafkaConfig", "baseKafkaConfig", c.BaseKafkaConfig)
 	checkKafkaMap("ProducerKafkaConfig", "producerKafkaConfig", c.ProducerKafkaConfig)
+	if txn, set := c.kafkaMillis("transaction.timeout.ms"); set {
+		if msg := c.messageTimeout(); txn < msg {
+			bad("ProducerKafkaConfig", "producerKafkaConfig.transaction.timeout.ms",
+				"%v is shorter than the message timeout (%v, from queueTimeout or message.timeout.ms); librdkafka refuses that", txn, msg)
+		}
+	}
 	if s, _ := c.BaseKafkaConfig["bootstrap.servers"].(string); strings.TrimSpace(s) == "" {
 		bad("BaseKafkaConfig", "baseKafkaConfig.bootstrap.servers", "must name at least one host:port")
 	}

@@ -43,16 +43,21 @@ func (d *fakeDB) setHang(hang bool) {
 	d.mu.Unlock()
 }
 
-// wait blocks until ctx ends if the database hangs, and reports whether it did.
+// wait blocks while the database hangs, as a statement waits for a lock, until ctx ends.
 func (d *fakeDB) wait(ctx context.Context) error {
-	d.mu.Lock()
-	hang := d.hang
-	d.mu.Unlock()
-	if !hang {
-		return nil
+	for {
+		d.mu.Lock()
+		hang := d.hang
+		d.mu.Unlock()
+		if !hang {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Millisecond):
+		}
 	}
-	<-ctx.Done()
-	return ctx.Err()
 }
 
 func newFakeDB() *fakeDB { return &fakeDB{rows: map[int64]*OutboxRecord{}} }
@@ -241,6 +246,15 @@ type fakeKafka struct {
 	maxOut       int               // most records outstanding at once
 	maxRun       int               // most records of one key in one committed transaction
 	note         string            // the latest committed note
+	// commitStalls makes this many coming calls to CommitTransaction time out, as librdkafka's
+	// do on a slow coordinator: each waits out its context's deadline and returns a retriable
+	// error, and the commit stays under way (an abort is refused meanwhile) until a call
+	// completes it.
+	commitStalls int
+	// initHang makes InitTransactions wait out its context's deadline and time out.
+	initHang bool
+	// initErr, when set, is what InitTransactions returns.
+	initErr error
 	notes        int               // committed transactions that wrote a note
 	violations   []string
 }
@@ -287,6 +301,24 @@ type fakeProducer struct {
 	txn        []*sentMessage // guarded by k.mu
 	txnNo      int            // numbers the current transaction (guarded by k.mu)
 	note       *string        // the current transaction's note, if it wrote one (guarded by k.mu)
+	// abortable is set once a message of the current transaction has failed, committing while a
+	// commit is under way; librdkafka refuses new messages in either state (guarded by k.mu).
+	abortable, committing bool
+}
+
+// errErroneousState is what librdkafka's produce returns while the transaction must be aborted
+// or is being committed.
+var errErroneousState = errors.New("Local: Erroneous state")
+
+// waitOut blocks until ctx's deadline (the only part of a context librdkafka's transactional
+// calls honour) and returns librdkafka's retriable timeout.
+func waitOut(ctx context.Context) error {
+	if deadline, ok := ctx.Deadline(); ok {
+		time.Sleep(time.Until(deadline))
+	} else {
+		panic("a transactional call without a deadline would wait forever in librdkafka")
+	}
+	return &TxnError{Err: errors.New("Local: Timed out"), Retriable: true}
 }
 
 // endTxn forgets the current transaction (committed or not). Called with k.mu held.
@@ -297,6 +329,7 @@ func (p *fakeProducer) endTxn() {
 	p.txn = nil
 	p.note = nil
 	p.txnNo++
+	p.abortable, p.committing = false, false
 }
 
 func (p *fakeProducer) WriteNote(_ context.Context, place NotePlace, note string) error {
@@ -319,7 +352,16 @@ func (p *fakeProducer) ReadNote(context.Context, NotePlace) (string, error) {
 	return p.k.note, nil
 }
 
-func (p *fakeProducer) InitTransactions(context.Context) error {
+func (p *fakeProducer) InitTransactions(ctx context.Context) error {
+	p.k.mu.Lock()
+	hang, err := p.k.initHang, p.k.initErr
+	p.k.mu.Unlock()
+	if hang {
+		return waitOut(ctx)
+	}
+	if err != nil {
+		return err
+	}
 	p.k.mu.Lock()
 	defer p.k.mu.Unlock()
 	p.k.epoch++
@@ -329,10 +371,16 @@ func (p *fakeProducer) InitTransactions(context.Context) error {
 
 func (p *fakeProducer) BeginTransaction() error { return nil }
 
-func (p *fakeProducer) CommitTransaction(context.Context) error {
+func (p *fakeProducer) CommitTransaction(ctx context.Context) error {
 	p.wg.Wait() // a commit flushes: every message has been reported
 	k := p.k
 	k.mu.Lock()
+	if k.commitStalls > 0 {
+		k.commitStalls--
+		p.committing = true
+		k.mu.Unlock()
+		return waitOut(ctx)
+	}
 	defer k.mu.Unlock()
 	if p.epoch != k.epoch {
 		return &TxnError{Err: errors.New("producer fenced"), Fatal: true}
@@ -394,6 +442,9 @@ func (p *fakeProducer) AbortTransaction(context.Context) error {
 	p.wg.Wait()
 	p.k.mu.Lock()
 	defer p.k.mu.Unlock()
+	if p.committing {
+		return &TxnError{Err: errors.New("Conflicting commit_transaction API call is already in progress"), Retriable: true}
+	}
 	p.endTxn()
 	p.k.aborts++
 	return nil
@@ -404,6 +455,10 @@ func (p *fakeProducer) Produce(msg Message) error {
 	f := msg.Opaque.(*flight)
 	id, key := f.rec.ID, string(msg.Key)
 	k.mu.Lock()
+	if p.abortable || p.committing {
+		k.mu.Unlock()
+		return errErroneousState
+	}
 	out, ok := k.outstanding[key]
 	if ok && (out.producer != p.index || out.txn != p.txnNo) {
 		k.violate("key %s: record %d sent while records %v of another transaction are still in flight", key, id, out.ids)
@@ -427,6 +482,9 @@ func (p *fakeProducer) Produce(msg Message) error {
 		m.err = e
 	}
 	p.txn = append(p.txn, m)
+	// The failed request puts the transaction in librdkafka's abortable state at once; its
+	// delivery report follows.
+	p.abortable = p.abortable || m.err != nil
 	delay := k.delay
 	k.mu.Unlock()
 

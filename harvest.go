@@ -83,7 +83,13 @@ type Harvest struct {
 	pipeline *pipeline // the current epoch; nil while not leading
 	err      error     // what stopped the harvester
 
-	schemaProblem string // the last schema mismatch reported (owner goroutine only)
+	// Owned by the owner goroutine (run):
+	starting   *epochStart     // an epoch being prepared, if any
+	prevClosed <-chan struct{} // closed once the last epoch's producer has closed
+	unpurged   []int64         // records the last epoch published and could not purge
+	// schemaProblem is the last schema mismatch reported (by the epoch start, which the owner
+	// waits for before it starts another).
+	schemaProblem string
 
 	stopOnce sync.Once
 	stopCh   chan struct{}
@@ -106,6 +112,9 @@ func New(config Config) (*Harvest, error) {
 	_, hasDeliveryTimeout := producerConfig["delivery.timeout.ms"]
 	if !hasMessageTimeout && !hasDeliveryTimeout {
 		producerConfig["message.timeout.ms"] = int(cfg.Limits.QueueTimeout.Milliseconds())
+	}
+	if _, ok := producerConfig["transaction.timeout.ms"]; !ok {
+		producerConfig["transaction.timeout.ms"] = int(cfg.transactionTimeout().Milliseconds())
 	}
 	_, hasLinger := producerConfig["linger.ms"]
 	_, hasLingerAlias := producerConfig["queue.buffering.max.ms"]
@@ -189,6 +198,9 @@ func (h *Harvest) Start() error {
 	h.events = dispatch.New(h.handler)
 	h.meter = metric.NewMeter("throughput", h.cfg.Limits.MinMetricsInterval)
 	h.state = Running
+	closed := make(chan struct{})
+	close(closed)
+	h.prevClosed = closed
 	h.lastPulse.Store(time.Now().UnixNano())
 	go h.run()
 	go h.sampleBacklog()
@@ -282,6 +294,8 @@ func (h *Harvest) emit(e Event) { h.events.Emit(e) }
 
 // run is the owner loop: it pulses the election and starts and ends leader epochs. Every epoch
 // change happens on this goroutine (leadershipLost runs inside Pulse), so epochs never overlap.
+// Starting an epoch talks to the database and to Kafka, which may be slow; it runs on a goroutine
+// of its own (see epochStart) while this loop keeps pulsing, so that the group never waits on it.
 func (h *Harvest) run() {
 	defer close(h.done)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -303,24 +317,20 @@ func (h *Harvest) run() {
 		}
 		if !leading {
 			acquired = false
+			h.abandonStart()
 			if h.current() != nil {
 				// The clock fenced us between pulses (neli's barrier follows when it notices).
 				h.endEpoch(h.lossEvent())
 			}
-		} else if h.current() == nil && !time.Now().Before(nextEpochAt) {
-			var started bool
-			if started, err = h.startEpoch(ctx, acquired); err != nil {
-				break
-			}
-			if started {
-				acquired = true
-			} else {
-				nextEpochAt = time.Now().Add(h.cfg.Limits.IOErrorBackoff)
-			}
+		} else if h.current() == nil && h.starting == nil && !time.Now().Before(nextEpochAt) {
+			h.starting = h.beginEpoch(ctx)
 		}
-		var remark <-chan struct{}
+		var remark, started <-chan struct{}
 		if p := h.current(); p != nil {
 			remark = p.remark()
+		}
+		if h.starting != nil {
+			started = h.starting.done
 		}
 		select {
 		case <-h.stopCh:
@@ -330,6 +340,20 @@ func (h *Harvest) run() {
 			if p.remarkErr.Load() {
 				nextEpochAt = time.Now().Add(h.cfg.Limits.IOErrorBackoff)
 			}
+			continue
+		case <-started:
+			s := h.starting
+			h.starting = nil
+			if s.err != nil {
+				err = s.err
+				break
+			}
+			if s.producer == nil {
+				nextEpochAt = time.Now().Add(h.cfg.Limits.IOErrorBackoff)
+				continue
+			}
+			h.launchEpoch(s.producer, acquired)
+			acquired = true
 			continue
 		case <-ticker.C:
 			continue
@@ -345,34 +369,100 @@ func (h *Harvest) current() *pipeline {
 	return h.pipeline
 }
 
-// startEpoch begins publishing under a new leader ID, with a new producer whose
-// InitTransactions fences the producers of every earlier epoch. It returns false when Kafka's
-// transaction coordinator is not ready (to be retried), and an error only when the producer
-// cannot be created at all.
-func (h *Harvest) startEpoch(ctx context.Context, refresh bool) (bool, error) {
+// epochStart is an epoch being prepared on a goroutine of its own: the schema check, a new
+// producer whose InitTransactions fences the producers of every earlier epoch, and the purge of
+// records earlier epochs published and did not purge. It belongs to the owner goroutine.
+type epochStart struct {
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the fields below are set
+	// producer is ready to publish; nil when a step failed and the start is to be retried.
+	producer KafkaProducer
+	// err is a failure that retrying cannot cure (Kafka refusing the harvester's settings); it
+	// stops the harvester.
+	err error
+}
+
+// beginEpoch starts preparing an epoch. Every step that cannot be cancelled (librdkafka's
+// InitTransactions honours only a deadline) is bounded by MaxPollInterval, so that abandonStart,
+// which a handover waits for, returns within that bound.
+func (h *Harvest) beginEpoch(ctx context.Context) *epochStart {
+	ctx, cancel := context.WithCancel(ctx)
+	s := &epochStart{cancel: cancel, done: make(chan struct{})}
+	prevClosed, unpurged := h.prevClosed, h.unpurged
+	go func() {
+		defer close(s.done)
+		// The previous epoch's producer closes in the background; the next one waits for it, so
+		// that one process never has two.
+		select {
+		case <-prevClosed:
+		case <-ctx.Done():
+			return
+		}
+		s.producer, s.err = h.prepareEpoch(ctx, unpurged)
+	}()
+	return s
+}
+
+// prepareEpoch runs the steps of an epoch's start and returns its producer, or nil when a step
+// failed and should be retried after IOErrorBackoff.
+func (h *Harvest) prepareEpoch(ctx context.Context, unpurged []int64) (KafkaProducer, error) {
 	if !h.schemaReady(ctx) {
-		return false, nil
+		return nil, nil
+	}
+	// Records this harvester committed to Kafka and could not purge when its last epoch ended
+	// would otherwise be marked and published again.
+	if len(unpurged) > 0 {
+		if !h.purgeIDs(ctx, "purge records the last epoch published", unpurged) {
+			return nil, nil
+		}
+		h.log.Info("purged records the last epoch published and could not purge", "records", len(unpurged))
 	}
 	producer, err := h.cfg.KafkaProducerProvider(h.producerConfig)
 	if err != nil {
-		return false, fmt.Errorf("harvest: create producer: %w", err)
+		return nil, fmt.Errorf("harvest: create producer: %w", err)
 	}
-	initCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
+	initCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.MaxPollInterval)
 	err = producer.InitTransactions(initCtx)
 	cancel()
 	if err == nil {
 		err = producer.BeginTransaction()
 	}
+	var refused *KafkaConfigError
+	if errors.As(err, &refused) {
+		producer.Close()
+		return nil, fmt.Errorf("harvest: Kafka refuses the producer's settings or permissions: %w", err)
+	}
 	if err != nil {
 		h.kafkaTrouble.fail(h.log, "init transactions", err)
 		producer.Close()
-		return false, nil
+		return nil, nil
 	}
 	h.kafkaTrouble.ok(h.log)
 	if !h.purgeNoted(ctx, producer) {
 		producer.Close()
-		return false, nil
+		return nil, nil
 	}
+	return producer, nil
+}
+
+// abandonStart cancels an epoch start under way and waits for it, closing its producer if it
+// got one. It returns within about MaxPollInterval (see beginEpoch).
+func (h *Harvest) abandonStart() {
+	s := h.starting
+	if s == nil {
+		return
+	}
+	h.starting = nil
+	s.cancel()
+	<-s.done
+	if s.producer != nil {
+		s.producer.Close()
+	}
+}
+
+// launchEpoch begins publishing under a new leader ID through a prepared producer.
+func (h *Harvest) launchEpoch(producer KafkaProducer, refresh bool) {
+	h.unpurged = nil
 	leaderID := uuid.New()
 	p := startPipeline(pipelineDeps{
 		leaderID:  leaderID,
@@ -401,7 +491,6 @@ func (h *Harvest) startEpoch(ctx context.Context, refresh bool) (bool, error) {
 		h.log.Info("leader acquired", "leaderID", leaderID)
 		h.emit(LeaderAcquired{LeaderID: leaderID})
 	}
-	return true, nil
 }
 
 // notePlace is where this outbox's transactions leave their notes (see note.go).
@@ -415,7 +504,7 @@ func (h *Harvest) notePlace() NotePlace {
 // the database fails.
 func (h *Harvest) purgeNoted(ctx context.Context, producer KafkaProducer) bool {
 	place := h.notePlace()
-	readCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
+	readCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.MaxPollInterval)
 	note, err := producer.ReadNote(readCtx, place)
 	cancel()
 	if err != nil {
@@ -432,16 +521,22 @@ func (h *Harvest) purgeNoted(ctx context.Context, producer KafkaProducer) bool {
 	if len(ids) == 0 {
 		return true
 	}
+	return h.purgeIDs(ctx, "purge noted records", ids)
+}
+
+// purgeIDs deletes the rows of records that an earlier epoch published, before this one marks
+// anything. It reports false, to be retried, when the database fails.
+func (h *Harvest) purgeIDs(ctx context.Context, op string, ids []int64) bool {
 	purgeCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
 	n, err := h.db.Purge(purgeCtx, ids)
 	cancel()
 	if err != nil {
-		h.dbTrouble.fail(h.log, "purge noted records", err)
+		h.dbTrouble.fail(h.log, op, err)
 		return false
 	}
 	h.dbTrouble.ok(h.log)
 	if n > 0 {
-		h.log.Info("purged records an earlier leader published and had not purged", "records", n)
+		h.log.Info("purged records an earlier leader published and had not purged", "records", n, "op", op)
 	}
 	return true
 }
@@ -478,15 +573,18 @@ func (h *Harvest) schemaReady(ctx context.Context) bool {
 	return true
 }
 
-// endEpoch drains and closes the current epoch, within about MaxPollInterval, then reports why
-// it ended (nil for a remark, which LeaderRefreshed reports when the next epoch starts).
+// endEpoch drains and closes the current epoch, within about twice MaxPollInterval, then
+// reports why it ended (nil for a remark, which LeaderRefreshed reports when the next epoch
+// starts).
 func (h *Harvest) endEpoch(why Event) {
 	h.mu.Lock()
 	p := h.pipeline
 	h.mu.Unlock()
 	if p != nil {
 		h.metrics.leader.Set(0)
-		p.stop(h.cfg.Limits.MaxPollInterval)
+		unpurged, closed := p.stop(h.cfg.Limits.MaxPollInterval)
+		h.unpurged = append(h.unpurged, unpurged...)
+		h.prevClosed = closed
 		h.mu.Lock()
 		h.pipeline = nil
 		h.mu.Unlock()
@@ -503,6 +601,7 @@ func (h *Harvest) endEpoch(why Event) {
 // leadershipLost is neli's Barrier: it runs on the owner goroutine, inside Pulse, when
 // leadership is revoked or fenced, and the handover waits for it.
 func (h *Harvest) leadershipLost() {
+	h.abandonStart()
 	if h.current() != nil {
 		h.endEpoch(h.lossEvent())
 	}
@@ -522,6 +621,7 @@ func (h *Harvest) shutdown(cause error) {
 	h.state = Stopping
 	h.mu.Unlock()
 	h.log.Info("stopping", "error", cause)
+	h.abandonStart()
 	if h.current() != nil {
 		h.endEpoch(LeaderRevoked{})
 	}
@@ -529,6 +629,11 @@ func (h *Harvest) shutdown(cause error) {
 	defer cancel()
 	if err := h.elector.Close(closeCtx); err != nil {
 		h.log.Warn("leave the leader election", "error", err)
+	}
+	select {
+	case <-h.prevClosed:
+	case <-closeCtx.Done():
+		h.log.Warn("the last epoch's producer is still closing at shutdown")
 	}
 	h.db.Dispose()
 	h.metrics.unregister(h.cfg.MetricsRegisterer)

@@ -121,6 +121,32 @@ type TxnError struct {
 func (e *TxnError) Error() string { return e.Err.Error() }
 func (e *TxnError) Unwrap() error { return e.Err }
 
+// KafkaConfigError says that Kafka refused the producer's settings or permissions when it
+// registered its transactional ID: a missing ACL (WRITE on the transactional ID, IDEMPOTENT_WRITE
+// on the cluster), a transaction.timeout.ms above the broker's transaction.max.timeout.ms, a
+// broker without transactions. Retrying cannot cure it, so the harvester stops with it.
+type KafkaConfigError struct{ Err error }
+
+func (e *KafkaConfigError) Error() string { return e.Err.Error() }
+func (e *KafkaConfigError) Unwrap() error { return e.Err }
+
+// initError classifies a failed InitTransactions: the refusals of KafkaConfigError, or a
+// TxnError.
+func initError(err error) error {
+	var kerr kafka.Error
+	if errors.As(err, &kerr) {
+		switch kerr.Code() {
+		case kafka.ErrTransactionalIDAuthorizationFailed, kafka.ErrClusterAuthorizationFailed,
+			kafka.ErrInvalidTransactionTimeout, kafka.ErrUnsupportedVersion, kafka.ErrUnsupportedForMessageFormat:
+			return &KafkaConfigError{Err: err}
+		}
+		if kerr.IsFatal() {
+			return &KafkaConfigError{Err: err}
+		}
+	}
+	return txnError(err)
+}
+
 // txnError turns a confluent-kafka-go error from a transactional call into a TxnError.
 func txnError(err error) error {
 	var kerr kafka.Error
@@ -161,12 +187,15 @@ type confluentProducer struct {
 
 	topicsMu sync.Mutex
 	topics   map[string]topicState
+	lookups  sync.WaitGroup // metadata lookups under way; Close waits for them
 }
 
-// topicState is what the producer last learnt of a topic: usable (err nil) or not, and when.
+// topicState is what the producer last learnt of a topic: usable (err nil) or not, and when;
+// or that a lookup is under way.
 type topicState struct {
-	err error
-	at  time.Time
+	err     error
+	at      time.Time
+	pending bool
 }
 
 const (
@@ -176,6 +205,10 @@ const (
 	metadataTimeout = 5 * time.Second
 )
 
+// ErrTopicPending is returned by Produce while the producer finds out whether the message's
+// topic exists; the caller tries again shortly.
+var ErrTopicPending = errors.New("topic metadata lookup under way")
+
 // topicNames matches the names Kafka accepts.
 var topicNames = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
 
@@ -183,32 +216,46 @@ var topicNames = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
 // such a message until topic.metadata.propagation.max.ms passes, and a transaction holding it
 // could not commit meanwhile, stalling every other key. Asking for the topic's metadata also
 // lets the broker create it where that is allowed. A topic found usable is not asked about again.
+//
+// The lookup runs in the background and Produce returns ErrTopicPending meanwhile: Produce is
+// called while a transaction cannot end, and a metadata request can take seconds on a slow
+// broker, which would hold up commits and the end of an epoch.
 func (c *confluentProducer) checkTopic(topic string) error {
 	if !topicNames.MatchString(topic) || topic == "." || topic == ".." {
 		return &RejectedError{Err: fmt.Errorf("topic %q is not a valid Kafka topic name", topic)}
 	}
 	c.topicsMu.Lock()
+	defer c.topicsMu.Unlock()
 	st, known := c.topics[topic]
-	c.topicsMu.Unlock()
-	if known && (st.err == nil || time.Since(st.at) < topicRecheck) {
+	switch {
+	case known && st.pending:
+		return ErrTopicPending
+	case known && (st.err == nil || time.Since(st.at) < topicRecheck):
 		return st.err
 	}
+	c.topics[topic] = topicState{pending: true}
+	c.lookups.Go(func() { c.lookUp(topic) })
+	return ErrTopicPending
+}
+
+// lookUp asks for a topic's metadata and records what it learnt.
+func (c *confluentProducer) lookUp(topic string) {
 	md, err := c.p.GetMetadata(&topic, false, int(metadataTimeout.Milliseconds()))
-	if err != nil {
-		return nil // Kafka did not answer; the produce itself will show what is wrong
-	}
-	st = topicState{at: time.Now()}
-	if t, ok := md.Topics[topic]; !ok || t.Error.Code() != kafka.ErrNoError || len(t.Partitions) == 0 {
-		reason := "missing"
-		if ok && t.Error.Code() != kafka.ErrNoError {
-			reason = t.Error.String()
+	st := topicState{at: time.Now()}
+	if err == nil {
+		if t, ok := md.Topics[topic]; !ok || t.Error.Code() != kafka.ErrNoError || len(t.Partitions) == 0 {
+			reason := "missing"
+			if ok && t.Error.Code() != kafka.ErrNoError {
+				reason = t.Error.String()
+			}
+			st.err = &RejectedError{Err: fmt.Errorf("topic %q does not exist and was not created: %s", topic, reason)}
 		}
-		st.err = &RejectedError{Err: fmt.Errorf("topic %q does not exist and was not created: %s", topic, reason)}
 	}
+	// When Kafka did not answer, the topic counts as usable: the produce itself will show what is
+	// wrong.
 	c.topicsMu.Lock()
 	c.topics[topic] = st
 	c.topicsMu.Unlock()
-	return st.err
 }
 
 // forward turns librdkafka's delivery reports into Deliveries until Close closes Events.
@@ -246,13 +293,18 @@ func (c *confluentProducer) Produce(msg Message) error {
 	if errors.As(err, &kerr) && kerr.Code() == kafka.ErrQueueFull {
 		return ErrQueueFull
 	}
-	return classify(err)
+	if err = classify(err); errors.As(err, new(*RejectedError)) {
+		return err
+	}
+	// Anything else is the producer's state, not the message's: a transaction being committed
+	// or needing an abort ("Erroneous state"), or a fatal error.
+	return txnError(err)
 }
 
 func (c *confluentProducer) Deliveries() <-chan Delivery { return c.deliveries }
 
 func (c *confluentProducer) InitTransactions(ctx context.Context) error {
-	return txnError(c.p.InitTransactions(ctx))
+	return initError(c.p.InitTransactions(ctx))
 }
 
 func (c *confluentProducer) BeginTransaction() error { return txnError(c.p.BeginTransaction()) }
@@ -313,7 +365,10 @@ func (c *confluentProducer) Abandon() {
 	c.p.Purge(kafka.PurgeQueue | kafka.PurgeInFlight | kafka.PurgeNonBlocking)
 }
 
-func (c *confluentProducer) Close() { c.p.Close() }
+func (c *confluentProducer) Close() {
+	c.lookups.Wait()
+	c.p.Close()
+}
 
 // classify marks errors that retrying the same message will not cure.
 func classify(err error) error {

@@ -58,8 +58,9 @@ const (
 	maxCommitBatch = 5000
 	// maxRetryBackoff bounds the wait before retrying a record Kafka refused.
 	maxRetryBackoff = time.Minute
-	// queueFullBackoff is the wait before retrying a message the producer had no room for.
-	queueFullBackoff = 10 * time.Millisecond
+	// busyBackoff is the wait before sending again a record the producer could not take (its
+	// queue full, a topic being looked up, a transaction ending).
+	busyBackoff = 10 * time.Millisecond
 	// txnLinger is the shortest time between the ends of two transactions under load: records
 	// gather meanwhile, so that each commit (a round trip to the transaction coordinator, and a
 	// purge) carries many. A transaction that follows a quiet spell commits at once.
@@ -130,6 +131,14 @@ type pipeline struct {
 	// out of time, which also interrupts a statement stuck on a locked table.
 	flushCtx    context.Context
 	flushCancel context.CancelFunc
+	// flushDeadline is when the final flush gives up, once stop has begun; every call to the
+	// producer's transactional API ends by then (see attempt).
+	flushDeadline atomic.Pointer[time.Time]
+
+	// unpurged lists records committed to Kafka whose purge was given up when the final flush ran
+	// out of time (guarded by unpurgedMu): the next epoch purges them before it marks anything.
+	unpurgedMu sync.Mutex
+	unpurged   []int64
 
 	// txnMu lets workers produce (read lock) or the transaction loop end a transaction (write
 	// lock), never both; txn holds the records produced in the current transaction, and gen
@@ -437,18 +446,30 @@ func (w *sendWorker) send(f *flight, q *keyQueue) bool {
 		return false
 	}
 	err := p.produce(f, q)
-	if err == errNotNow {
-		return false
-	}
-	if err == nil {
+	var rejected *RejectedError
+	var txnErr *TxnError
+	switch {
+	case err == nil:
 		return true
-	}
-	f.held = true
-	if errors.Is(err, ErrQueueFull) {
-		f.attempts--
-		w.retryAfter(f, queueFullBackoff)
-	} else {
+	case err == errNotNow:
+		return false
+	case errors.As(err, &rejected):
+		// Kafka (or our own check) refused this record as it stands.
+		f.held = true
 		w.retryAfter(f, p.rejected(f, err))
+	case errors.As(err, &txnErr) && txnErr.Fatal:
+		// The producer cannot go on (fenced by a newer epoch, say): nothing this epoch sends can
+		// commit, so a new epoch takes over.
+		f.attempts--
+		p.requestRemark("producer failed", err)
+	default:
+		// Not this record's fault: the producer's queue is full, a topic is being looked up, or
+		// the transaction is being committed or must be aborted (librdkafka refuses new messages
+		// meanwhile, "Erroneous state"). The record is sent again shortly, uncounted and unreported.
+		f.attempts--
+		f.held = true
+		p.log.Debug("producer cannot take a record now; retrying", "id", f.rec.ID, "error", err)
+		w.retryAfter(f, busyBackoff)
 	}
 	return false
 }
@@ -637,18 +658,18 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 	var txnErr *TxnError
 	fatal := errors.As(err, &txnErr) && txnErr.Fatal
 	if !fatal {
-		abortCtx, cancel := context.WithTimeout(ctx, p.limits.HeartbeatTimeout)
-		if abortErr := p.producer.AbortTransaction(abortCtx); abortErr != nil {
-			// The producer cannot go on; a new epoch brings a new one.
+		if abortErr := p.abortTxn(ctx); abortErr != nil {
+			// The producer cannot go on (or the epoch's final flush ran out of time while a commit
+			// was still under way); a new epoch brings a new producer, whose InitTransactions
+			// settles this transaction either way.
 			fatal, err = true, fmt.Errorf("abort transaction: %w", abortErr)
 		}
-		cancel()
 	}
 	if fatal {
 		p.fatal = err
 	}
 	// The abort has the producer report on every message of the transaction.
-	p.awaitReports(time.Now().Add(time.Second))
+	p.awaitReports(p.until(p.limits.MaxPollInterval))
 	p.txnFailures++
 	if fatal || p.txnFailures >= maxTxnFailures || p.ctx.Err() != nil {
 		// The epoch ends: the records are reset, and the next epoch marks them again.
@@ -714,27 +735,63 @@ func (p *pipeline) returnRuns(gen uint64, batch []*flight) {
 
 // commitTxn writes the transaction's note, if it carries runs, and commits it. A transaction in
 // which a message has already failed cannot commit, and librdkafka sends nothing more of it, so
-// committing would only wait for the rest to time out: that is reported at once instead. A
-// commit that takes longer than a heartbeat timeout is given up the same way.
+// committing would only wait for the rest to time out: that is reported at once instead.
+//
+// A commit that times out is still under way inside librdkafka, which then refuses an abort
+// ("commit_transaction API call is already in progress"); its documented remedy is to call
+// CommitTransaction again until it resolves. So a slow commit is waited out, one bounded call at
+// a time, for as long as the epoch lasts; only the epoch's final flush running out of time gives
+// up on it.
 func (p *pipeline) commitTxn(ctx context.Context, batch, extra []*flight) error {
 	for _, f := range batch {
 		if failure := f.deliveryFailure(); failure != nil {
 			return fmt.Errorf("record %d: %w", f.rec.ID, failure)
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, p.limits.HeartbeatTimeout)
-	defer cancel()
 	if len(extra) > 0 {
-		if err := p.producer.WriteNote(ctx, p.notes, p.ledger.note(extra)); err != nil {
+		noteCtx, cancel := p.attempt(ctx)
+		err := p.producer.WriteNote(noteCtx, p.notes, p.ledger.note(extra))
+		cancel()
+		if err != nil {
 			return fmt.Errorf("write note: %w", err)
 		}
 	}
-	err := p.producer.CommitTransaction(ctx)
-	var txnErr *TxnError
-	for errors.As(err, &txnErr) && txnErr.Retriable && ctx.Err() == nil {
-		err = p.producer.CommitTransaction(ctx)
+	return p.retry(ctx, p.producer.CommitTransaction)
+}
+
+// abortTxn aborts the current transaction, calling again while librdkafka says to.
+func (p *pipeline) abortTxn(ctx context.Context) error {
+	return p.retry(ctx, p.producer.AbortTransaction)
+}
+
+// retry calls a transactional API until it succeeds, fails for good, or ctx ends. Each call gets
+// its own deadline (see attempt), so that none outlasts the epoch's final flush by much.
+func (p *pipeline) retry(ctx context.Context, call func(context.Context) error) error {
+	for {
+		callCtx, cancel := p.attempt(ctx)
+		err := call(callCtx)
+		cancel()
+		var txnErr *TxnError
+		if !errors.As(err, &txnErr) || !txnErr.Retriable || ctx.Err() != nil {
+			return err
+		}
 	}
-	return err
+}
+
+// attempt returns the context for one call to the producer's transactional API. librdkafka takes
+// only a context's deadline, as the call's timeout, and cannot be interrupted, so each call gets
+// MaxPollInterval, and no more than the epoch's final flush has left.
+func (p *pipeline) attempt(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithDeadline(ctx, p.until(p.limits.MaxPollInterval))
+}
+
+// until returns the time d from now, or the end of the epoch's final flush if that comes first.
+func (p *pipeline) until(d time.Duration) time.Time {
+	t := time.Now().Add(d)
+	if end := p.flushDeadline.Load(); end != nil && end.Before(t) {
+		return *end
+	}
+	return t
 }
 
 func (p *pipeline) beginTxn() {
@@ -806,8 +863,16 @@ func (p *pipeline) commit(op string, batch []*flight, exec func(context.Context,
 			return true
 		}
 		if ctx.Err() != nil {
-			p.log.Warn("gave up on "+op+" at the end of the epoch; the records will be published again",
-				"records", len(ids), "error", err)
+			if op == "purge" {
+				p.log.Warn("gave up on purge at the end of the epoch; the next epoch this harvester leads purges them first",
+					"records", len(ids), "error", err)
+				p.unpurgedMu.Lock()
+				p.unpurged = append(p.unpurged, ids...)
+				p.unpurgedMu.Unlock()
+			} else {
+				p.log.Warn("gave up on "+op+" at the end of the epoch; the next epoch marks the records again",
+					"records", len(ids), "error", err)
+			}
 			return false
 		}
 		p.dbTrouble.fail(p.log, op, err)
@@ -822,7 +887,12 @@ func (p *pipeline) commit(op string, batch []*flight, exec func(context.Context,
 func (p *pipeline) finish(batch []*flight) {
 	for _, f := range batch {
 		p.untrack(f)
-		f.worker.finished <- f
+		// Once the epoch is stopping its workers are gone, and the channel, whose room was freed
+		// when records were pushed rather than taken, could be full: a send would never return.
+		select {
+		case f.worker.finished <- f:
+		case <-p.ctx.Done():
+		}
 	}
 	p.makeRoom(len(batch))
 	p.metrics.purged.Add(float64(len(batch)))
@@ -871,11 +941,16 @@ func (p *pipeline) inFlight() (keys []string, records int) {
 	return keys, records
 }
 
-// stop ends the epoch within about timeout: it stops marking and sending, commits the current
-// transaction (or aborts it when time runs out), commits the purges and resets that gathered,
-// and closes the producer.
-func (p *pipeline) stop(timeout time.Duration) {
+// stop ends the epoch: it stops marking and sending, commits the current transaction (or aborts
+// it when time runs out), commits the purges and resets that gathered, and returns the ids of
+// records committed to Kafka whose purge it had to give up. It returns within about twice
+// timeout (see neli/doc.go for why that matters): every wait below ends at the same deadline,
+// except a call to the producer's transactional API already under way, which ends within
+// another timeout (see attempt). The producer is closed in the background, since closing it may
+// wait for a topic lookup; closed is closed once it is.
+func (p *pipeline) stop(timeout time.Duration) (unpurged []int64, closed <-chan struct{}) {
 	deadline := time.Now().Add(timeout)
+	p.flushDeadline.Store(&deadline)
 	giveUp := time.AfterFunc(timeout, p.flushCancel)
 	defer giveUp.Stop()
 	defer p.flushCancel()
@@ -888,12 +963,19 @@ func (p *pipeline) stop(timeout time.Duration) {
 		p.log.Warn("in-flight records not reported in time; abandoning them (they will be published again)",
 			"records", p.unreported.Load(), "waited", timeout)
 		p.producer.Abandon()
-		p.awaitReports(time.Now().Add(time.Second))
 	}
-	p.producer.Close()
-	p.delivering.Wait()
 	close(p.outcomes)
 	p.committing.Wait()
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.producer.Close()
+		p.delivering.Wait()
+	}()
+	p.unpurgedMu.Lock()
+	defer p.unpurgedMu.Unlock()
+	return p.unpurged, done
 }
 
 // awaitReports waits until every produced message has been reported, or until deadline.

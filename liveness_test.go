@@ -1,0 +1,323 @@
+package goharvest
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/goharvest/goharvest/metric"
+	"github.com/goharvest/goharvest/neli"
+)
+
+// pulsesWithin counts the election's pulses over d.
+func (r *rig) pulsesWithin(d time.Duration) int {
+	r.elector.mu.Lock()
+	before := r.elector.pulses
+	r.elector.mu.Unlock()
+	time.Sleep(d)
+	r.elector.mu.Lock()
+	defer r.elector.mu.Unlock()
+	return r.elector.pulses - before
+}
+
+// timeStop stops the harvester and returns how long that took.
+func (r *rig) timeStop() time.Duration {
+	r.t.Helper()
+	began := time.Now()
+	r.stop()
+	return time.Since(began)
+}
+
+// While an epoch's start hangs on Kafka (InitTransactions) or on the database (the purge of
+// noted records), the election keeps pulsing, a revoke is served within the handover bound, and
+// Stop returns promptly. QueueTimeout is left at its 30s default, which bounded each of those
+// steps before they moved off the owner goroutine.
+func TestElectionPulsesWhileEpochStartHangs(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		hang func(*rig)
+	}{
+		{"InitTransactions", func(r *rig) { r.kafka.initHang = true }},
+		{"database", func(r *rig) {
+			r.kafka.note = encodeNote([]int64{1 << 40}) // a record long gone
+			r.db.setHang(true)
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			limits := fastLimits() // heartbeat timeout 1s, so MaxPollInterval 500ms
+			r := newRig(t, limits)
+			ids := r.load(5, 5)
+			c.hang(r)
+			r.start()
+			if n := r.pulsesWithin(time.Second); n < 20 {
+				t.Fatalf("%d pulses in 1s while the epoch start hung; MinPollInterval 10ms allows about 100", n)
+			}
+			if r.h.IsLeader() {
+				t.Fatal("leading while the epoch start hangs")
+			}
+
+			// A revoke waits for the start, which the barrier cancels.
+			r.elector.revoke()
+			began := time.Now()
+			r.waitFor("the revoke", 5*time.Second, func() bool {
+				r.elector.mu.Lock()
+				defer r.elector.mu.Unlock()
+				return !r.elector.revokePending && r.elector.pulses > 0
+			})
+			r.waitFor("the barrier", 5*time.Second, func() bool { return r.h.pulseAge() < 50*time.Millisecond })
+			if took := time.Since(began); took > 2*limits.HeartbeatTimeout {
+				t.Errorf("the handover took %v; the group allows 2 heartbeat timeouts", took)
+			}
+
+			// Leadership returns, the fault clears, and everything is published.
+			r.elector.set(neli.Leader)
+			time.Sleep(100 * time.Millisecond)
+			r.kafka.mu.Lock()
+			r.kafka.initHang = false
+			r.kafka.mu.Unlock()
+			r.db.setHang(false)
+			r.waitEmpty(10 * time.Second)
+			r.checkOrder(ids)
+
+			// Stop while a start hangs again.
+			r.elector.revoke()
+			r.waitFor("the revoke", 5*time.Second, func() bool { return !r.h.IsLeader() })
+			c.hang(r)
+			r.elector.set(neli.Leader)
+			time.Sleep(200 * time.Millisecond)
+			if took := r.timeStop(); took > 2*limits.HeartbeatTimeout {
+				t.Errorf("Stop took %v while the epoch start hung", took)
+			}
+		})
+	}
+}
+
+// pulseAge is how long ago the owner loop last pulsed.
+func (h *Harvest) pulseAge() time.Duration {
+	return time.Since(time.Unix(0, h.lastPulse.Load()))
+}
+
+// librdkafka refuses new messages while a transaction must be aborted or is being committed
+// ("Erroneous state"). That is no fault of those records: only the records Kafka refused are
+// reported, counted and backed off.
+func TestErroneousStateIsNoRefusal(t *testing.T) {
+	r := newRig(t, fastLimits())
+	r.kafka.delay = 5 * time.Millisecond
+	ids := r.load(100, 20)
+	var rejected []int64
+	for i := 30; i < len(ids); i += 100 {
+		rejected = append(rejected, ids[i])
+		r.kafka.rejectN[ids[i]] = 1
+	}
+	r.runUntilEmpty()
+	r.checkOrder(ids)
+	var failed []int64
+	for _, e := range r.events.all() {
+		if f, ok := e.(RecordFailed); ok {
+			failed = append(failed, f.ID)
+		}
+	}
+	slices.Sort(failed)
+	if !slices.Equal(failed, rejected) {
+		t.Errorf("RecordFailed for %v, want exactly the rejected records %v", failed, rejected)
+	}
+	if got := testutil.ToFloat64(r.h.metrics.failed); got != float64(len(rejected)) {
+		t.Errorf("goharvest_records_failed_total = %v, want %d", got, len(rejected))
+	}
+	if n := strings.Count(r.logs.String(), "Erroneous state"); n == 0 {
+		t.Log("no produce met an erroneous state; the test exercised nothing new")
+		t.Fail()
+	}
+}
+
+// A commit that times out is still under way in librdkafka, which refuses an abort meanwhile;
+// the pipeline calls CommitTransaction again until it resolves, without ending the epoch,
+// resetting records or reporting any as failed.
+func TestSlowCommitIsRetriedNotAbandoned(t *testing.T) {
+	limits := fastLimits()
+	limits.MaxKeyRun = 1
+	r := newRig(t, limits)
+	r.kafka.delay = time.Millisecond
+	ids := r.load(20, 10)
+	// Each stalled call waits out its deadline: together longer than a heartbeat timeout.
+	r.kafka.commitStalls = 4
+	r.runUntilEmpty()
+	r.checkOrder(ids)
+	if n := countEvents[LeaderRefreshed](r.events); n != 0 {
+		t.Errorf("%d remarks: a slow commit ended the epoch", n)
+	}
+	if n := countEvents[RecordFailed](r.events); n != 0 {
+		t.Errorf("%d RecordFailed events for records of a slow commit", n)
+	}
+	if got := testutil.ToFloat64(r.h.metrics.reset); got != 0 {
+		t.Errorf("%v records reset", got)
+	}
+	seen := map[int64]int{}
+	for _, p := range r.kafka.published() {
+		seen[p.id]++
+		if seen[p.id] > 1 {
+			t.Errorf("record %d published twice", p.id)
+		}
+	}
+}
+
+// While a commit stalls, a revoke ends the epoch within the handover bound: two
+// MaxPollIntervals, below the two heartbeat timeouts the group allows.
+func TestHandoverBoundedWhileCommitStalls(t *testing.T) {
+	limits := fastLimits()
+	limits.MaxKeyRun = 1
+	r := newRig(t, limits)
+	r.kafka.delay = time.Millisecond
+	ids := r.load(20, 50)
+	r.start()
+	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids)-50 })
+	r.kafka.mu.Lock()
+	r.kafka.commitStalls = 1000
+	r.kafka.mu.Unlock()
+	time.Sleep(50 * time.Millisecond) // a commit is now under way
+	r.elector.revoke()
+	began := time.Now()
+	r.waitFor("the handover", 5*time.Second, func() bool {
+		r.elector.mu.Lock()
+		defer r.elector.mu.Unlock()
+		return !r.elector.revokePending
+	})
+	r.waitFor("the barrier to return", 5*time.Second, func() bool { return r.h.pulseAge() < 50*time.Millisecond })
+	if took, bound := time.Since(began), 2*limits.HeartbeatTimeout; took > bound {
+		t.Errorf("the handover took %v; the group allows %v", took, bound)
+	}
+	r.kafka.mu.Lock()
+	r.kafka.commitStalls = 0
+	r.kafka.mu.Unlock()
+	r.elector.set(neli.Leader)
+	r.waitEmpty(20 * time.Second)
+	r.stop()
+	r.checkOrder(ids)
+}
+
+// Once an epoch stops, its workers are gone; the committers' last purges must still return,
+// however many records they finish (the worker's channel holds MaxInFlightRecords).
+func TestFinishAfterWorkersStopped(t *testing.T) {
+	limits := fastLimits()
+	limits.MaxInFlightRecords = 4
+	limits = limits.WithDefaults()
+	k := newFakeKafka(t, newFakeDB())
+	producer, _ := k.provider(nil)
+	h, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", Limits: limits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startPipeline(pipelineDeps{
+		leaderID: uuid.New(), limits: limits, db: newFakeDB(), producer: producer, log: h.log,
+		emit: func(Event) {}, meter: metric.NewMeter("t", time.Hour), dbTrouble: &episode{what: "database"},
+		metrics: h.metrics, leading: func() bool { return true },
+	})
+	p.cancel()
+	p.sending.Wait() // the workers have exited, as in stop
+	var batch []*flight
+	for i := range 3 * limits.MaxInFlightRecords {
+		batch = append(batch, &flight{rec: MarkedRecord{OutboxRecord: OutboxRecord{ID: int64(i), KafkaKey: "k"}}, worker: p.workers[0]})
+	}
+	done := make(chan struct{})
+	go func() {
+		p.finish(batch)
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("finish blocked on a worker that has stopped")
+	}
+	p.stop(limits.MaxPollInterval)
+}
+
+// Kafka refusing the producer's settings or permissions (a missing ACL on the transactional ID)
+// cannot be cured by retrying: the harvester stops with an error that says so.
+func TestKafkaConfigErrorStopsTheHarvester(t *testing.T) {
+	r := newRig(t, fastLimits())
+	r.kafka.initErr = &KafkaConfigError{Err: errors.New("Broker: Transactional Id authorization failed")}
+	if err := r.h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.h.Await() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "authorization failed") || !strings.Contains(err.Error(), "permissions") {
+			t.Fatalf("Await returned %v, want the refusal explained", err)
+		}
+	case <-time.After(10 * time.Second):
+		r.h.Stop()
+		t.Fatal("the harvester kept retrying an InitTransactions that Kafka refuses for good")
+	}
+}
+
+// Records committed to Kafka whose purge had to be given up when an epoch ended are purged
+// before the next epoch of this harvester marks anything, rather than published again.
+func TestNextEpochPurgesWhatTheLastCouldNot(t *testing.T) {
+	limits := fastLimits()
+	limits.MaxKeyRun = 1
+	r := newRig(t, limits)
+	r.kafka.delay = time.Millisecond
+	ids := r.load(20, 20)
+	r.start()
+	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids)-40 })
+	r.db.setFailPurges(true)
+	r.waitFor("records committed and not purged", 10*time.Second, func() bool {
+		return len(r.kafka.published()) > len(ids)-r.db.len()
+	})
+	r.elector.revoke()
+	r.waitFor("the revoke", 5*time.Second, func() bool { return !r.h.IsLeader() && r.h.pulseAge() < 50*time.Millisecond })
+	r.db.setFailPurges(false)
+	r.elector.set(neli.Leader)
+	r.waitEmpty(10 * time.Second)
+	r.stop()
+	r.checkOrder(ids)
+	seen := map[int64]int{}
+	for _, p := range r.kafka.published() {
+		if seen[p.id]++; seen[p.id] == 2 {
+			t.Errorf("record %d published again", p.id)
+		}
+	}
+	if !strings.Contains(r.logs.String(), "purged records the last epoch published") {
+		t.Error("the purge of the last epoch's records was not logged")
+	}
+}
+
+// The order guarantee across epochs, exactly: records of one key whose transactions overlapped
+// may be published in either order, and a record committed but not purged when its leader died
+// is published again after a concurrent one with a lower id that committed late: 11 10 11. A
+// record is never published after one that was written after it committed.
+func TestConcurrentRecordsAcrossEpochs(t *testing.T) {
+	limits := fastLimits()
+	limits.MaxKeyRun = 1
+	r := newRig(t, limits)
+	eleven := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("11")})[0]
+	r.db.nextID += 5 // ids below eleven taken by transactions still open
+	r.db.setFailPurges(true)
+	r.start()
+	r.waitFor("11 to be committed", 10*time.Second, func() bool { return len(r.kafka.published()) == 1 })
+	// The leader dies: the next one knows nothing of what it could not purge.
+	r.h.Stop()
+	if err := r.h.Await(); err != nil {
+		t.Fatal(err)
+	}
+	ten := eleven - 1
+	r.db.insertAt(ten, OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("10")})
+	r.db.setFailPurges(false)
+	r.elector.set(neli.Leader)
+	r.h = r.newHarvest(limits)
+	r.runUntilEmpty()
+	var got []int64
+	for _, p := range r.kafka.published() {
+		got = append(got, p.id)
+	}
+	if want := []int64{eleven, ten, eleven}; !slices.Equal(got, want) {
+		t.Fatalf("published %v, want %v", got, want)
+	}
+}
