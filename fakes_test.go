@@ -254,9 +254,9 @@ type fakeKafka struct {
 	// initHang makes InitTransactions wait out its context's deadline and time out.
 	initHang bool
 	// initErr, when set, is what InitTransactions returns.
-	initErr error
-	notes        int               // committed transactions that wrote a note
-	violations   []string
+	initErr    error
+	notes      int // committed transactions that wrote a note
+	violations []string
 }
 
 // outKey is what one key has in flight: records of one producer's transaction.
