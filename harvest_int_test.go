@@ -37,7 +37,7 @@ type intRig struct {
 	run    string
 }
 
-func newIntRig(t *testing.T) *intRig {
+func newIntRig(t *testing.T, brokerOpts ...kafkatest.Option) *intRig {
 	t.Helper()
 	ctx := context.Background()
 	r := &intRig{t: t, dsn: pgtest.NewOutbox(t), topic: "events", run: t.Name()}
@@ -47,7 +47,7 @@ func newIntRig(t *testing.T) *intRig {
 	}
 	t.Cleanup(pool.Close)
 	r.pool = pool
-	r.broker = kafkatest.Start(t, kafkatest.WithTopics(8, r.topic))
+	r.broker = kafkatest.Start(t, append([]kafkatest.Option{kafkatest.WithTopics(8, r.topic)}, brokerOpts...)...)
 	return r
 }
 

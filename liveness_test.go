@@ -321,3 +321,27 @@ func TestConcurrentRecordsAcrossEpochs(t *testing.T) {
 		t.Fatalf("published %v, want %v", got, want)
 	}
 }
+
+// The transaction timeout follows a long QueueTimeout unless set; set too short, it is an error
+// naming both.
+func TestTransactionTimeoutFollowsQueueTimeout(t *testing.T) {
+	h, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", Limits: Limits{QueueTimeout: 90 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h.producerConfig["transaction.timeout.ms"]; got != 90_000 {
+		t.Errorf("transaction.timeout.ms = %v, want 90000", got)
+	}
+	h, err = New(Config{LeaderGroupID: "g", LeaderTopic: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h.producerConfig["transaction.timeout.ms"]; got != 60_000 {
+		t.Errorf("transaction.timeout.ms = %v by default, want librdkafka's 60000", got)
+	}
+	_, err = New(Config{LeaderGroupID: "g", LeaderTopic: "t", Limits: Limits{QueueTimeout: 90 * time.Second},
+		ProducerKafkaConfig: KafkaConfigMap{"transaction.timeout.ms": "70000"}})
+	if err == nil || !strings.Contains(err.Error(), "producerKafkaConfig.transaction.timeout.ms") {
+		t.Fatalf("a transaction timeout shorter than the message timeout gave %v", err)
+	}
+}

@@ -1,0 +1,52 @@
+package goharvest_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/kafkatest"
+)
+
+// A broker that refuses the producer's transaction timeout (above its transaction.max.timeout.ms)
+// refuses it every time: the harvester stops with an error that names the cause, rather than
+// retrying for ever while its readiness probe says all is well.
+func TestHarvestStopsWhenKafkaRefusesItsTransactions(t *testing.T) {
+	r := newIntRig(t, kafkatest.WithKfake(kfake.BrokerConfigs(map[string]string{"transaction.max.timeout.ms": "5000"})))
+	r.load(2, 2)
+	h := r.harvesterWith("harvest-int", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil)
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- h.Await() }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "refuses the producer's settings") ||
+			!strings.Contains(strings.ToLower(err.Error()), "transaction timeout") {
+			t.Fatalf("the harvester stopped with %v, want the refused transaction timeout named", err)
+		}
+		t.Logf("stopped with: %v", err)
+	case <-time.After(30 * time.Second):
+		h.Stop()
+		<-done
+		t.Fatal("the harvester kept retrying a transaction timeout the broker refuses")
+	}
+	if n := r.outboxRows(); n != 4 {
+		t.Errorf("%d rows left, want all 4", n)
+	}
+}
+
+// A QueueTimeout above librdkafka's default transaction timeout (60s) raises the transaction
+// timeout with it, rather than making the producer refuse to start.
+func TestHarvestWithLongQueueTimeout(t *testing.T) {
+	r := newIntRig(t)
+	expected := r.load(10, 10)
+	v := r.verifier()
+	h := r.harvesterWith("harvest-int", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond, QueueTimeout: 90 * time.Second}, nil)
+	r.runUntilDelivered(h, v, 100)
+	checkDelivered(t, v, expected)
+}
