@@ -157,6 +157,8 @@ type Limits struct {
 	// consumer. When leadership ends (revoked, fenced, a remark, Stop) the harvester waits up to
 	// this long for the records it has in flight to be acknowledged and purged before it gives up
 	// on them, and a fenced leader must be done before another can be elected; hence the bound.
+	// It is also the timeout of each call to librdkafka's transactional API, which cannot be
+	// cancelled, so the whole handover takes at most twice this.
 	// Default: HeartbeatTimeout / 2. Range: MinPollInterval to HeartbeatTimeout / 2.
 	MaxPollInterval time.Duration `yaml:"maxPollInterval"`
 
@@ -175,7 +177,9 @@ type Limits struct {
 
 	// QueueTimeout is how long the producer keeps trying to deliver a message before it reports
 	// it failed (librdkafka's message.timeout.ms, unless ProducerKafkaConfig sets that or
-	// delivery.timeout.ms). A failed record is reset and published again under a new leader ID.
+	// delivery.timeout.ms). A record whose delivery fails is sent again in the next transaction.
+	// The producer's transaction.timeout.ms must be at least this: unless ProducerKafkaConfig sets
+	// it, it is the larger of this and DefaultTransactionTimeout.
 	// Default: DefaultQueueTimeout. Range: DrainInterval to 1h.
 	QueueTimeout time.Duration `yaml:"queueTimeout"`
 

@@ -71,7 +71,10 @@ type KafkaProducer interface {
 	ReadNote(ctx context.Context, place NotePlace) (string, error)
 
 	// Produce queues msg. Its outcome arrives later on Deliveries. An error means the message was
-	// not queued and no Delivery will follow; ErrQueueFull means try again shortly.
+	// not queued and no Delivery will follow: a *RejectedError refuses the message as it stands;
+	// a *TxnError with Fatal set means the producer is unusable; anything else (ErrQueueFull,
+	// ErrTopicPending, a transaction being committed or aborted) means try again shortly. Produce
+	// must not block: it is called while the current transaction cannot end.
 	Produce(msg Message) error
 	// Deliveries reports every queued message exactly once, and is closed by Close.
 	Deliveries() <-chan Delivery
