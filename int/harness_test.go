@@ -267,6 +267,17 @@ type reaper struct {
 	events   []string
 	// notedPurges counts epochs that began by purging records a predecessor's note listed.
 	notedPurges int
+	// elected is when the election last made this reaper leader (before its epoch starts);
+	// remarks counts epochs ended by an error, fences epochs ended by losing leadership.
+	elected         time.Time
+	remarks, fences int
+}
+
+// counts returns the reaper's remarks and fences so far.
+func (p *reaper) counts() (remarks, fences int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.remarks, p.fences
 }
 
 func (r *rig) startReaper(name string) *reaper {
@@ -326,6 +337,13 @@ func (p *reaper) scan(out io.Reader) {
 			p.events = append(p.events, line.Msg)
 		case "purged records an earlier leader published and had not purged":
 			p.notedPurges++
+		case "acquired leadership":
+			p.elected = time.Now()
+		case "remark requested":
+			p.remarks++
+		}
+		if line.Msg == "leader fenced" || line.Msg == "leader revoked" {
+			p.fences++
 		}
 		p.mu.Unlock()
 	}

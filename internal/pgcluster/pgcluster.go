@@ -175,39 +175,75 @@ func (s *Server) Resume() error {
 // CPUTime returns the CPU time (user and system) used so far by the cluster's processes that
 // are running now: the postmaster and its children. Linux only.
 func (s *Server) CPUTime() (time.Duration, error) {
-	if s.dataDir == "" {
-		return 0, errors.New("pgcluster: CPU time is known only for a throwaway cluster")
-	}
-	pidFile, err := os.ReadFile(filepath.Join(s.dataDir, "postmaster.pid"))
-	if err != nil {
-		return 0, err
-	}
-	postmaster, _, _ := strings.Cut(string(pidFile), "\n")
-	entries, err := os.ReadDir("/proc")
+	procs, err := s.processes()
 	if err != nil {
 		return 0, err
 	}
 	var ticks int64
-	for _, e := range entries {
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// Fields after the parenthesised command: state, ppid, ..., utime (14th), stime (15th).
-		_, rest, ok := strings.Cut(string(stat), ") ")
-		fields := strings.Fields(rest)
-		if !ok || len(fields) < 13 {
-			continue
-		}
-		if e.Name() != postmaster && fields[1] != postmaster {
-			continue
-		}
+	for _, fields := range procs {
 		utime, _ := strconv.ParseInt(fields[11], 10, 64)
 		stime, _ := strconv.ParseInt(fields[12], 10, 64)
 		ticks += utime + stime
 	}
 	// USER_HZ is 100 on every Linux this runs on.
 	return time.Duration(ticks) * 10 * time.Millisecond, nil
+}
+
+// Freeze stops every process of the cluster (SIGSTOP) until Thaw: every statement, and every
+// new connection, hangs, as on a server that stopped answering. Linux only.
+func (s *Server) Freeze() error { return s.signalAll(syscall.SIGSTOP) }
+
+// Thaw lets a frozen cluster run again.
+func (s *Server) Thaw() error { return s.signalAll(syscall.SIGCONT) }
+
+func (s *Server) signalAll(sig syscall.Signal) error {
+	procs, err := s.processes()
+	if err != nil {
+		return err
+	}
+	for pid := range procs {
+		if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+			return fmt.Errorf("pgcluster: signal %d: %w", pid, err)
+		}
+	}
+	return nil
+}
+
+// processes returns the cluster's processes (the postmaster and its children) with the fields
+// of /proc/PID/stat after the command: state, ppid, ..., utime (index 11), stime (index 12).
+func (s *Server) processes() (map[int][]string, error) {
+	if s.dataDir == "" {
+		return nil, errors.New("pgcluster: processes are known only for a throwaway cluster")
+	}
+	pidFile, err := os.ReadFile(filepath.Join(s.dataDir, "postmaster.pid"))
+	if err != nil {
+		return nil, err
+	}
+	postmaster, _, _ := strings.Cut(string(pidFile), "\n")
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	procs := map[int][]string{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		_, rest, ok := strings.Cut(string(stat), ") ")
+		fields := strings.Fields(rest)
+		if !ok || len(fields) < 13 {
+			continue
+		}
+		if e.Name() == postmaster || fields[1] == postmaster {
+			procs[pid] = fields
+		}
+	}
+	return procs, nil
 }
 
 // Stop stops a throwaway cluster and removes its directory; for an existing server it does

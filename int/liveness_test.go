@@ -1,0 +1,147 @@
+package int
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/goharvest/goharvest/internal/pgtest"
+)
+
+// The broker holds some transaction commits (EndTxn) for longer than the heartbeat timeout. The
+// leader waits them out, calling CommitTransaction again, rather than aborting (which librdkafka
+// refuses while a commit is under way) and ending its epoch; it stays leader throughout.
+func TestSlowTransactionCommits(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	r.startWriters(4, 1000, 2000)
+	reapers := []*reaper{r.startReaper("a"), r.startReaper("b")}
+	waitLeader(t, 30*time.Second, reapers...)
+	r.waitProgress(1000, 30*time.Second)
+	leader := waitLeader(t, 30*time.Second, reapers...) // after the group has settled
+
+	var slow atomic.Bool
+	var commits, delayed atomic.Int64
+	slow.Store(true)
+	hold := 1500 * time.Millisecond // the heartbeat timeout is 1s
+	r.broker.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		r.broker.KeepControl()
+		if end, ok := req.(*kmsg.EndTxnRequest); ok && end.Commit && slow.Load() && commits.Add(1)%5 == 1 {
+			delayed.Add(1)
+			r.broker.SleepControl(func() { time.Sleep(hold) })
+		}
+		return nil, nil, false
+	})
+	remarksBefore, fencesBefore := leader.counts()
+	for range pick(3, 10) {
+		r.waitProgress(1000, time.Minute)
+	}
+	slow.Store(false)
+	remarks, fences := leader.counts()
+	remarks, fences = remarks-remarksBefore, fences-fencesBefore
+	if !leader.isLeading() || remarks != 0 || fences != 0 {
+		t.Errorf("leader %s: leading %v, %d remarks, %d fences while commits were slow", leader.name, leader.isLeading(), remarks, fences)
+	}
+	if delayed.Load() == 0 {
+		t.Fatal("no commit was delayed")
+	}
+	report := r.finish(3 * time.Minute)
+	figure(t, "slow commits", "%d of %d commits held %v (heartbeat timeout 1s); leader remarks %d, fences %d; records %d, duplicates %d, lost %d, reversals %d",
+		delayed.Load(), commits.Load(), hold, remarks, fences, report.Expected, report.Duplicates, report.LostCount, len(report.Reversals))
+}
+
+// The database stops answering (every Postgres process SIGSTOPped) and the leader is killed, so
+// that its successor is elected while its epoch cannot start. The successor's election loop
+// must not wait on the database: it stays in the group (librdkafka evicts a member that does not
+// poll for 2 heartbeat timeouts) and publishes as soon as the database answers again. Then, with
+// the database frozen again, the leader is killed once more and the reaper elected next is
+// stopped with SIGTERM while its epoch start hangs: it must exit promptly, and the last reaper
+// standing takes over.
+func TestDatabaseHangsDuringEpochStart(t *testing.T) {
+	r := newRig(t, rigOptions{})
+	r.startWriters(4, 1000, 2000)
+	reapers := []*reaper{r.startReaper("a"), r.startReaper("b"), r.startReaper("c"), r.startReaper("d")}
+	waitLeader(t, 30*time.Second, reapers...)
+	r.waitProgress(1000, 30*time.Second)
+	server := pgtest.Shared(t)
+	rounds, hung := pick(1, 3), 3*time.Second
+	var stops []time.Duration
+
+	freeze := func() func() {
+		if err := server.Freeze(); err != nil {
+			t.Fatal(err)
+		}
+		var once sync.Once
+		thaw := func() {
+			once.Do(func() {
+				if err := server.Thaw(); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+		t.Cleanup(thaw)
+		return thaw
+	}
+	// killLeader kills the leader and returns the reaper elected next, once the election says so
+	// (its epoch cannot start while the database is frozen).
+	killLeader := func(round int) *reaper {
+		leader := waitLeader(t, 30*time.Second, reapers...)
+		leader.signal(syscall.SIGKILL)
+		leader.waitExit(t, 10*time.Second)
+		reapers = slices.DeleteFunc(reapers, func(p *reaper) bool { return p == leader })
+		killed := time.Now()
+		for deadline := killed.Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			for _, p := range reapers {
+				p.mu.Lock()
+				elected := p.elected.After(killed)
+				p.mu.Unlock()
+				if elected {
+					return p
+				}
+			}
+		}
+		t.Fatalf("round %d: no reaper was elected after %s was killed", round, leader.name)
+		return nil
+	}
+
+	for round := range rounds {
+		thaw := freeze()
+		successor := killLeader(round)
+		_, lostBefore := successor.counts()
+		time.Sleep(hung)
+		thaw()
+		waitLeader(t, 30*time.Second, successor)
+		r.waitProgress(1000, time.Minute)
+		// A loop that had waited on the database would have been evicted, or found its heartbeats
+		// stale once it ran again.
+		if _, lost := successor.counts(); lost != lostBefore {
+			t.Errorf("round %d: %s lost leadership: its election loop waited on the database", round, successor.name)
+		}
+
+		thaw = freeze()
+		next := killLeader(round)
+		stopped := time.Now()
+		next.signal(syscall.SIGTERM)
+		code := next.waitExit(t, 30*time.Second)
+		took := time.Since(stopped)
+		stops = append(stops, took)
+		reapers = slices.DeleteFunc(reapers, func(p *reaper) bool { return p == next })
+		thaw()
+		if code != 0 || took > 5*time.Second {
+			t.Errorf("round %d: %s exited %d %v after SIGTERM while its epoch start hung", round, next.name, code, took)
+		}
+		waitLeader(t, 30*time.Second, reapers...)
+		r.waitProgress(1000, time.Minute)
+		t.Logf("round %d: %s elected while the database hung %v and kept leadership; %s stopped in %v while its start hung",
+			round, successor.name, hung, next.name, took.Round(time.Millisecond))
+		reapers = append(reapers, r.startReaper(fmt.Sprintf("r%da", round)), r.startReaper(fmt.Sprintf("r%db", round)))
+	}
+	report := r.finish(3 * time.Minute)
+	figure(t, "database hangs during epoch start", "%d rounds: Postgres frozen (SIGSTOP), the leader killed, its successor elected and kept leadership %v without a database; a reaper stopped (SIGTERM) while its epoch start hung, exit after max %v; records %d, duplicates %d, lost %d, reversals %d",
+		rounds, hung, slices.Max(stops).Round(time.Millisecond), report.Expected, report.Duplicates, report.LostCount, len(report.Reversals))
+}
