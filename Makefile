@@ -8,7 +8,7 @@ GO ?= go
 # suite runs real processes, and the election tests measure timings that two busy cores would blur.
 TEST_TIMEOUT ?= 15m
 
-.PHONY: test lint bench demo chaos
+.PHONY: test lint bench demo chaos image
 
 ## test: format check, vet, then every test (integration tests included) under the race detector
 test: lint
@@ -39,3 +39,25 @@ chaos:
 demo:
 	$(GO) build -o bin/ ./cmd/reaper ./cmd/pump ./cmd/demo
 	bin/demo -bin bin $(DEMO_ARGS)
+
+## image: the reaper's container image, with podman (or docker when podman is missing):
+## FROM scratch, a static binary built here with musl (Debian: musl-tools), CA certificates,
+## user 65532. `make image IMAGE=registry.example.com/reaper:v1 VERSION=v1` names it.
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+IMAGE ?= goharvest/reaper:$(VERSION)
+CONTAINER_ENGINE ?= $(shell command -v podman || command -v docker)
+CA_CERTS ?= /etc/ssl/certs/ca-certificates.crt
+IMAGE_DIR := bin/image
+image:
+	@test -n "$(CONTAINER_ENGINE)" || { echo "make image needs podman or docker"; exit 1; }
+	@command -v musl-gcc >/dev/null || { echo "make image needs musl-gcc (Debian: apt-get install musl-tools)"; exit 1; }
+	@test -r $(CA_CERTS) || { echo "make image needs $(CA_CERTS) (Debian: apt-get install ca-certificates)"; exit 1; }
+	rm -rf $(IMAGE_DIR) && mkdir -p $(IMAGE_DIR)
+	CGO_ENABLED=1 CC=musl-gcc $(GO) build -tags musl,netgo,osusergo -trimpath -o $(IMAGE_DIR)/reaper \
+		-ldflags '-s -w -linkmode external -extldflags -static -X github.com/goharvest/goharvest/internal/reaper.version=$(VERSION)' \
+		./cmd/reaper
+	cp $(CA_CERTS) $(IMAGE_DIR)/ca-certificates.crt
+	printf 'root:x:0:0:root:/:/sbin/nologin\nreaper:x:65532:65532:reaper:/:/sbin/nologin\n' >$(IMAGE_DIR)/passwd
+	printf 'root:x:0:\nreaper:x:65532:\n' >$(IMAGE_DIR)/group
+	$(CONTAINER_ENGINE) build --build-arg VERSION=$(VERSION) -t $(IMAGE) -f Containerfile $(IMAGE_DIR)
+	@echo "$(IMAGE): $$($(CONTAINER_ENGINE) image inspect --format '{{.Size}}' $(IMAGE) | awk '{printf "%.1f MB", $$1/1e6}')"
