@@ -54,6 +54,9 @@ IMAGE ?= goharvest/reaper:$(VERSION)
 CONTAINER_ENGINE ?= $(shell command -v podman || command -v docker)
 CA_CERTS ?= /etc/ssl/certs/ca-certificates.crt
 IMAGE_DIR := bin/image
+# The build tag musl selects confluent-kafka-go's static librdkafka for musl; netgo and osusergo
+# keep the Go side's name and user lookups in Go; the linker stamps the version that
+# reaper --version prints. bin/image is the build context: all the image holds.
 image:
 	@test -n "$(CONTAINER_ENGINE)" || { echo "make image needs podman or docker"; exit 1; }
 	@command -v musl-gcc >/dev/null || { echo "make image needs musl-gcc (Debian: apt-get install musl-tools)"; exit 1; }
