@@ -56,7 +56,9 @@ CA_CERTS ?= /etc/ssl/certs/ca-certificates.crt
 IMAGE_DIR := bin/image
 # The build tag musl selects confluent-kafka-go's static librdkafka for musl; netgo and osusergo
 # keep the Go side's name and user lookups in Go; the linker stamps the version that
-# reaper --version prints. bin/image is the build context: all the image holds.
+# reaper --version prints. bin/image is the build context: all the image holds. BUILDAH_LAYERS
+# keeps podman from storing an intermediate image per step: each build's binary differs, so
+# they would only pile up (docker ignores it).
 image:
 	@test -n "$(CONTAINER_ENGINE)" || { echo "make image needs podman or docker"; exit 1; }
 	@command -v musl-gcc >/dev/null || { echo "make image needs musl-gcc (Debian: apt-get install musl-tools)"; exit 1; }
@@ -68,5 +70,5 @@ image:
 	cp $(CA_CERTS) $(IMAGE_DIR)/ca-certificates.crt
 	printf 'root:x:0:0:root:/:/sbin/nologin\nreaper:x:65532:65532:reaper:/:/sbin/nologin\n' >$(IMAGE_DIR)/passwd
 	printf 'root:x:0:\nreaper:x:65532:\n' >$(IMAGE_DIR)/group
-	$(CONTAINER_ENGINE) build --build-arg VERSION=$(VERSION) -t $(IMAGE) -f Containerfile $(IMAGE_DIR)
+	BUILDAH_LAYERS=false $(CONTAINER_ENGINE) build --build-arg VERSION=$(VERSION) -t $(IMAGE) -f Containerfile $(IMAGE_DIR)
 	@echo "$(IMAGE): $$($(CONTAINER_ENGINE) image inspect --format '{{.Size}}' $(IMAGE) | awk '{printf "%.1f MB", $$1/1e6}')"
