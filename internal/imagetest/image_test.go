@@ -3,11 +3,19 @@ package imagetest_test
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"debug/elf"
 	"encoding/json"
+	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -16,11 +24,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/kafkatest"
@@ -129,24 +139,15 @@ logging:
 	v := verifytest.Start(t, broker.Addr(), "events", t.Name())
 
 	// Run the image's entrypoint and command, as a container runtime would.
-	var logs bytes.Buffer
-	cmd := chroot(fs, env, append(slices.Clone(cfg.Entrypoint), cfg.Cmd...)...)
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	t.Cleanup(func() { cmd.Process.Kill(); <-done })
-
+	r := startReaper(t, fs, env, append(slices.Clone(cfg.Entrypoint), cfg.Cmd...)...)
 	for _, path := range []string{reaper.HealthzPath, reaper.ReadyzPath} {
-		waitFor(t, done, &logs, 30*time.Second, path+" answering 200", func() error { return get(admin, path, nil) })
+		r.waitFor(t, 30*time.Second, path+" answering 200", func() error { return get(admin, path, nil) })
 	}
-	if uid := processUID(t, cmd.Process.Pid); uid != "65532" {
+	if uid := processUID(t, r.cmd.Process.Pid); uid != "65532" {
 		t.Errorf("the reaper runs as uid %s, want 65532", uid)
 	}
 	v.WaitDistinct(t, keys*perKey, time.Minute)
-	waitFor(t, done, &logs, 30*time.Second, "the outbox to empty", func() error {
+	r.waitFor(t, 30*time.Second, "the outbox to empty", func() error {
 		var left int
 		if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&left); err != nil {
 			return err
@@ -156,31 +157,174 @@ logging:
 		}
 		return nil
 	})
-	var metrics bytes.Buffer
-	if err := get(admin, reaper.MetricsPath, &metrics); err != nil {
-		t.Fatal(err)
-	}
-	if published := metricValue(metrics.String(), "goharvest_records_published_total"); published < keys*perKey {
+	if published := metricValue(t, admin, "goharvest_records_published_total"); published < keys*perKey {
 		t.Errorf("goharvest_records_published_total is %v, want at least %d", published, keys*perKey)
 	}
-
-	stopAt := time.Now()
-	cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("the reaper did not exit within 20s of SIGTERM; output:\n%s", &logs)
-	}
-	if code := cmd.ProcessState.ExitCode(); code != 0 {
-		t.Fatalf("the reaper exited %d after SIGTERM; output:\n%s", code, &logs)
-	}
-	t.Logf("exited 0 %v after SIGTERM", time.Since(stopAt).Round(time.Millisecond))
+	r.stop(t)
 	if report := v.Report(expected); !report.OK() {
 		t.Fatalf("delivery check failed:\n%s", report)
 	}
-	if !strings.Contains(logs.String(), `"msg":"leader acquired"`) {
-		t.Errorf("the reaper's log lacks the leader acquired line:\n%s", &logs)
+	if !strings.Contains(r.logs.String(), `"msg":"leader acquired"`) {
+		t.Errorf("the reaper's log lacks the leader acquired line:\n%s", r.logs)
 	}
+
+	t.Run("TLS", func(t *testing.T) { testTLSBroker(t, fs, dsn) })
+}
+
+// testTLSBroker checks that the reaper in the image trusts what its CA bundle vouches for:
+// librdkafka, linked statically, must find the bundle at /etc/ssl/certs/ca-certificates.crt by
+// itself. A test CA is appended to the exported bundle, and the broker serves only TLS, with a
+// certificate from that CA; without the bundle the reaper never gets ready.
+func testTLSBroker(t *testing.T, fs, dsn string) {
+	caPEM, serverCert := certificates(t)
+	bundle, err := os.OpenFile(filepath.Join(fs, "etc/ssl/certs/ca-certificates.crt"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = bundle.Write(caPEM)
+	if err := errors.Join(err, bundle.Close()); err != nil {
+		t.Fatal(err)
+	}
+	broker := kafkatest.Start(t, kafkatest.WithKfake(kfake.TLS(&tls.Config{Certificates: []tls.Certificate{serverCert}})))
+	admin := freeAddr(t)
+	writeFile(t, filepath.Join(fs, "etc/reaper/tls.yaml"), `harvest:
+  baseKafkaConfig:
+    bootstrap.servers: `+broker.Addr()+`
+    security.protocol: SSL
+  leaderTopic: imagetest-tls.leader
+  leaderGroupID: imagetest-tls
+  dataSource: ${DATABASE_URL}
+  limits:
+    heartbeatTimeout: 1s
+    minPollInterval: 50ms
+admin:
+  address: `+admin+`
+logging:
+  format: json
+`)
+	r := startReaper(t, fs, []string{"DATABASE_URL=" + dsn}, "/reaper", "-f", "/etc/reaper/tls.yaml")
+	r.waitFor(t, 30*time.Second, "/readyz answering 200 over TLS", func() error { return get(admin, reaper.ReadyzPath, nil) })
+	r.waitFor(t, 30*time.Second, "leadership over TLS", func() error {
+		if leader := metricValue(t, admin, "goharvest_leader"); leader != 1 {
+			return fmt.Errorf("goharvest_leader is %v", leader)
+		}
+		return nil
+	})
+	r.stop(t)
+}
+
+// certificates returns a new CA's certificate, in PEM, and a server certificate for 127.0.0.1
+// that it signed.
+func certificates(t *testing.T) ([]byte, tls.Certificate) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "goharvest imagetest CA"},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serverKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := &x509.Certificate{
+		SerialNumber: big.NewInt(2),
+		Subject:      pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	serverDER, err := x509.CreateCertificate(rand.Reader, server, ca, &serverKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
+	return caPEM, tls.Certificate{Certificate: [][]byte{serverDER}, PrivateKey: serverKey}
+}
+
+// reaperProcess is a reaper running from the exported image.
+type reaperProcess struct {
+	cmd  *exec.Cmd
+	logs *syncBuffer
+	done chan struct{}
+}
+
+func startReaper(t *testing.T, fs string, env []string, args ...string) *reaperProcess {
+	r := &reaperProcess{cmd: chroot(fs, env, args...), logs: &syncBuffer{}, done: make(chan struct{})}
+	r.cmd.Stdout, r.cmd.Stderr = r.logs, r.logs
+	if err := r.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { r.cmd.Wait(); close(r.done) }()
+	t.Cleanup(func() { r.cmd.Process.Kill(); <-r.done })
+	return r
+}
+
+// stop sends SIGTERM and fails the test unless the reaper exits 0 soon after.
+func (r *reaperProcess) stop(t *testing.T) {
+	t.Helper()
+	stopAt := time.Now()
+	r.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-r.done:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the reaper did not exit within 20s of SIGTERM; output:\n%s", r.logs)
+	}
+	if code := r.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("the reaper exited %d after SIGTERM; output:\n%s", code, r.logs)
+	}
+	t.Logf("exited 0 %v after SIGTERM", time.Since(stopAt).Round(time.Millisecond))
+}
+
+// waitFor polls check until it succeeds, failing the test when the reaper exits first or
+// within passes.
+func (r *reaperProcess) waitFor(t *testing.T, within time.Duration, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		select {
+		case <-r.done:
+			t.Fatalf("the reaper exited while waiting for %s; output:\n%s", what, r.logs)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within %v: %v; output:\n%s", what, within, err, r.logs)
+		}
+	}
+}
+
+// syncBuffer collects a process's output while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // containerEngine returns podman, or docker where podman is missing, and skips the test when
@@ -312,27 +456,6 @@ func get(addr, path string, body io.Writer) error {
 	return nil
 }
 
-// waitFor polls check until it succeeds, failing the test when the reaper exits first or
-// within passes.
-func waitFor(t *testing.T, exited <-chan struct{}, logs *bytes.Buffer, within time.Duration, what string, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		select {
-		case <-exited:
-			t.Fatalf("the reaper exited while waiting for %s; output:\n%s", what, logs)
-		case <-time.After(50 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %v: %v; output:\n%s", what, within, err, logs)
-		}
-	}
-}
-
 // processUID returns the real user ID of a running process.
 func processUID(t *testing.T, pid int) string {
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -348,10 +471,14 @@ func processUID(t *testing.T, pid int) string {
 	return ""
 }
 
-// metricValue returns the sum of a metric's samples in the Prometheus text format.
-func metricValue(text, name string) float64 {
+// metricValue returns the sum of a metric's samples, as the admin endpoint serves them.
+func metricValue(t *testing.T, admin, name string) float64 {
+	var text bytes.Buffer
+	if err := get(admin, reaper.MetricsPath, &text); err != nil {
+		t.Fatal(err)
+	}
 	var sum float64
-	for line := range strings.Lines(text) {
+	for line := range strings.Lines(text.String()) {
 		if strings.HasPrefix(line, name+" ") || strings.HasPrefix(line, name+"{") {
 			fields := strings.Fields(line)
 			v, _ := strconv.ParseFloat(fields[len(fields)-1], 64)
