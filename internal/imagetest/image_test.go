@@ -94,7 +94,11 @@ func TestImageRunsTheReaperFromScratch(t *testing.T) {
 
 	fs := exportFileSystem(t, engine, image)
 	checkFileSystem(t, fs)
-	configPath := cfg.Cmd[slices.Index(cfg.Cmd, "-f")+1]
+	i := slices.Index(cfg.Cmd, "-f")
+	if i < 0 || i+1 == len(cfg.Cmd) {
+		t.Fatalf("the image's command %q names no configuration file (-f)", cfg.Cmd)
+	}
+	configPath := cfg.Cmd[i+1]
 
 	if out, err := chroot(fs, nil, "/reaper", "--version").CombinedOutput(); err != nil || string(out) != "reaper "+version+"\n" {
 		t.Fatalf("reaper --version in the image: %v: %q, want %q", err, out, "reaper "+version+"\n")
