@@ -387,7 +387,11 @@ func checkFileSystem(t *testing.T, fs string) {
 // chroot returns a command that runs args inside fs as the image's user, with only env in its
 // environment, as in a container.
 func chroot(fs string, env []string, args ...string) *exec.Cmd {
-	cmd := exec.Command("chroot", append([]string{"--userspec=" + imageUser, fs}, args...)...)
+	bin, err := exec.LookPath("chroot")
+	if err != nil {
+		bin = "/usr/sbin/chroot" // coreutils' place, which a PATH without sbin misses
+	}
+	cmd := exec.Command(bin, append([]string{"--userspec=" + imageUser, fs}, args...)...)
 	cmd.Env = env
 	if cmd.Env == nil {
 		cmd.Env = []string{}
