@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -81,13 +82,18 @@ func (s *Server) exec(ctx context.Context, sql string) error {
 
 // Start initialises and starts a throwaway cluster in a new temporary directory, with
 // durability off (fsync, synchronous commit), as tests want.
-func Start() (*Server, error) { return startCluster(false) }
+func Start() (*Server, error) { return startCluster(false, false) }
 
 // StartDurable starts a throwaway cluster with PostgreSQL's default durability (fsync and
 // synchronous commit on), for benchmarks whose figures should mean something.
-func StartDurable() (*Server, error) { return startCluster(true) }
+func StartDurable() (*Server, error) { return startCluster(true, false) }
 
-func startCluster(durable bool) (*Server, error) {
+// StartTCP is Start for clients that cannot reach the socket directory, such as a binary run in
+// a chroot: the cluster also listens on 127.0.0.1, on a port that was free when it started, and
+// the DSNs it gives name that address.
+func StartTCP() (*Server, error) { return startCluster(false, true) }
+
+func startCluster(durable, tcp bool) (*Server, error) {
 	binDir, err := findBinDir()
 	if err != nil {
 		return nil, err
@@ -107,21 +113,31 @@ func startCluster(durable bool) (*Server, error) {
 			return nil, err
 		}
 	}
-	if err := s.initAndStart(dir, durable); err != nil {
+	if err := s.initAndStart(dir, durable, tcp); err != nil {
 		s.Stop()
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *Server) initAndStart(dir string, durable bool) error {
+func (s *Server) initAndStart(dir string, durable, tcp bool) error {
 	owner := "postgres"
 	if err := s.run("initdb", "--no-sync", "--auth=trust", "--username="+owner, "--encoding=UTF8",
 		"--locale=C", "-D", s.dataDir); err != nil {
 		return err
 	}
+	host, port := dir, 5432
+	listen := "''"
+	if tcp {
+		var err error
+		if port, err = freePort(); err != nil {
+			return err
+		}
+		host, listen = "127.0.0.1", "127.0.0.1"
+	}
 	settings := []string{
-		"-c listen_addresses=''",
+		"-c listen_addresses=" + listen,
+		"-c port=" + strconv.Itoa(port),
 		"-c unix_socket_directories=" + dir,
 		"-c max_connections=300",
 	}
@@ -138,8 +154,18 @@ func (s *Server) initAndStart(dir string, durable bool) error {
 		"-l", filepath.Join(dir, "postgres.log"), "-o", opts); err != nil {
 		return fmt.Errorf("%w (log: %s)", err, filepath.Join(dir, "postgres.log"))
 	}
-	s.adminDSN = fmt.Sprintf("host=%s port=5432 user=%s dbname=postgres sslmode=disable", dir, owner)
+	s.adminDSN = fmt.Sprintf("host=%s port=%d user=%s dbname=postgres sslmode=disable", host, port, owner)
 	return nil
+}
+
+// freePort returns a loopback TCP port that nothing listens on now.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Restart stops the cluster and starts it again on the same socket, for tests of database

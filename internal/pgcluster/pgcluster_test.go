@@ -1,8 +1,12 @@
 package pgcluster
 
 import (
+	"context"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 func TestWithDatabase(t *testing.T) {
@@ -47,5 +51,31 @@ func TestStartCreateStop(t *testing.T) {
 	}
 	if err := s.Stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestStartTCPServesLoopback(t *testing.T) {
+	s, err := StartTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Stop()
+	dsn, drop, err := s.CreateDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer drop()
+	if !strings.Contains(dsn, "host=127.0.0.1 ") {
+		t.Fatalf("DSN %q does not name the loopback address", dsn)
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var addr string
+	if err := conn.QueryRow(ctx, "SELECT host(inet_server_addr())").Scan(&addr); err != nil || addr != "127.0.0.1" {
+		t.Fatalf("connected to %q (%v), want a TCP connection to 127.0.0.1", addr, err)
 	}
 }

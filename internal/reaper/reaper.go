@@ -166,8 +166,16 @@ func (l Logging) Logger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// Version is the reaper's version, from the module's build information.
+// version is stamped at link time by builds that know it: make image passes
+// -ldflags "-X github.com/goharvest/goharvest/internal/reaper.version=...".
+var version string
+
+// Version is the reaper's version: the one stamped at link time, else the module's version from
+// the build information (as go install ...@v1.2.3 records it), else "dev".
 func Version() string {
+	if version != "" {
+		return version
+	}
 	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" && info.Main.Version != "(devel)" {
 		return info.Main.Version
 	}
@@ -264,11 +272,21 @@ func Main(args []string, env Env) int {
 	return ExitOK
 }
 
+// The admin endpoints, for probes and scrapers (examples/kubernetes checks its manifest against
+// them). ReadyzTimeout bounds how long /readyz waits for Postgres and Kafka to answer, so a
+// probe's own timeout must be longer.
+const (
+	MetricsPath   = "/metrics"
+	HealthzPath   = "/healthz"
+	ReadyzPath    = "/readyz"
+	ReadyzTimeout = 3 * time.Second
+)
+
 // adminHandler serves the metrics and the health probes. A probe answers 200 with "ok", or 503
 // with what is wrong.
 func adminHandler(h *goharvest.Harvest, registry *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	mux.Handle(MetricsPath, promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	probe := func(check func(*http.Request) error) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			if err := check(r); err != nil {
@@ -278,9 +296,9 @@ func adminHandler(h *goharvest.Harvest, registry *prometheus.Registry) http.Hand
 			fmt.Fprintln(w, "ok")
 		}
 	}
-	mux.Handle("/healthz", probe(func(*http.Request) error { return h.Healthy() }))
-	mux.Handle("/readyz", probe(func(r *http.Request) error {
-		ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	mux.Handle(HealthzPath, probe(func(*http.Request) error { return h.Healthy() }))
+	mux.Handle(ReadyzPath, probe(func(r *http.Request) error {
+		ctx, cancel := context.WithTimeout(r.Context(), ReadyzTimeout)
 		defer cancel()
 		return h.Ready(ctx)
 	}))
