@@ -158,7 +158,8 @@ type Limits struct {
 	// this long for the records it has in flight to be acknowledged and purged before it gives up
 	// on them, and a fenced leader must be done before another can be elected; hence the bound.
 	// It is also the timeout of each call to librdkafka's transactional API, which cannot be
-	// cancelled, so the whole handover takes at most twice this.
+	// cancelled; a call under way when leadership ends ends by the same deadline, so the whole
+	// handover takes about this long at most.
 	// Default: HeartbeatTimeout / 2. Range: MinPollInterval to HeartbeatTimeout / 2.
 	MaxPollInterval time.Duration `yaml:"maxPollInterval"`
 
@@ -364,19 +365,9 @@ func (c Config) kafkaMillis(key string) (time.Duration, bool) {
 	if !ok {
 		return 0, false
 	}
+	// Numbers of any type, and strings (as YAML and librdkafka allow), read alike.
 	var ms float64
-	switch v := v.(type) {
-	case int:
-		ms = float64(v)
-	case int64:
-		ms = float64(v)
-	case float64:
-		ms = v
-	case string:
-		if _, err := fmt.Sscan(v, &ms); err != nil {
-			return 0, false
-		}
-	default:
+	if _, err := fmt.Sscan(fmt.Sprint(v), &ms); err != nil {
 		return 0, false
 	}
 	return time.Duration(ms * float64(time.Millisecond)), true

@@ -254,9 +254,11 @@ type fakeKafka struct {
 	// initHang makes InitTransactions wait out its context's deadline and time out.
 	initHang bool
 	// initErr, when set, is what InitTransactions returns.
-	initErr    error
-	notes      int // committed transactions that wrote a note
-	violations []string
+	initErr error
+	// produceFatal makes the next Produce report the producer's fatal error.
+	produceFatal bool
+	notes        int // committed transactions that wrote a note
+	violations   []string
 }
 
 // outKey is what one key has in flight: records of one producer's transaction.
@@ -457,7 +459,12 @@ func (p *fakeProducer) Produce(msg Message) error {
 	k.mu.Lock()
 	if p.abortable || p.committing {
 		k.mu.Unlock()
-		return errErroneousState
+		return &TxnError{Err: errErroneousState, Retriable: true}
+	}
+	if k.produceFatal {
+		k.produceFatal = false
+		k.mu.Unlock()
+		return &TxnError{Err: errors.New("Local: Fatal error"), Fatal: true}
 	}
 	out, ok := k.outstanding[key]
 	if ok && (out.producer != p.index || out.txn != p.txnNo) {

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -208,7 +209,7 @@ func (h *Harvest) Start() error {
 }
 
 // Stop asks the harvester to stop and returns at once; Await waits for it. A leader stops
-// marking, waits (up to MaxPollInterval) for the records it has in flight, and leaves the
+// marking, waits (up to about MaxPollInterval) for the records it has in flight, and leaves the
 // election so that another harvester takes over at once.
 func (h *Harvest) Stop() {
 	h.stopOnce.Do(func() { close(h.stopCh) })
@@ -308,6 +309,7 @@ func (h *Harvest) run() {
 		nextEpochAt time.Time // after an error, the next epoch waits for IOErrorBackoff
 		err         error
 	)
+loop:
 	for {
 		var leading bool
 		h.lastPulse.Store(time.Now().UnixNano())
@@ -344,16 +346,19 @@ func (h *Harvest) run() {
 		case <-started:
 			s := h.starting
 			h.starting = nil
-			if s.err != nil {
+			switch {
+			case s.err != nil:
 				err = s.err
-				break
-			}
-			if s.producer == nil {
+				break loop
+			case s.producer == nil:
 				nextEpochAt = time.Now().Add(h.cfg.Limits.IOErrorBackoff)
-				continue
+			case h.stopping() || h.elector.State() != neli.Leader:
+				// Stop was called, or the clock fenced us, while the start ran.
+				s.producer.Close()
+			default:
+				h.launchEpoch(s.producer, acquired)
+				acquired = true
 			}
-			h.launchEpoch(s.producer, acquired)
-			acquired = true
 			continue
 		case <-ticker.C:
 			continue
@@ -361,6 +366,16 @@ func (h *Harvest) run() {
 		break
 	}
 	h.shutdown(err)
+}
+
+// stopping reports whether Stop has been called.
+func (h *Harvest) stopping() bool {
+	select {
+	case <-h.stopCh:
+		return true
+	default:
+		return false
+	}
 }
 
 func (h *Harvest) current() *pipeline {
@@ -406,7 +421,9 @@ func (h *Harvest) beginEpoch(ctx context.Context) *epochStart {
 // prepareEpoch runs the steps of an epoch's start and returns its producer, or nil when a step
 // failed and should be retried after IOErrorBackoff.
 func (h *Harvest) prepareEpoch(ctx context.Context, unpurged []int64) (KafkaProducer, error) {
-	if !h.schemaReady(ctx) {
+	// Each step first checks that the start has not been abandoned: above all InitTransactions,
+	// which would otherwise fence a leader elected meanwhile.
+	if ctx.Err() != nil || !h.schemaReady(ctx) {
 		return nil, nil
 	}
 	// Records this harvester committed to Kafka and could not purge when its last epoch ended
@@ -417,9 +434,16 @@ func (h *Harvest) prepareEpoch(ctx context.Context, unpurged []int64) (KafkaProd
 		}
 		h.log.Info("purged records the last epoch published and could not purge", "records", len(unpurged))
 	}
+	if ctx.Err() != nil {
+		return nil, nil
+	}
 	producer, err := h.cfg.KafkaProducerProvider(h.producerConfig)
 	if err != nil {
 		return nil, fmt.Errorf("harvest: create producer: %w", err)
+	}
+	if ctx.Err() != nil {
+		producer.Close()
+		return nil, nil
 	}
 	initCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.MaxPollInterval)
 	err = producer.InitTransactions(initCtx)
@@ -433,12 +457,14 @@ func (h *Harvest) prepareEpoch(ctx context.Context, unpurged []int64) (KafkaProd
 		return nil, fmt.Errorf("harvest: Kafka refuses the producer's settings or permissions: %w", err)
 	}
 	if err != nil {
-		h.kafkaTrouble.fail(h.log, "init transactions", err)
+		if ctx.Err() == nil {
+			h.kafkaTrouble.fail(h.log, "init transactions", err)
+		}
 		producer.Close()
 		return nil, nil
 	}
 	h.kafkaTrouble.ok(h.log)
-	if !h.purgeNoted(ctx, producer) {
+	if ctx.Err() != nil || !h.purgeNoted(ctx, producer) {
 		producer.Close()
 		return nil, nil
 	}
@@ -508,7 +534,9 @@ func (h *Harvest) purgeNoted(ctx context.Context, producer KafkaProducer) bool {
 	note, err := producer.ReadNote(readCtx, place)
 	cancel()
 	if err != nil {
-		h.kafkaTrouble.fail(h.log, "read note", err)
+		if ctx.Err() == nil {
+			h.kafkaTrouble.fail(h.log, "read note", err)
+		}
 		return false
 	}
 	ids, err := decodeNote(note)
@@ -527,12 +555,18 @@ func (h *Harvest) purgeNoted(ctx context.Context, producer KafkaProducer) bool {
 // purgeIDs deletes the rows of records that an earlier epoch published, before this one marks
 // anything. It reports false, to be retried, when the database fails.
 func (h *Harvest) purgeIDs(ctx context.Context, op string, ids []int64) bool {
-	purgeCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
-	n, err := h.db.Purge(purgeCtx, ids)
-	cancel()
-	if err != nil {
-		h.dbTrouble.fail(h.log, op, err)
-		return false
+	n := 0
+	for batch := range slices.Chunk(ids, maxCommitBatch) {
+		purgeCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
+		purged, err := h.db.Purge(purgeCtx, batch)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				h.dbTrouble.fail(h.log, op, err)
+			}
+			return false
+		}
+		n += purged
 	}
 	h.dbTrouble.ok(h.log)
 	if n > 0 {
@@ -562,7 +596,9 @@ func (h *Harvest) schemaReady(ctx context.Context) bool {
 		}
 		return false
 	case err != nil:
-		h.dbTrouble.fail(h.log, "check schema", err)
+		if ctx.Err() == nil {
+			h.dbTrouble.fail(h.log, "check schema", err)
+		}
 		return false
 	}
 	h.dbTrouble.ok(h.log)
@@ -573,8 +609,8 @@ func (h *Harvest) schemaReady(ctx context.Context) bool {
 	return true
 }
 
-// endEpoch drains and closes the current epoch, within about twice MaxPollInterval, then
-// reports why it ended (nil for a remark, which LeaderRefreshed reports when the next epoch
+// endEpoch drains and closes the current epoch, within about MaxPollInterval, then reports why
+// it ended (nil for a remark, which LeaderRefreshed reports when the next epoch
 // starts).
 func (h *Harvest) endEpoch(why Event) {
 	h.mu.Lock()

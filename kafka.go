@@ -72,9 +72,10 @@ type KafkaProducer interface {
 
 	// Produce queues msg. Its outcome arrives later on Deliveries. An error means the message was
 	// not queued and no Delivery will follow: a *RejectedError refuses the message as it stands;
-	// a *TxnError with Fatal set means the producer is unusable; anything else (ErrQueueFull,
-	// ErrTopicPending, a transaction being committed or aborted) means try again shortly. Produce
-	// must not block: it is called while the current transaction cannot end.
+	// a *TxnError with Fatal set means the producer is unusable; ErrQueueFull, ErrTopicPending and
+	// any other *TxnError (a transaction being committed or aborted) mean try again shortly;
+	// anything else is taken as a refusal of the message. Produce must not block: it is called
+	// while the current transaction cannot end.
 	Produce(msg Message) error
 	// Deliveries reports every queued message exactly once, and is closed by Close.
 	Deliveries() <-chan Delivery
@@ -293,15 +294,18 @@ func (c *confluentProducer) Produce(msg Message) error {
 		Opaque:         msg.Opaque,
 	}, nil)
 	var kerr kafka.Error
-	if errors.As(err, &kerr) && kerr.Code() == kafka.ErrQueueFull {
-		return ErrQueueFull
+	if errors.As(err, &kerr) {
+		switch kerr.Code() {
+		case kafka.ErrQueueFull:
+			return ErrQueueFull
+		case kafka.ErrState:
+			// The transaction is being committed or must be aborted; not the message's fault.
+			return &TxnError{Err: err, Retriable: true}
+		case kafka.ErrFatal:
+			return &TxnError{Err: err, Fatal: true}
+		}
 	}
-	if err = classify(err); errors.As(err, new(*RejectedError)) {
-		return err
-	}
-	// Anything else is the producer's state, not the message's: a transaction being committed
-	// or needing an abort ("Erroneous state"), or a fatal error.
-	return txnError(err)
+	return classify(err)
 }
 
 func (c *confluentProducer) Deliveries() <-chan Delivery { return c.deliveries }

@@ -446,30 +446,31 @@ func (w *sendWorker) send(f *flight, q *keyQueue) bool {
 		return false
 	}
 	err := p.produce(f, q)
-	var rejected *RejectedError
 	var txnErr *TxnError
 	switch {
 	case err == nil:
 		return true
 	case err == errNotNow:
 		return false
-	case errors.As(err, &rejected):
-		// Kafka (or our own check) refused this record as it stands.
-		f.held = true
-		w.retryAfter(f, p.rejected(f, err))
 	case errors.As(err, &txnErr) && txnErr.Fatal:
 		// The producer cannot go on (fenced by a newer epoch, say): nothing this epoch sends can
 		// commit, so a new epoch takes over.
 		f.attempts--
 		p.requestRemark("producer failed", err)
-	default:
-		// Not this record's fault: the producer's queue is full, a topic is being looked up, or
+	case errors.Is(err, ErrQueueFull) || errors.Is(err, ErrTopicPending) || txnErr != nil:
+		// Not this record's fault: the producer's queue is full, its topic is being looked up, or
 		// the transaction is being committed or must be aborted (librdkafka refuses new messages
-		// meanwhile, "Erroneous state"). The record is sent again shortly, uncounted and unreported.
+		// meanwhile, "Erroneous state"). The record is sent again shortly, uncounted and
+		// unreported.
 		f.attempts--
 		f.held = true
 		p.log.Debug("producer cannot take a record now; retrying", "id", f.rec.ID, "error", err)
 		w.retryAfter(f, busyBackoff)
+	default:
+		// Refused as it stands, by Kafka or by our own checks: reported, and retried with backoff
+		// while only its key waits.
+		f.held = true
+		w.retryAfter(f, p.rejected(f, err))
 	}
 	return false
 }
@@ -765,7 +766,8 @@ func (p *pipeline) abortTxn(ctx context.Context) error {
 }
 
 // retry calls a transactional API until it succeeds, fails for good, or ctx ends. Each call gets
-// its own deadline (see attempt), so that none outlasts the epoch's final flush by much.
+// its own deadline (see attempt), so that none outlasts the epoch's final flush; a call that
+// fails at once is not repeated at once.
 func (p *pipeline) retry(ctx context.Context, call func(context.Context) error) error {
 	for {
 		callCtx, cancel := p.attempt(ctx)
@@ -774,6 +776,10 @@ func (p *pipeline) retry(ctx context.Context, call func(context.Context) error) 
 		var txnErr *TxnError
 		if !errors.As(err, &txnErr) || !txnErr.Retriable || ctx.Err() != nil {
 			return err
+		}
+		select {
+		case <-time.After(busyBackoff):
+		case <-ctx.Done():
 		}
 	}
 }
@@ -943,10 +949,10 @@ func (p *pipeline) inFlight() (keys []string, records int) {
 
 // stop ends the epoch: it stops marking and sending, commits the current transaction (or aborts
 // it when time runs out), commits the purges and resets that gathered, and returns the ids of
-// records committed to Kafka whose purge it had to give up. It returns within about twice
-// timeout (see neli/doc.go for why that matters): every wait below ends at the same deadline,
-// except a call to the producer's transactional API already under way, which ends within
-// another timeout (see attempt). The producer is closed in the background, since closing it may
+// records committed to Kafka whose purge it had to give up. It returns within about timeout (see
+// neli/doc.go for why that matters): every wait below ends by the same deadline, and so does a
+// call to the producer's transactional API already under way, which was given at most timeout
+// when it began (see attempt). The producer is closed in the background, since closing it may
 // wait for a topic lookup; closed is closed once it is.
 func (p *pipeline) stop(timeout time.Duration) (unpurged []int64, closed <-chan struct{}) {
 	deadline := time.Now().Add(timeout)

@@ -58,14 +58,15 @@
 // the group can reassign, because the eager protocol waits for every member to give up its
 // partitions first.
 //
-// The Barrier is that handover's budget: it runs inside the rebalance, and the group waits for
-// it for at most max.poll.interval.ms = 2H before it evicts the member and reassigns partition 0
-// anyway. A Barrier must therefore return well within 2H, whatever the state of the systems the
-// leader's work depends on. goharvest's returns within two of its MaxPollIntervals, at most H:
-// every wait of an ending epoch shares one deadline, and the one call that cannot be cancelled
-// (a transactional call to librdkafka, which honours only a timeout) is given at most one more
-// MaxPollInterval. Work that is slow to start (a producer's InitTransactions) runs off the loop,
-// so that Pulse is called on time throughout.
+// The Barrier is that handover's budget. After a revoke it runs inside the rebalance, which waits
+// for it for at most max.poll.interval.ms = 2H before it evicts the member and reassigns partition
+// 0 anyway; after a fence (at t+H at the latest, above) it has until the coordinator can evict
+// the member, t+1.9H, so 0.9H. A Barrier must return within that, whatever the state of the
+// systems the leader's work depends on. goharvest's returns within about its MaxPollInterval, at
+// most H/2: every wait of an ending epoch ends by one deadline, and so does the one kind of call
+// that cannot be cancelled (a transactional call to librdkafka, which honours only a timeout and
+// is never given more than MaxPollInterval). Work that is slow to start (a producer's
+// InitTransactions) runs off the loop, so that Pulse is called on time throughout.
 //
 // What NELI cannot do is stop work the old leader had already started: a message handed to a
 // producer before the fence can still be delivered after it. Callers that need a hard guarantee

@@ -217,7 +217,7 @@ func TestReaperSidecar(t *testing.T) {
 
 			// A clean stop: the epoch's in-flight records (up to maxPollInterval), then leaving
 			// the election (up to two heartbeat timeouts).
-			handover := 2*h.Limits.MaxPollInterval + 2*h.Limits.HeartbeatTimeout
+			handover := h.Limits.MaxPollInterval + 2*h.Limits.HeartbeatTimeout
 			if g := pod.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second <= handover {
 				t.Errorf("terminationGracePeriodSeconds %s: the reaper may need %v to hand over cleanly", show(g), handover)
 			}
