@@ -6,7 +6,7 @@ import (
 )
 
 // message builds the Kafka message for an outbox record. The key is never nil: even the empty
-// key '' is a key (converting a string to []byte always gives a non-nil slice), which the
+// key "" is a key (converting a string to []byte always gives a non-nil slice), which the
 // default partitioner hashes like any other rather than spreading it as it would a missing
 // key. With idHeader set, the record's id follows its own headers, as decimal text.
 func message(rec *OutboxRecord, idHeader string, opaque any) Message {
