@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
@@ -39,6 +40,12 @@ const (
 	// unless ProducerKafkaConfig sets it or a longer QueueTimeout needs more (librdkafka refuses a
 	// message timeout longer than the transaction timeout).
 	DefaultTransactionTimeout = time.Minute
+	// DefaultPartitioner is the producer's "partitioner" unless ProducerKafkaConfig or
+	// BaseKafkaConfig sets it: librdkafka's Java-compatible one, which puts every key (the empty
+	// key included) on the partition the Java client's default partitioner would choose, so that
+	// topics written by goharvest co-partition with those of Java producers, Kafka Streams and
+	// ksqlDB. librdkafka's own default is "consistent_random" (CRC32).
+	DefaultPartitioner = "murmur2_random"
 )
 
 // Defaults of Limits. A zero field takes its default.
@@ -97,6 +104,11 @@ type Config struct {
 	// OutboxTable is the outbox table, optionally schema-qualified ("app.outbox"). It is quoted
 	// as written, so case matters. Default: DefaultOutboxTable.
 	OutboxTable string `yaml:"outboxTable"`
+
+	// IDHeader, when set, names a header that every message carries with its outbox row's id
+	// in decimal ("12345"), after the row's own headers. A record published again (at least
+	// once) carries the same id, so consumers can drop repeats. Default: "" (no such header).
+	IDHeader string `yaml:"idHeader"`
 
 	// Limits tunes timing and throughput.
 	Limits Limits `yaml:"limits"`
@@ -440,6 +452,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := pgname.QuoteTable(c.OutboxTable); err != nil {
 		bad("OutboxTable", "outboxTable", "%v", err)
+	}
+	if c.IDHeader != "" && (strings.TrimSpace(c.IDHeader) != c.IDHeader || !utf8.ValidString(c.IDHeader) || strings.ContainsRune(c.IDHeader, 0)) {
+		bad("IDHeader", "idHeader", "%q: a header name must be valid UTF-8 without NUL bytes or surrounding blanks; or empty for no id header", c.IDHeader)
 	}
 	if strings.TrimSpace(c.Name) == "" {
 		bad("Name", "name", "must not be blank")

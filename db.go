@@ -8,7 +8,8 @@ import (
 	"github.com/google/uuid"
 )
 
-// KafkaHeader is one header of a Kafka message.
+// KafkaHeader is one header of a Kafka message. Value holds bytes, as any Go string can: UTF-8
+// text from a text[] column, anything from a bytea[] one.
 type KafkaHeader struct {
 	Key   string
 	Value string
@@ -26,10 +27,12 @@ type OutboxRecord struct {
 	// KafkaTopic is the topic to publish to. Records of one outbox may name different topics.
 	KafkaTopic string
 	// KafkaKey is the message key. Records with the same key are published in the order of
-	// their IDs, and land on the same partition.
+	// their IDs, and land on the same partition. It holds the key's bytes: UTF-8 from a text
+	// column, anything from a bytea one.
 	KafkaKey string
 	// KafkaValue is the message value. nil publishes a message with no value (a tombstone, for
-	// compacted topics); a pointer to "" publishes an empty value.
+	// compacted topics); a pointer to "" publishes an empty value. It holds the value's bytes:
+	// UTF-8 from a text column, anything from a bytea one, JSON text from json or jsonb.
 	KafkaValue *string
 	// KafkaHeaders are the message headers.
 	KafkaHeaders KafkaHeaders

@@ -125,6 +125,7 @@ func New(config Config) (*Harvest, error) {
 		// with it the commit that releases a key's next record.
 		producerConfig["linger.ms"] = DefaultProducerLinger
 	}
+	setDefaultPartitioner(producerConfig)
 	maps.Copy(producerConfig, KafkaConfigMap{
 		"enable.idempotence":  true,
 		"acks":                "all",
@@ -503,6 +504,7 @@ func (h *Harvest) launchEpoch(producer KafkaProducer, refresh bool) {
 		tracer:    h.tracer(),
 		leading:   func() bool { return h.elector.State() == neli.Leader },
 		notes:     h.notePlace(),
+		idHeader:  h.cfg.IDHeader,
 	})
 	h.mu.Lock()
 	h.pipeline = p

@@ -120,6 +120,8 @@ type pipelineDeps struct {
 	leading func() bool
 	// notes is where this epoch's transactions write their notes.
 	notes NotePlace
+	// idHeader names the header that carries each record's id; "" for none (Config.IDHeader).
+	idHeader string
 }
 
 type pipeline struct {
@@ -497,22 +499,12 @@ func (p *pipeline) produce(f *flight, q *keyQueue) error {
 			return errNotNow // the note is full
 		}
 	}
-	var value []byte
-	if f.rec.KafkaValue != nil {
-		value = []byte(*f.rec.KafkaValue)
-	}
 	f.attempts++
 	f.failure.Store(nil)
 	p.track(f)
 	p.startSpan(f)
 	p.unreported.Add(1)
-	err := p.producer.Produce(Message{
-		Topic:   f.rec.KafkaTopic,
-		Key:     []byte(f.rec.KafkaKey),
-		Value:   value,
-		Headers: f.rec.KafkaHeaders,
-		Opaque:  f,
-	})
+	err := p.producer.Produce(message(&f.rec.OutboxRecord, p.idHeader, f))
 	if err != nil {
 		p.unreported.Add(-1)
 		if extends {

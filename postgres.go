@@ -21,16 +21,31 @@ import (
 // heap-only (HOT) update, which is much cheaper. A HOT update also needs room for the new row
 // version on the same page, which the fillfactor leaves; in the drain benchmark it cut Postgres's
 // CPU per record by about a fifth.
-const outboxDDLTemplate = `CREATE TABLE IF NOT EXISTS %s (
+const outboxDDLTemplate = `CREATE TABLE IF NOT EXISTS %[1]s (
   id                  BIGSERIAL PRIMARY KEY,
   create_time         TIMESTAMP WITH TIME ZONE NOT NULL,
   kafka_topic         VARCHAR(249) NOT NULL,
-  kafka_key           VARCHAR(100) NOT NULL,  -- pick your own maximum key size
-  kafka_value         VARCHAR(10000),         -- pick your own maximum value size
+  kafka_key           %[2]s
+  kafka_value         %[3]s
   kafka_header_keys   TEXT[] NOT NULL,
-  kafka_header_values TEXT[] NOT NULL,
+  kafka_header_values %[4]s NOT NULL,
   leader_id           UUID
 ) WITH (fillfactor = 80)`
+
+// The payload columns' types, with the rest of their lines, for text and for bytes.
+var (
+	textPayloadColumns  = [3]string{"VARCHAR(100) NOT NULL,  -- pick your own maximum key size", "VARCHAR(10000),         -- pick your own maximum value size", "TEXT[]"}
+	bytesPayloadColumns = [3]string{"BYTEA NOT NULL,", "BYTEA,", "BYTEA[]"}
+)
+
+// TableOptions choose how OutboxTableDDLWith and CreateOutboxTableWith make the outbox table.
+type TableOptions struct {
+	// Bytea makes kafka_key and kafka_value BYTEA and kafka_header_values BYTEA[], for binary
+	// payloads (Avro, Protobuf, Schema Registry framing), published byte for byte. The default
+	// is text: VARCHAR key and value, TEXT[] header values. (The harvester reads either, and
+	// json/jsonb values too; see README, Messages.)
+	Bytea bool
+}
 
 // notifyDDLTemplate installs a statement-level trigger that sends a notification on the outbox's
 // channel (see NotifyChannel) after every INSERT, so that a harvester waiting on an idle outbox
@@ -55,6 +70,11 @@ $do$`
 // schema-qualified) name, if it does not exist, and its notification trigger (see
 // NotifyChannel). Run them as one script; they may be run again.
 func OutboxTableDDL(table string) (string, error) {
+	return OutboxTableDDLWith(table, TableOptions{})
+}
+
+// OutboxTableDDLWith is OutboxTableDDL with a choice of column types.
+func OutboxTableDDLWith(table string, opts TableOptions) (string, error) {
 	quoted, err := pgname.QuoteTable(table)
 	if err != nil {
 		return "", err
@@ -65,7 +85,11 @@ func OutboxTableDDL(table string) (string, error) {
 	if schema, _, qualified := strings.Cut(table, "."); qualified {
 		function = pgx.Identifier{schema, function}.Sanitize()
 	}
-	return fmt.Sprintf(outboxDDLTemplate, quoted) + ";\n" +
+	cols := textPayloadColumns
+	if opts.Bytea {
+		cols = bytesPayloadColumns
+	}
+	return fmt.Sprintf(outboxDDLTemplate, quoted, cols[0], cols[1], cols[2]) + ";\n" +
 		fmt.Sprintf(notifyDDLTemplate, function, quoted, NotifyChannel(table)), nil
 }
 
@@ -83,7 +107,12 @@ func NotifyChannel(table string) string {
 // CreateOutboxTable connects to dataSource and creates the outbox table if it does not exist.
 // A schema in a qualified name must exist already.
 func CreateOutboxTable(ctx context.Context, dataSource, table string) error {
-	ddl, err := OutboxTableDDL(table)
+	return CreateOutboxTableWith(ctx, dataSource, table, TableOptions{})
+}
+
+// CreateOutboxTableWith is CreateOutboxTable with a choice of column types.
+func CreateOutboxTableWith(ctx context.Context, dataSource, table string, opts TableOptions) error {
+	ddl, err := OutboxTableDDLWith(table, opts)
 	if err != nil {
 		return err
 	}
@@ -117,10 +146,10 @@ var outboxColumns = []struct {
 	{"id", []string{"bigint", "integer"}},
 	{"create_time", []string{"timestamp with time zone", "timestamp without time zone"}},
 	{"kafka_topic", []string{"text", "character varying", "character"}},
-	{"kafka_key", []string{"text", "character varying", "character"}},
-	{"kafka_value", []string{"text", "character varying", "character"}},
+	{"kafka_key", []string{"text", "character varying", "character", "bytea"}},
+	{"kafka_value", []string{"text", "character varying", "character", "bytea", "json", "jsonb"}},
 	{"kafka_header_keys", []string{"text[]", "character varying[]"}},
-	{"kafka_header_values", []string{"text[]", "character varying[]"}},
+	{"kafka_header_values", []string{"text[]", "character varying[]", "bytea[]"}},
 	{"leader_id", []string{"uuid"}},
 }
 
@@ -233,7 +262,7 @@ func (b *PostgresBinding) Mark(ctx context.Context, leaderID uuid.UUID, limit in
 		// already marked, and rows marked but never returned would sit unpublished.
 		var (
 			row                   outboxRow
-			headerKeys, headerVal pgtype.Array[*string]
+			headerKeys, headerVal pgtype.Array[payload]
 		)
 		if err := rows.Scan(&row.id, &row.createTime, &row.topic, &row.key, &row.value,
 			&headerKeys, &headerVal, &row.leaderID); err != nil {
@@ -251,20 +280,20 @@ func (b *PostgresBinding) Mark(ctx context.Context, leaderID uuid.UUID, limit in
 type outboxRow struct {
 	id         int64
 	createTime pgtype.Timestamptz
-	topic, key pgtype.Text
-	value      pgtype.Text
+	topic      pgtype.Text
+	key, value payload
 	leaderID   pgtype.UUID
 }
 
-func (r outboxRow) record(headerKeys, headerValues pgtype.Array[*string]) MarkedRecord {
+func (r outboxRow) record(headerKeys, headerValues pgtype.Array[payload]) MarkedRecord {
 	m := MarkedRecord{OutboxRecord: OutboxRecord{
 		ID:         r.id,
 		CreateTime: r.createTime.Time,
 		KafkaTopic: r.topic.String,
-		KafkaKey:   r.key.String,
+		KafkaKey:   r.key.s,
 	}}
-	if r.value.Valid {
-		m.KafkaValue = &r.value.String
+	if r.value.valid {
+		m.KafkaValue = &r.value.s
 	}
 	if r.leaderID.Valid {
 		id := uuid.UUID(r.leaderID.Bytes)
@@ -274,7 +303,7 @@ func (r outboxRow) record(headerKeys, headerValues pgtype.Array[*string]) Marked
 	if !r.topic.Valid {
 		problems = append(problems, "kafka_topic is NULL")
 	}
-	if !r.key.Valid {
+	if !r.key.valid {
 		problems = append(problems, "kafka_key is NULL")
 	}
 	if !r.createTime.Valid {
@@ -292,7 +321,7 @@ func (r outboxRow) record(headerKeys, headerValues pgtype.Array[*string]) Marked
 }
 
 // pairHeaders zips the header key and value arrays. NULL arrays count as empty.
-func pairHeaders(keys, values pgtype.Array[*string]) (KafkaHeaders, string) {
+func pairHeaders(keys, values pgtype.Array[payload]) (KafkaHeaders, string) {
 	if len(keys.Dims) > 1 || len(values.Dims) > 1 {
 		return nil, "header arrays must be one-dimensional"
 	}
@@ -302,10 +331,10 @@ func pairHeaders(keys, values pgtype.Array[*string]) (KafkaHeaders, string) {
 	}
 	headers := make(KafkaHeaders, len(keys.Elements))
 	for i := range keys.Elements {
-		if keys.Elements[i] == nil || values.Elements[i] == nil {
+		if !keys.Elements[i].valid || !values.Elements[i].valid {
 			return nil, fmt.Sprintf("header %d has a NULL key or value", i)
 		}
-		headers[i] = KafkaHeader{Key: *keys.Elements[i], Value: *values.Elements[i]}
+		headers[i] = KafkaHeader{Key: keys.Elements[i].s, Value: values.Elements[i].s}
 	}
 	return headers, ""
 }

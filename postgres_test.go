@@ -403,14 +403,29 @@ func TestCheckSchema(t *testing.T) {
 	if err := o.binding.CheckSchema(ctx); err != nil {
 		t.Fatalf("the standard table was rejected: %v", err)
 	}
-	if _, err := o.pool.Exec(ctx, `ALTER TABLE outbox ALTER COLUMN kafka_value TYPE jsonb USING to_jsonb(kafka_value),
+	// Every payload type the harvester reads is accepted.
+	for _, alter := range []string{
+		`ALTER TABLE outbox ALTER COLUMN kafka_value TYPE jsonb USING to_jsonb(kafka_value)`,
+		`ALTER TABLE outbox ALTER COLUMN kafka_value TYPE json USING kafka_value::json`,
+		`ALTER TABLE outbox ALTER COLUMN kafka_value TYPE bytea USING kafka_value::text::bytea,
+			ALTER COLUMN kafka_key TYPE bytea USING kafka_key::bytea,
+			ALTER COLUMN kafka_header_values TYPE bytea[] USING '{}'`,
+	} {
+		if _, err := o.pool.Exec(ctx, alter); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.binding.CheckSchema(ctx); err != nil {
+			t.Fatalf("after %s: %v", alter, err)
+		}
+	}
+	if _, err := o.pool.Exec(ctx, `ALTER TABLE outbox ALTER COLUMN kafka_value TYPE xml USING NULL,
 		DROP COLUMN leader_id`); err != nil {
 		t.Fatal(err)
 	}
 	err := o.binding.CheckSchema(ctx)
 	var schemaErr *goharvest.SchemaError
 	if !errors.As(err, &schemaErr) || len(schemaErr.Problems) != 2 ||
-		!strings.Contains(err.Error(), "column kafka_value has type jsonb; goharvest reads it as text or character varying or character") ||
+		!strings.Contains(err.Error(), "column kafka_value has type xml; goharvest reads it as text or character varying or character or bytea or json or jsonb") ||
 		!strings.Contains(err.Error(), "column leader_id is missing") {
 		t.Fatalf("got %v, want a SchemaError naming kafka_value's type and the missing leader_id", err)
 	}

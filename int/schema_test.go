@@ -15,7 +15,7 @@ import (
 func TestUnknownColumnType(t *testing.T) {
 	r := newRig(t, rigOptions{})
 	ctx := context.Background()
-	if _, err := r.pool.Exec(ctx, "ALTER TABLE outbox ALTER COLUMN kafka_value TYPE jsonb USING to_jsonb(kafka_value)"); err != nil {
+	if _, err := r.pool.Exec(ctx, "ALTER TABLE outbox ALTER COLUMN kafka_value TYPE xml USING NULL"); err != nil {
 		t.Fatal(err)
 	}
 	const records = 50
@@ -29,7 +29,7 @@ func TestUnknownColumnType(t *testing.T) {
 			keys, values = append(keys, h.Key), append(values, h.Value)
 		}
 		_, err := r.pool.Exec(ctx, `INSERT INTO outbox (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
-			VALUES (now(), $1, $2, '{"n": 1}', $3, $4)`, rec.KafkaTopic, rec.KafkaKey, keys, values)
+			VALUES (now(), $1, $2, '<n>1</n>', $3, $4)`, rec.KafkaTopic, rec.KafkaKey, keys, values)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -37,7 +37,7 @@ func TestUnknownColumnType(t *testing.T) {
 	p := r.startReaper("a")
 	deadline := time.Now().Add(30 * time.Second)
 	var log []byte
-	for !strings.Contains(string(log), "column kafka_value has type jsonb") {
+	for !strings.Contains(string(log), "column kafka_value has type xml") {
 		if time.Now().After(deadline) {
 			t.Fatalf("the unreadable column was not reported; log:\n%s", log)
 		}

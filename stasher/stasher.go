@@ -9,6 +9,7 @@ package stasher
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -42,16 +43,73 @@ type PgxExecer interface {
 // Stasher writes records to one outbox table. It is safe for concurrent use.
 type Stasher struct {
 	table string // quoted
+	// Which payload columns are bytea (kafka_header_values bytea[]) rather than text.
+	keyBytea, valueBytea, headerBytea bool
+	// valueJSON: kafka_value is json or jsonb.
+	valueJSON bool
+}
+
+// Option configures a Stasher.
+type Option func(*Stasher) error
+
+// The payload columns that may be bytea, as ByteaColumns names them.
+const (
+	KeyColumn          = "kafka_key"
+	ValueColumn        = "kafka_value"
+	HeaderValuesColumn = "kafka_header_values"
+)
+
+// ByteaColumns says which of the outbox's payload columns are bytea rather than text (for
+// kafka_header_values: bytea[] rather than text[]): any of KeyColumn, ValueColumn and
+// HeaderValuesColumn, or all three when none is named (the table that
+// goharvest.CreateOutboxTableWith makes with TableOptions{Bytea: true}). Their bytes are then
+// written as they are, zero bytes and invalid UTF-8 included. Without this option every column
+// is written as text, which Postgres refuses for a bytea column.
+func ByteaColumns(columns ...string) Option {
+	return func(s *Stasher) error {
+		if len(columns) == 0 {
+			columns = []string{KeyColumn, ValueColumn, HeaderValuesColumn}
+		}
+		for _, c := range columns {
+			switch c {
+			case KeyColumn:
+				s.keyBytea = true
+			case ValueColumn:
+				s.valueBytea = true
+			case HeaderValuesColumn:
+				s.headerBytea = true
+			default:
+				return fmt.Errorf("ByteaColumns: %q is not %s, %s or %s", c, KeyColumn, ValueColumn, HeaderValuesColumn)
+			}
+		}
+		return nil
+	}
+}
+
+// JSONValue says that the outbox's kafka_value column is json or jsonb. Values are then written
+// as JSON text, which Postgres checks; a value that is not JSON is refused. (Without this
+// option a text value is refused by a json or jsonb column.)
+func JSONValue() Option {
+	return func(s *Stasher) error {
+		s.valueJSON = true
+		return nil
+	}
 }
 
 // New returns a Stasher for the named outbox table ("outbox", or schema-qualified "app.outbox";
 // quoted as written, so case matters).
-func New(outboxTable string) (*Stasher, error) {
+func New(outboxTable string, opts ...Option) (*Stasher, error) {
 	table, err := pgname.QuoteTable(outboxTable)
 	if err != nil {
 		return nil, fmt.Errorf("stasher: %w", err)
 	}
-	return &Stasher{table: table}, nil
+	s := &Stasher{table: table}
+	for _, opt := range opts {
+		if err := opt(s); err != nil {
+			return nil, fmt.Errorf("stasher: %w", err)
+		}
+	}
+	return s, nil
 }
 
 // Stash writes records to the outbox in tx, in the given order, using as few INSERT statements
@@ -75,7 +133,7 @@ func (s *Stasher) StashPgx(ctx context.Context, tx PgxExecer, records ...goharve
 
 func (s *Stasher) stash(records []goharvest.OutboxRecord, exec func(query string, args []any) error) error {
 	for i := range records {
-		if err := validate(records[i]); err != nil {
+		if err := s.validate(records[i]); err != nil {
 			return fmt.Errorf("stash record %d (key %q): %w", i, records[i].KafkaKey, err)
 		}
 	}
@@ -83,7 +141,7 @@ func (s *Stasher) stash(records []goharvest.OutboxRecord, exec func(query string
 		chunk := records[start:min(start+rowsPerStatement, len(records))]
 		args := make([]any, 0, len(chunk)*paramsPerRow)
 		for _, rec := range chunk {
-			args = appendArgs(args, rec)
+			args = s.appendArgs(args, rec)
 		}
 		if err := exec(s.insertSQL(len(chunk)), args); err != nil {
 			return fmt.Errorf("stash %d records into outbox: %w", len(chunk), err)
@@ -93,8 +151,25 @@ func (s *Stasher) stash(records []goharvest.OutboxRecord, exec func(query string
 }
 
 // insertSQL builds an INSERT of n rows. create_time falls back to now() when no time is given;
-// header arrays travel as array literals cast from text, which every driver can send.
+// header arrays travel as array literals cast from text, which every driver can send. Text is
+// typed text, so that Postgres refuses it for a bytea column (whose input would read
+// backslashes as escapes) or a json one, rather than guess; bytes travel as bytea parameters,
+// and JSON as text cast to json (which a jsonb column takes as well).
 func (s *Stasher) insertSQL(n int) string {
+	key, value, headerType := "$%d::text", "$%d::text", "text[]"
+	if s.keyBytea {
+		key = "$%d::bytea"
+	}
+	switch {
+	case s.valueBytea:
+		value = "$%d::bytea"
+	case s.valueJSON:
+		value = "$%d::text::json"
+	}
+	if s.headerBytea {
+		headerType = "bytea[]"
+	}
+	rowFormat := "(COALESCE($%d::timestamptz, now()), $%d, " + key + ", " + value + ", $%d::text::text[], $%d::text::" + headerType + ")"
 	var b strings.Builder
 	b.WriteString("INSERT INTO ")
 	b.WriteString(s.table)
@@ -104,27 +179,37 @@ func (s *Stasher) insertSQL(n int) string {
 			b.WriteByte(',')
 		}
 		p := row*paramsPerRow + 1
-		fmt.Fprintf(&b, "(COALESCE($%d::timestamptz, now()), $%d, $%d, $%d, $%d::text::text[], $%d::text::text[])",
-			p, p+1, p+2, p+3, p+4, p+5)
+		fmt.Fprintf(&b, rowFormat, p, p+1, p+2, p+3, p+4, p+5)
 	}
 	return b.String()
 }
 
-func appendArgs(args []any, rec goharvest.OutboxRecord) []any {
+func (s *Stasher) appendArgs(args []any, rec goharvest.OutboxRecord) []any {
 	var createTime any // NULL: the database's now()
 	if !rec.CreateTime.IsZero() {
 		createTime = rec.CreateTime.Format(time.RFC3339Nano)
 	}
+	var key any = rec.KafkaKey
+	if s.keyBytea {
+		key = []byte(rec.KafkaKey)
+	}
 	var value any // NULL: a tombstone
 	if rec.KafkaValue != nil {
 		value = *rec.KafkaValue
+		if s.valueBytea {
+			value = []byte(*rec.KafkaValue)
+		}
 	}
 	keys := make([]string, len(rec.KafkaHeaders))
 	values := make([]string, len(rec.KafkaHeaders))
 	for i, h := range rec.KafkaHeaders {
 		keys[i], values[i] = h.Key, h.Value
+		if s.headerBytea {
+			// bytea's hex input form, which any bytes survive.
+			values[i] = `\x` + hex.EncodeToString([]byte(h.Value))
+		}
 	}
-	return append(args, createTime, rec.KafkaTopic, rec.KafkaKey, value, arrayLiteral(keys), arrayLiteral(values))
+	return append(args, createTime, rec.KafkaTopic, key, value, arrayLiteral(keys), arrayLiteral(values))
 }
 
 // arrayLiteral writes strings as a Postgres text[] literal, every element quoted, so that
@@ -152,19 +237,19 @@ func arrayLiteral(elems []string) string {
 // topicName matches the names Kafka accepts for topics.
 var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
 
-func validate(rec goharvest.OutboxRecord) error {
+func (s *Stasher) validate(rec goharvest.OutboxRecord) error {
 	if !topicName.MatchString(rec.KafkaTopic) || rec.KafkaTopic == "." || rec.KafkaTopic == ".." {
 		return fmt.Errorf("kafka topic %s is not a valid topic name (1 to 249 letters, digits, '.', '_' or '-')",
 			strconv.Quote(rec.KafkaTopic))
 	}
-	if strings.ContainsRune(rec.KafkaKey, 0) {
+	if !s.keyBytea && strings.ContainsRune(rec.KafkaKey, 0) {
 		return fmt.Errorf("kafka key contains a NUL byte, which Postgres text cannot store")
 	}
-	if rec.KafkaValue != nil && strings.ContainsRune(*rec.KafkaValue, 0) {
+	if !s.valueBytea && rec.KafkaValue != nil && strings.ContainsRune(*rec.KafkaValue, 0) {
 		return fmt.Errorf("kafka value contains a NUL byte, which Postgres text cannot store")
 	}
 	for i, h := range rec.KafkaHeaders {
-		if strings.ContainsRune(h.Key, 0) || strings.ContainsRune(h.Value, 0) {
+		if strings.ContainsRune(h.Key, 0) || (!s.headerBytea && strings.ContainsRune(h.Value, 0)) {
 			return fmt.Errorf("header %d contains a NUL byte, which Postgres text cannot store", i)
 		}
 	}
@@ -179,20 +264,21 @@ func (s *Stasher) Prepare(ctx context.Context, tx *sql.Tx) (*PreStash, error) {
 	if err != nil {
 		return nil, fmt.Errorf("prepare stash: %w", err)
 	}
-	return &PreStash{stmt: stmt}, nil
+	return &PreStash{stmt: stmt, s: s}, nil
 }
 
 // PreStash stashes records through a prepared statement. It lives as long as its transaction.
 type PreStash struct {
 	stmt *sql.Stmt
+	s    *Stasher
 }
 
 // Stash writes one record, as Stasher.Stash does.
 func (p *PreStash) Stash(ctx context.Context, rec goharvest.OutboxRecord) error {
-	if err := validate(rec); err != nil {
+	if err := p.s.validate(rec); err != nil {
 		return fmt.Errorf("stash record (key %q): %w", rec.KafkaKey, err)
 	}
-	if _, err := p.stmt.ExecContext(ctx, appendArgs(nil, rec)...); err != nil {
+	if _, err := p.stmt.ExecContext(ctx, p.s.appendArgs(nil, rec)...); err != nil {
 		return fmt.Errorf("stash record into outbox: %w", err)
 	}
 	return nil

@@ -185,6 +185,7 @@ func Version() string {
 const usage = `usage:
   reaper [-f reaper.yaml]        publish the outbox until SIGINT or SIGTERM
   reaper init [-f reaper.yaml]   create the outbox table if it does not exist
+  reaper init -bytea [-f ...]    ... with bytea kafka_key, kafka_value, kafka_header_values
   reaper --version               print the version
 `
 
@@ -211,6 +212,7 @@ func Main(args []string, env Env) int {
 	flags.SetOutput(io.Discard)
 	file := flags.String("f", "reaper.yaml", "configuration file")
 	version := flags.Bool("version", false, "print the version")
+	bytea := flags.Bool("bytea", false, "init: create bytea payload columns")
 	if err := flags.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(env.Stdout, usage)
@@ -224,6 +226,9 @@ func Main(args []string, env Env) int {
 	}
 	if flags.NArg() > 0 {
 		return fail(ExitUsage, fmt.Errorf("unexpected argument %q (see reaper -h)", flags.Arg(0)))
+	}
+	if *bytea && command != "init" {
+		return fail(ExitUsage, errors.New("-bytea applies to reaper init only (see reaper -h)"))
 	}
 	if command != "run" && command != "init" {
 		return fail(ExitUsage, fmt.Errorf("unknown command %q (see reaper -h)", command))
@@ -241,7 +246,8 @@ func Main(args []string, env Env) int {
 
 	if command == "init" {
 		h := cfg.Harvest.WithDefaults()
-		if err := goharvest.CreateOutboxTable(env.Context, h.DataSource, h.OutboxTable); err != nil {
+		opts := goharvest.TableOptions{Bytea: *bytea}
+		if err := goharvest.CreateOutboxTableWith(env.Context, h.DataSource, h.OutboxTable, opts); err != nil {
 			return fail(ExitFailed, err)
 		}
 		fmt.Fprintf(env.Stdout, "outbox table %s is ready\n", h.OutboxTable)

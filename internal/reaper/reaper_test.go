@@ -118,6 +118,7 @@ func TestMainReportsOneLine(t *testing.T) {
 			"baseKafkaConfig.group.id"},
 		{"unknown command", "", []string{"reap"}, ExitUsage, `unknown command "reap"`},
 		{"bad flag", "", []string{"-x"}, ExitUsage, "flag provided but not defined: -x"},
+		{"bytea without init", "", []string{"-bytea"}, ExitUsage, "-bytea applies to reaper init only"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
