@@ -534,20 +534,19 @@ func TestIdleOutboxBacksOff(t *testing.T) {
 func TestRecordsMarkedAgainMidEpochAreNotQueuedTwice(t *testing.T) {
 	r := newRig(t, fastLimits())
 	r.kafka.delay = time.Millisecond
-	ids := r.load(20, 50)
+	ids := r.load(20, 200)
 	r.start()
 	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids) })
-	stolen := 0
-	for range 5 {
+	// The deposed leader marks until this leader has taken back at least one record it held.
+	for marks := 0; marks < 5 || testutil.ToFloat64(r.h.metrics.markedAgain) == 0; marks++ {
 		marked, err := r.db.Mark(context.Background(), uuid.New(), 200) // the deposed leader's mark
 		if err != nil {
 			t.Fatal(err)
 		}
-		stolen += len(marked)
+		if len(marked) == 0 {
+			t.Fatal("nothing was left to mark again")
+		}
 		time.Sleep(20 * time.Millisecond)
-	}
-	if stolen == 0 {
-		t.Fatal("nothing was left to mark again")
 	}
 	r.waitEmpty(20 * time.Second)
 	r.stop()

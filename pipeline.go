@@ -86,6 +86,9 @@ type flight struct {
 	// noted means a committed note lists this record (set before the record reaches the
 	// committers).
 	noted bool
+	// markSeq numbers the mark that returned this record; purgedAt is the number of the latest
+	// mark begun when its purge had committed (see sendWorker.purged).
+	markSeq, purgedAt uint64
 	// failure is what the delivery report said about the latest send (nil: success or not yet
 	// reported); the delivery reader writes it while the transaction loop may read it.
 	failure atomic.Pointer[error]
@@ -165,7 +168,9 @@ type pipeline struct {
 	unreported atomic.Int64  // produced, delivery not yet reported
 	room       chan struct{} // one slot: wakes the marker when records finish
 	starved    atomic.Bool   // the marker is waiting: the pipeline is full, or the outbox empty
-	written    chan struct{} // one slot: wakes an idle marker when records are written
+	// marks numbers the mark queries: the marker adds one before each (see sendWorker.purged).
+	marks   atomic.Uint64
+	written chan struct{} // one slot: wakes an idle marker when records are written
 
 	remarkOnce sync.Once
 	remarkCh   chan struct{} // closed when the epoch should end with a remark
@@ -209,6 +214,7 @@ func startPipeline(deps pipelineDeps) *pipeline {
 			aborted:  make(chan abortedRun, max),
 			retry:    make(chan *flight, max),
 			queues:   map[string]*keyQueue{},
+			purged:   map[int64]uint64{},
 		}
 		p.workers = append(p.workers, w)
 		p.sending.Go(w.run)
@@ -250,6 +256,7 @@ func (p *pipeline) markLoop() {
 			continue
 		}
 		began := time.Now()
+		seq := p.marks.Add(1)
 		records, err := p.db.Mark(p.ctx, p.leaderID, min(room, p.limits.MarkQueryRecords))
 		p.metrics.markSeconds.Observe(time.Since(began).Seconds())
 		if err != nil {
@@ -276,7 +283,7 @@ func (p *pipeline) markLoop() {
 		for _, rec := range records {
 			w := p.workers[shardOf(rec.KafkaKey, len(p.workers))]
 			select {
-			case w.in <- &flight{rec: rec, worker: w}:
+			case w.in <- &flight{rec: rec, worker: w, markSeq: seq}:
 			case <-p.ctx.Done():
 				return
 			}
@@ -331,6 +338,30 @@ type sendWorker struct {
 	aborted  chan abortedRun // runs of aborted transactions, to send again
 	retry    chan *flight    // held records whose backoff is over
 	queues   map[string]*keyQueue
+	// purged holds the ids of records finished lately, with their purgedAt, to recognise copies
+	// marked again (see wasPurged); prunedAt is the mark number it was last pruned at.
+	purged   map[int64]uint64
+	prunedAt uint64
+}
+
+// wasPurged reports whether f is a copy of a record this worker has already finished: a mark
+// that began before the record's purge committed can return the row again (after a deposed
+// leader marked it), and the copy can reach the worker after the purge's news, when the queue no
+// longer holds the record. No mark that begins after the purge commits can return the row, so a
+// copy is one whose mark number is at most the purge's purgedAt. Marks are numbered in order and
+// each worker receives its records in mark order, so once a record of mark m arrives, no entry
+// older than m can match again, and those are forgotten.
+func (w *sendWorker) wasPurged(f *flight) bool {
+	if f.markSeq > w.prunedAt {
+		for id, at := range w.purged {
+			if at < f.markSeq {
+				delete(w.purged, id)
+			}
+		}
+		w.prunedAt = f.markSeq
+	}
+	at, ok := w.purged[f.rec.ID]
+	return ok && f.markSeq <= at
 }
 
 // keyQueue is one key's records, marked and not yet finished, in the order to publish them.
@@ -373,11 +404,7 @@ func (w *sendWorker) run() {
 			// Records arrive in the order they were marked, which is the order to publish them in:
 			// a record committed late, with a lower id than one already sent, simply goes next.
 			q := w.queues[f.rec.KafkaKey]
-			if q == nil {
-				q = &keyQueue{}
-				w.queues[f.rec.KafkaKey] = q
-			}
-			if q.holds(f.rec.ID) {
+			if (q != nil && q.holds(f.rec.ID)) || w.wasPurged(f) {
 				// Marked again: a deposed leader that has not yet noticed marked the row, and so
 				// this epoch's marker took it back. Queued twice, it would follow the key's later
 				// records.
@@ -385,11 +412,16 @@ func (w *sendWorker) run() {
 				w.p.makeRoom(1)
 				continue
 			}
+			if q == nil {
+				q = &keyQueue{}
+				w.queues[f.rec.KafkaKey] = q
+			}
 			q.flights = append(q.flights, f)
 			w.pump(q)
 		case f := <-w.finished:
 			// The purges of one run may commit in any order; the queue drops its front once done.
 			f.done = true
+			w.purged[f.rec.ID] = f.purgedAt
 			q := w.queues[f.rec.KafkaKey]
 			for len(q.flights) > 0 && q.flights[0].done {
 				q.flights = q.flights[1:]
@@ -883,8 +915,11 @@ func (p *pipeline) commit(op string, batch []*flight, exec func(context.Context,
 
 // finish releases the keys of purged records and makes room for more.
 func (p *pipeline) finish(batch []*flight) {
+	// Any mark that returns these rows again began before now.
+	purgedAt := p.marks.Load()
 	for _, f := range batch {
 		p.untrack(f)
+		f.purgedAt = purgedAt
 		// Once the epoch is stopping its workers are gone, and the channel, whose room was freed
 		// when records were pushed rather than taken, could be full: a send would never return.
 		select {
