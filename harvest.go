@@ -129,7 +129,7 @@ func New(config Config) (*Harvest, error) {
 		stopCh:         make(chan struct{}),
 		done:           make(chan struct{}),
 	}
-	h.metrics = newMetrics(cfg.Name, h.inFlight)
+	h.metrics = newMetrics(cfg.Name, h.inFlight, h.heldStats)
 	h.dbTrouble = &episode{what: "database", failures: h.metrics.errors.WithLabelValues(errorKindDatabase)}
 	h.kafkaTrouble = &episode{what: "Kafka transactions", failures: h.metrics.errors.WithLabelValues(errorKindKafka)}
 	return h, nil
