@@ -1,13 +1,11 @@
 package goharvest
 
 import (
-	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
-
-	"github.com/google/uuid"
 )
 
 func (k *fakeKafka) setReject(id int64, n int) {
@@ -195,6 +193,23 @@ func TestNoDeadLettersByDefault(t *testing.T) {
 	}
 }
 
-var _ = errors.New
-var _ = context.Background
-var _ = uuid.New
+// goharvest's own checks say so, and are not worded as Kafka's refusals.
+func TestOwnChecksAreNotWordedAsKafkas(t *testing.T) {
+	c := &confluentProducer{topics: map[string]topicState{}}
+	err := c.checkTopic("no such topic!")
+	var rejected *RejectedError
+	if !errors.As(err, &rejected) {
+		t.Fatalf("checkTopic of an invalid name returned %v, want a *RejectedError", err)
+	}
+	if msg := err.Error(); strings.Contains(msg, "by Kafka") || !strings.Contains(msg, "by goharvest") {
+		t.Errorf("an invalid topic name is reported as %q; it is goharvest's check, not Kafka's", msg)
+	}
+	kafkaErr := &RejectedError{Err: errors.New("Broker: Message size too large")}
+	if !strings.HasPrefix(kafkaErr.Error(), "rejected by Kafka") {
+		t.Errorf("a broker's refusal reads %q", kafkaErr.Error())
+	}
+	malformed := &RecordError{ID: 7, Reason: "kafka_header_keys has 2 elements but kafka_header_values has 1"}
+	if strings.Contains(malformed.Error(), "Kafka") {
+		t.Errorf("a malformed row reads %q", malformed.Error())
+	}
+}

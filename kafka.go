@@ -37,11 +37,22 @@ type Delivery struct {
 }
 
 // RejectedError says that Kafka refused a message for a reason that retrying it right away
-// will not cure. The harvester holds back that record's key, reports it, and retries it with
-// backoff, in case the topic is created or the broker's limits raised.
-type RejectedError struct{ Err error }
+// will not cure, or that goharvest's own checks refused it before Kafka saw it (ByGoharvest).
+// The harvester holds back that record's key, reports it, and retries it with backoff, in case
+// the topic is created or the broker's limits raised, after reading its row afresh.
+type RejectedError struct {
+	Err error
+	// ByGoharvest says the producer refused the message itself (a topic name Kafka cannot
+	// accept, a topic Kafka's metadata says is missing), without sending it.
+	ByGoharvest bool
+}
 
-func (e *RejectedError) Error() string { return "rejected by Kafka: " + e.Err.Error() }
+func (e *RejectedError) Error() string {
+	if e.ByGoharvest {
+		return "refused by goharvest (not sent to Kafka): " + e.Err.Error()
+	}
+	return "rejected by Kafka: " + e.Err.Error()
+}
 func (e *RejectedError) Unwrap() error { return e.Err }
 
 // KafkaProducer publishes messages asynchronously, in transactions. The harvester uses one
@@ -185,7 +196,7 @@ var topicNames = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
 // lets the broker create it where that is allowed. A topic found usable is not asked about again.
 func (c *confluentProducer) checkTopic(topic string) error {
 	if !topicNames.MatchString(topic) || topic == "." || topic == ".." {
-		return &RejectedError{Err: fmt.Errorf("topic %q is not a valid Kafka topic name", topic)}
+		return &RejectedError{Err: fmt.Errorf("topic %q is not a valid Kafka topic name", topic), ByGoharvest: true}
 	}
 	c.topicsMu.Lock()
 	st, known := c.topics[topic]
@@ -203,7 +214,8 @@ func (c *confluentProducer) checkTopic(topic string) error {
 		if ok && t.Error.Code() != kafka.ErrNoError {
 			reason = t.Error.String()
 		}
-		st.err = &RejectedError{Err: fmt.Errorf("topic %q does not exist and was not created: %s", topic, reason)}
+		st.err = &RejectedError{Err: fmt.Errorf("topic %q does not exist and was not created (Kafka's metadata: %s)", topic, reason),
+			ByGoharvest: true}
 	}
 	c.topicsMu.Lock()
 	c.topics[topic] = st
