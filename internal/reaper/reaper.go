@@ -258,7 +258,7 @@ func Main(args []string, env Env) int {
 		if err := goharvest.CreateOutboxTable(env.Context, h.DataSource, h.OutboxTable); err != nil {
 			return fail(ExitFailed, err)
 		}
-		fmt.Fprintf(env.Stdout, "outbox table %s and dead-letter table %s are ready\n", h.OutboxTable, goharvest.DeadLetterTable(h.OutboxTable))
+		fmt.Fprintf(env.Stdout, "outbox table %s is ready, with its dead-letter table %s\n", h.OutboxTable, goharvest.DeadLetterTable(h.OutboxTable))
 		return ExitOK
 	case "held", "dead-letter", "requeue":
 		if err := operate(env, command, id, cfg); err != nil {
