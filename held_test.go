@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 func (k *fakeKafka) setReject(id int64, n int) {
@@ -174,6 +176,9 @@ func TestDeadLetterAfterAttempts(t *testing.T) {
 	}
 	if n := countEvents[RecordDeadLettered](r.events); n != 1 {
 		t.Errorf("%d RecordDeadLettered events, want 1", n)
+	}
+	if n := testutil.ToFloat64(r.h.metrics.deadLettered); n != 1 {
+		t.Errorf("goharvest_records_dead_lettered_total = %v, want 1", n)
 	}
 }
 
