@@ -3,6 +3,7 @@ package goharvest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -445,11 +446,11 @@ func (p *pipeline) deadLetter(b HeldRowBinding, entries []heldEntry) {
 			FirstFailure: e.Since, LastFailure: e.last})
 		if err != nil {
 			if p.ctx.Err() == nil {
-				p.log.Error("cannot move held outbox record to the dead-letter table (has `reaper init` created it?); still holding it",
-					"id", e.ID, "error", err)
+				p.deadTrouble.fail(p.log, fmt.Sprintf("move record %d (has `reaper init` created the table?)", e.ID), err)
 			}
 			continue
 		}
+		p.deadTrouble.ok(p.log)
 		if moved {
 			p.tell(verdict{f: e.f, kind: verdictDeadLettered})
 		} // else the row changed or went: the read that follows finds out
@@ -511,7 +512,7 @@ func (p *pipeline) tell(v verdict) {
 // or went after it was read goes back to its worker (see unpurged).
 func (p *pipeline) purgeChecked(batch []*flight) []*flight {
 	b, ok := p.db.(HeldRowBinding)
-	if !ok {
+	if !ok || !slices.ContainsFunc(batch, func(f *flight) bool { return f.version != "" }) {
 		return batch
 	}
 	var plain, checked []*flight
@@ -521,9 +522,6 @@ func (p *pipeline) purgeChecked(batch []*flight) []*flight {
 		} else {
 			plain = append(plain, f)
 		}
-	}
-	if len(checked) == 0 {
-		return batch
 	}
 	versions := make(map[int64]string, len(checked))
 	for _, f := range checked {

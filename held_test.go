@@ -218,3 +218,26 @@ func TestOwnChecksAreNotWordedAsKafkas(t *testing.T) {
 		t.Errorf("a malformed row reads %q", malformed.Error())
 	}
 }
+
+// A held row given another key leaves its old key's order for its new key's: the old key is
+// released, and the row is published with the new key.
+func TestHeldRowGivenAnotherKeyMovesToThatKey(t *testing.T) {
+	l := heldLimits()
+	l.IOErrorBackoff = time.Minute
+	r := newRig(t, l)
+	ids := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "a", KafkaValue: String("0")},
+		OutboxRecord{KafkaTopic: "t", KafkaKey: "a", KafkaValue: String("1")})
+	r.kafka.setReject(ids[0], 1)
+	r.start()
+	r.waitFor("the record to be held", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 1 })
+	r.db.update(ids[0], func(rec *OutboxRecord) { rec.KafkaKey = "b" })
+	r.waitEmpty(5 * time.Second)
+	r.stop()
+	keys := map[int64][]string{}
+	for _, p := range r.kafka.published() {
+		keys[p.id] = append(keys[p.id], p.key)
+	}
+	if fmt.Sprint(keys[ids[0]]) != "[b]" || fmt.Sprint(keys[ids[1]]) != "[a]" {
+		t.Fatalf("published keys %v; want record %d once under b and %d under a", keys, ids[0], ids[1])
+	}
+}

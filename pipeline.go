@@ -171,8 +171,9 @@ type pipeline struct {
 	keysMu sync.Mutex
 	keys   map[string]int // keys with a record sent (or held for retry) and not finished
 
-	held     heldSet       // held records and keys (held.go)
-	heldWake chan struct{} // one slot: wakes the held loop
+	held        heldSet       // held records and keys (held.go)
+	heldWake    chan struct{} // one slot: wakes the held loop
+	deadTrouble *episode      // moving rows to the dead-letter table fails
 
 	// ledger holds the records committed notes list and not yet purged; noted counts those and
 	// the records the current transaction's note will list, and stays within maxNotedRecords.
@@ -201,6 +202,7 @@ func startPipeline(deps pipelineDeps) *pipeline {
 		remarkCh:     make(chan struct{}),
 		keys:         map[string]int{},
 		heldWake:     make(chan struct{}, 1),
+		deadTrouble:  &episode{what: "dead-letter table (held records stay held)"},
 	}
 	for range deps.limits.SendConcurrency {
 		w := &sendWorker{
