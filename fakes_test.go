@@ -327,6 +327,8 @@ type fakeKafka struct {
 	violations   []string
 	// onProduce, if set, is called with each record produced, outside the lock.
 	onProduce func(id int64)
+	// onCommit, if set, is called as each commit begins, outside the lock.
+	onCommit func()
 }
 
 // outKey is what one key has in flight: records of one producer's transaction.
@@ -416,6 +418,12 @@ func (p *fakeProducer) BeginTransaction() error { return nil }
 func (p *fakeProducer) CommitTransaction(context.Context) error {
 	p.wg.Wait() // a commit flushes: every message has been reported
 	k := p.k
+	k.mu.Lock()
+	onCommit := k.onCommit
+	k.mu.Unlock()
+	if onCommit != nil {
+		onCommit()
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if p.epoch != k.epoch {

@@ -25,12 +25,15 @@ import (
 //     once when a held record's backoff is over: a held record is sent again only with content
 //     read after its last attempt. A deleted row is dropped and its key released; a changed row
 //     is sent at once with its new content; an unchanged one waits out its backoff.
-//   - A re-read record is purged only if its row is still the version that was read
-//     (HeldRowBinding.PurgeUnchanged, on Postgres's xmin). An operator's change that lands
-//     between the read and the Kafka commit leaves the row in place: it is read again and its new
-//     content published after the old, so a correction is never lost. (A delete that lands in
-//     that window, after the record has been sent, cannot unpublish it.) Runs never grow past a
-//     re-read record, so that resending it cannot follow a later record of its key.
+//   - A transaction that carries re-read records checks, once the producer has delivered it and
+//     just before it commits, that their rows are still the versions read (checkReread): an
+//     operator's change or delete that landed while the old content waited in the producer aborts
+//     it, and the record is read and sent again. A change in the instant between that check and
+//     the commit is caught by the purge: a re-read record is purged only if its row is still the
+//     version read (HeldRowBinding.PurgeUnchanged, on Postgres's xmin), otherwise it is read
+//     again and its new content published after the old, so a correction is never lost. (A
+//     delete in that instant cannot unpublish the record.) Runs never grow past a re-read record,
+//     so that resending it cannot follow a later record of its key.
 //   - With dead letters on (Limits.DeadLetterAttempts, DeadLetterAfter), a held record past
 //     either limit is no longer sent, and the held loop moves its row into the dead-letter table
 //     in one statement; the key is then released.
@@ -245,8 +248,13 @@ func (w *sendWorker) maySend(q *keyQueue, f *flight) bool {
 	if f.doomed {
 		return false
 	}
-	if q.held != f {
+	if q.held != f && f.version == "" {
 		return true // a record before the held one (nothing after it gets this far)
+	}
+	if q.held != f && !f.fresh {
+		// A record read afresh once, back from an aborted transaction: its row may have changed
+		// since, so it holds its key again until it has been read again.
+		w.hold(q, f, errors.New("sent and not committed; reading its row again before sending it again"))
 	}
 	if !f.fresh {
 		if _, ok := w.p.db.(HeldRowBinding); ok {
@@ -505,6 +513,50 @@ func (p *pipeline) tell(v verdict) {
 	case v.f.worker.verdicts <- v:
 	case <-p.ctx.Done():
 	}
+}
+
+// checkReread makes a transaction that carries records read afresh fail (to be aborted and sent
+// again) when one of their rows has changed or gone since it was read, so that an operator's fix
+// or delete that lands while the old content waits in the producer's queue does not see that
+// content committed. It first waits for the producer to deliver the transaction, so that only
+// the commit itself follows the check; should a change land in that last moment, the purge's
+// version check still keeps the row (purgeChecked). A check that cannot be made lets the commit
+// go ahead, for the same reason.
+func (p *pipeline) checkReread(ctx context.Context, batch []*flight) error {
+	b, ok := p.db.(HeldRowBinding)
+	if !ok {
+		return nil
+	}
+	versions := map[int64]string{}
+	for _, f := range batch {
+		if f.version != "" {
+			versions[f.rec.ID] = f.version
+		}
+	}
+	if len(versions) == 0 {
+		return nil
+	}
+	if deadline, ok := ctx.Deadline(); ok {
+		p.awaitReports(deadline)
+	}
+	ids := make([]int64, 0, len(versions))
+	for id := range versions {
+		ids = append(ids, id)
+	}
+	rows, err := b.Reread(ctx, ids)
+	if err != nil {
+		return nil
+	}
+	for _, r := range rows {
+		if versions[r.ID] == r.Version {
+			delete(versions, r.ID)
+		}
+	}
+	for id := range versions {
+		return &RejectedError{ByGoharvest: true,
+			Err: fmt.Errorf("outbox record %d changed or was deleted after it was read; its old content is not committed", id)}
+	}
+	return nil
 }
 
 // purgeChecked purges the records whose rows were read afresh only if each row is still the

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -126,9 +127,9 @@ func TestFixedHeldRecordIsSentWithItsNewContent(t *testing.T) {
 	}
 }
 
-// A row changed after it was read and sent is not purged: its new content follows the old, so
-// the correction is not lost.
-func TestRowChangedWhileBeingSentIsPublishedAgain(t *testing.T) {
+// A row changed after it was read and sent, while its old content waits in the producer, is not
+// committed: the transaction is aborted and the new content sent instead.
+func TestRowChangedWhileBeingSentIsNotCommitted(t *testing.T) {
 	r := newRig(t, heldLimits())
 	ids := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("v1")},
 		OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})
@@ -137,6 +138,39 @@ func TestRowChangedWhileBeingSentIsPublishedAgain(t *testing.T) {
 	r.kafka.onProduce = func(id int64) {
 		// The first send after the re-read carries v1; the operator's fix lands just after it.
 		if id == ids[0] && r.db.version(ids[0]) == "0" && len(r.h.HeldRecords()) == 1 && !changed {
+			changed = true
+			r.db.update(ids[0], func(rec *OutboxRecord) { rec.KafkaValue = String("v2") })
+		}
+	}
+	r.start()
+	r.waitEmpty(10 * time.Second)
+	r.stop()
+	var values []string
+	for _, p := range r.kafka.published() {
+		values = append(values, fmt.Sprintf("%d:%s", p.id, *p.value))
+	}
+	want := []string{fmt.Sprintf("%d:v2", ids[0]), fmt.Sprintf("%d:next", ids[1])}
+	if fmt.Sprint(values) != fmt.Sprint(want) {
+		t.Fatalf("published %v, want %v", values, want)
+	}
+}
+
+// A row changed in the last moment, after the pre-commit check, is committed with its old
+// content but not purged: its new content follows, so the correction is not lost.
+func TestRowChangedAtCommitIsPublishedAgain(t *testing.T) {
+	r := newRig(t, heldLimits())
+	ids := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("v1")},
+		OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})
+	r.kafka.setReject(ids[0], 1)
+	var sentAfterRead atomic.Bool
+	r.kafka.onProduce = func(id int64) {
+		if id == ids[0] && len(r.h.HeldRecords()) == 1 {
+			sentAfterRead.Store(true)
+		}
+	}
+	changed := false
+	r.kafka.onCommit = func() {
+		if sentAfterRead.Load() && !changed {
 			changed = true
 			r.db.update(ids[0], func(rec *OutboxRecord) { rec.KafkaValue = String("v2") })
 		}

@@ -757,6 +757,9 @@ func (p *pipeline) commitTxn(ctx context.Context, batch, extra []*flight) error 
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.limits.HeartbeatTimeout)
 	defer cancel()
+	if err := p.checkReread(ctx, batch); err != nil {
+		return err
+	}
 	if len(extra) > 0 {
 		if err := p.producer.WriteNote(ctx, p.notes, p.ledger.note(extra)); err != nil {
 			return fmt.Errorf("write note: %w", err)
