@@ -471,12 +471,16 @@ func (p *pipeline) reread(b HeldRowBinding, entries []heldEntry) {
 	for i, e := range entries {
 		ids[i] = e.ID
 	}
-	rows, err := b.Reread(p.ctx, ids)
-	if err != nil {
-		if p.ctx.Err() == nil {
-			p.dbTrouble.fail(p.log, "read held records", err)
+	var rows []RereadRecord
+	for chunk := range slices.Chunk(ids, maxCommitBatch) {
+		read, err := b.Reread(p.ctx, chunk)
+		if err != nil {
+			if p.ctx.Err() == nil {
+				p.dbTrouble.fail(p.log, "read held records", err)
+			}
+			return
 		}
-		return
+		rows = append(rows, read...)
 	}
 	p.dbTrouble.ok(p.log)
 	found := make(map[int64]RereadRecord, len(rows))
