@@ -114,7 +114,10 @@ func (s *heldSet) put(f *flight, key string, err error, doom bool) {
 		s.keys[key]++
 	}
 	e.HeldRecord = HeldRecord{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: key, Attempts: f.attempts,
-		Error: err.Error(), Since: f.firstFailure}
+		Since: f.firstFailure}
+	if err != nil {
+		e.Error = err.Error()
+	}
 	e.last = time.Now()
 	e.doom, e.version = doom, f.version
 }
