@@ -188,8 +188,10 @@ type Limits struct {
 	MaxMarkBackoff time.Duration `yaml:"maxMarkBackoff"`
 
 	// MaxInFlightRecords bounds the records sent but not yet acknowledged, and so the memory
-	// the harvester uses, whatever the backlog. Default: DefaultMaxInFlightRecords.
-	// Range: 1 to 1,000,000.
+	// the harvester uses, whatever the backlog. The records of a key held back by a record that
+	// cannot be published do not count, so that held keys never take the budget from the others;
+	// each held key keeps in memory only its rows marked before it was held (the marker marks no
+	// more). Default: DefaultMaxInFlightRecords. Range: 1 to 1,000,000.
 	MaxInFlightRecords int `yaml:"maxInFlightRecords"`
 
 	// MaxKeyRun bounds how many records of one key a transaction may carry. A key's records with
