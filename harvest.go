@@ -73,6 +73,7 @@ type Harvest struct {
 	dbTrouble      *episode
 	kafkaTrouble   *episode
 	lastPulse      atomic.Int64 // Unix nanoseconds of the owner loop's latest pulse
+	failures       *failureMemo // held records' failures, across epochs
 
 	mu       sync.Mutex // guards the fields below
 	state    State
@@ -128,6 +129,7 @@ func New(config Config) (*Harvest, error) {
 		state:          Created,
 		stopCh:         make(chan struct{}),
 		done:           make(chan struct{}),
+		failures:       &failureMemo{},
 	}
 	h.metrics = newMetrics(cfg.Name, h.inFlight, h.heldStats)
 	h.dbTrouble = &episode{what: "database", failures: h.metrics.errors.WithLabelValues(errorKindDatabase)}
@@ -387,6 +389,7 @@ func (h *Harvest) startEpoch(ctx context.Context, refresh bool) (bool, error) {
 		tracer:    h.tracer(),
 		leading:   func() bool { return h.elector.State() == neli.Leader },
 		notes:     h.notePlace(),
+		failures:  h.failures,
 	})
 	h.mu.Lock()
 	h.pipeline = p

@@ -166,6 +166,50 @@ func (s *heldSet) snapshot() []heldEntry {
 	return out
 }
 
+// failureMemo remembers, across the epochs of one harvester, when each held record first failed
+// and how many attempts it has had, so that the dead-letter limits are not reset by a remark.
+// A record is forgotten once it is purged, dropped or dead-lettered.
+type failureMemo struct {
+	mu sync.Mutex
+	m  map[int64]failureNote
+}
+
+type failureNote struct {
+	first    time.Time
+	attempts int
+}
+
+func (m *failureMemo) recall(id int64) (failureNote, bool) {
+	if m == nil {
+		return failureNote{}, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n, ok := m.m[id]
+	return n, ok
+}
+
+func (m *failureMemo) note(id int64, first time.Time, attempts int) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.m == nil {
+		m.m = map[int64]failureNote{}
+	}
+	m.m[id] = failureNote{first: first, attempts: attempts}
+}
+
+func (m *failureMemo) forget(id int64) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.m, id)
+}
+
 // mark marks the next batch, leaving alone the rows of held keys when the binding can.
 func (p *pipeline) mark(ctx context.Context, limit int) ([]MarkedRecord, error) {
 	if b, ok := p.db.(HeldRowBinding); ok {
@@ -191,10 +235,15 @@ func (w *sendWorker) hold(q *keyQueue, f *flight, err error) {
 	if q == nil || q.index(f) < 0 {
 		return
 	}
-	now := time.Now()
 	if f.firstFailure.IsZero() {
-		f.firstFailure = now
+		f.firstFailure = time.Now()
+		if earlier, ok := w.p.failures.recall(f.rec.ID); ok {
+			// Held in an earlier epoch: the dead-letter limits count from its first failure.
+			f.firstFailure = earlier.first
+			f.attempts += earlier.attempts
+		}
 	}
+	w.p.failures.note(f.rec.ID, f.firstFailure, f.attempts)
 	f.lastErr = err
 	f.fresh = false
 	if q.held == nil || q.index(f) < q.index(q.held) {
@@ -237,6 +286,7 @@ func (w *sendWorker) release(q *keyQueue) {
 func (w *sendWorker) releaseIfDone(q *keyQueue) {
 	if q.held != nil && q.held.done {
 		w.p.held.remove(q.held.rec.ID)
+		w.p.failures.forget(q.held.rec.ID)
 		w.release(q)
 	}
 }
@@ -379,6 +429,7 @@ func (w *sendWorker) drop(q *keyQueue, f *flight) {
 		p.untrack(f)
 	}
 	p.held.remove(f.rec.ID)
+	p.failures.forget(f.rec.ID)
 	if q.held == f {
 		w.release(q)
 	}

@@ -275,3 +275,33 @@ func TestHeldRowGivenAnotherKeyMovesToThatKey(t *testing.T) {
 		t.Fatalf("published keys %v; want record %d once under b and %d under a", keys, ids[0], ids[1])
 	}
 }
+
+// A remark does not reset a held record's failures: the dead-letter limits count from its first
+// failure and its attempts go on.
+func TestHeldRecordFailuresSurviveARemark(t *testing.T) {
+	r := newRig(t, heldLimits())
+	ids := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")})
+	r.kafka.setReject(ids[0], 1<<30)
+	r.start()
+	var first HeldRecord
+	r.waitFor("two attempts", 5*time.Second, func() bool {
+		held := r.h.HeldRecords()
+		if len(held) == 1 && held[0].Attempts >= 2 {
+			first = held[0]
+			return true
+		}
+		return false
+	})
+	r.db.mu.Lock()
+	r.db.failMk = 1 // the next mark fails: the epoch ends and a new leader ID marks the record again
+	r.db.mu.Unlock()
+	r.waitFor("a remark and the record held again", 10*time.Second, func() bool {
+		held := r.h.HeldRecords()
+		return countEvents[LeaderRefreshed](r.events) >= 1 && len(held) == 1 && held[0].Attempts > first.Attempts
+	})
+	held := r.h.HeldRecords()[0]
+	r.stop()
+	if !held.Since.Equal(first.Since) {
+		t.Errorf("held since %v after the remark, want the first failure %v", held.Since, first.Since)
+	}
+}

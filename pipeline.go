@@ -127,6 +127,8 @@ type pipelineDeps struct {
 	leading func() bool
 	// notes is where this epoch's transactions write their notes.
 	notes NotePlace
+	// failures remembers held records' failures across epochs (held.go).
+	failures *failureMemo
 }
 
 type pipeline struct {
