@@ -168,7 +168,9 @@ func (s *heldSet) snapshot() []heldEntry {
 
 // failureMemo remembers, across the epochs of one harvester, when each held record first failed
 // and how many attempts it has had, so that the dead-letter limits are not reset by a remark.
-// A record is forgotten once it is purged, dropped or dead-lettered.
+// A record is forgotten once it is purged, dropped or dead-lettered while held. One that a later
+// epoch publishes at its first try stays (ids are never reused, so that costs an entry per
+// record ever held, and keeps the purge path free of this lock).
 type failureMemo struct {
 	mu sync.Mutex
 	m  map[int64]failureNote
