@@ -30,7 +30,15 @@ func heldLimits() Limits {
 // A key held by a record Kafka keeps refusing, with more rows behind it than the in-flight budget,
 // holds back only itself; once the record goes through, its key follows in order.
 func TestHeldKeyWithManyRowsHoldsOnlyItself(t *testing.T) {
-	r := newRig(t, heldLimits())
+	for _, run := range []int{1, 100} {
+		t.Run(fmt.Sprint("maxKeyRun=", run), func(t *testing.T) { heldKeyWithManyRows(t, run) })
+	}
+}
+
+func heldKeyWithManyRows(t *testing.T, maxKeyRun int) {
+	l := heldLimits()
+	l.MaxKeyRun = maxKeyRun
+	r := newRig(t, l)
 	var recs []OutboxRecord
 	for i := range 201 {
 		recs = append(recs, OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String(fmt.Sprint(i))})
