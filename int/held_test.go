@@ -15,7 +15,7 @@ import (
 
 // An operator's fix or delete of a held row takes effect without a restart, on a broker that
 // creates no topics: a deleted row is never published, even once its topic appears; a fixed row's
-// new content is what arrives, never its old; a key whose bad row has more rows behind it than
+// new content is what arrives, never its old (a malformed row's too); a key whose bad row has more rows behind it than
 // the in-flight budget holds back only itself, and its order holds once the row is fixed.
 func TestHeldRowsFixDeleteAndLateTopic(t *testing.T) {
 	const late = "late"
@@ -53,6 +53,9 @@ func TestHeldRowsFixDeleteAndLateTopic(t *testing.T) {
 	insert(late, "del", "after-delete", nil, nil)
 	fixed := insert(late, "fix", "old", nil, nil)
 	insert(late, "fix", "after-fix", nil, nil)
+	// Key "hdr": a malformed row (header arrays of different lengths), then another.
+	malformed := insert(late, "hdr", "malformed", []string{"a", "b"}, []string{"x"})
+	insert(late, "hdr", "after-hdr", nil, nil)
 	// Other keys, behind all of them.
 	expected := map[string]int64{"many": behind + 1}
 	for i := range 200 {
@@ -74,6 +77,9 @@ func TestHeldRowsFixDeleteAndLateTopic(t *testing.T) {
 	if _, err := r.pool.Exec(ctx, "UPDATE outbox SET kafka_topic = $1 WHERE id = $2", topic, badMany); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := r.pool.Exec(ctx, "UPDATE outbox SET kafka_header_values = '{x,y}', kafka_value = 'hdr-fixed' WHERE id = $1", malformed); err != nil {
+		t.Fatal(err)
+	}
 	r.v.WaitDistinct(t, 200+behind+1, time.Minute) // fixed without a restart, and its key follows
 	// Give the held loop time to see the fix and the delete while the topic is still missing, then
 	// create it.
@@ -90,14 +96,14 @@ func TestHeldRowsFixDeleteAndLateTopic(t *testing.T) {
 	if !report.OK() {
 		t.Errorf("delivery check failed:\n%s", report)
 	}
-	got := consumeAll(t, r.broker.Addr(), late, 3)
-	want := map[string][]string{"del": {"after-delete"}, "fix": {"new", "after-fix"}}
+	got := consumeAll(t, r.broker.Addr(), late, 5)
+	want := map[string][]string{"del": {"after-delete"}, "fix": {"new", "after-fix"}, "hdr": {"hdr-fixed", "after-hdr"}}
 	for key, values := range want {
 		if !slices.Equal(got[key], values) {
 			t.Errorf("topic %s, key %s: got %q, want %q", late, key, got[key], values)
 		}
 	}
-	figure(t, "held rows", "a bad row with %d rows of its key behind it (maxInFlightRecords 100) and 200 other records: the others published first; the bad row fixed, a held row deleted and another fixed while their topic was missing, then the topic created: %v arrived on %s",
+	figure(t, "held rows", "a bad row with %d rows of its key behind it (maxInFlightRecords 100) and 200 other records: the others published first; the bad row fixed, a held row deleted, another fixed and a malformed one fixed while their topic was missing, then the topic created: %v arrived on %s",
 		behind, got, late)
 }
 
