@@ -17,6 +17,23 @@ func (k *fakeKafka) setReject(id int64, n int) {
 	k.mu.Unlock()
 }
 
+// waitBudgetEmpty checks the in-flight count once the outbox is empty: every record counted
+// against MaxInFlightRecords must have been taken off again, exactly once.
+func (r *rig) waitBudgetEmpty() {
+	r.t.Helper()
+	p := r.h.current()
+	if p == nil {
+		r.t.Fatal("not leading")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for p.queued.Load() != 0 {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%d records still counted in flight with the outbox empty", p.queued.Load())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
 // heldLimits keeps the in-flight budget far below the rows queued behind a bad record.
 func heldLimits() Limits {
 	l := fastLimits()
@@ -58,6 +75,7 @@ func heldKeyWithManyRows(t *testing.T, maxKeyRun int) {
 	}
 	r.kafka.setReject(bad[0], 0)
 	r.waitEmpty(30 * time.Second)
+	r.waitBudgetEmpty()
 	r.stop()
 	r.checkOrder(append(bad, others...))
 }
@@ -80,6 +98,7 @@ func TestMalformedKeyWithManyRowsHoldsOnlyItself(t *testing.T) {
 	r.db.mu.Unlock()
 	r.db.update(bad[0], func(rec *OutboxRecord) { rec.KafkaValue = String("fixed") })
 	r.waitEmpty(10 * time.Second)
+	r.waitBudgetEmpty()
 	r.stop()
 	r.checkOrder(append(bad, others...))
 	for _, p := range r.kafka.published() {
@@ -102,6 +121,7 @@ func TestDeletedHeldRecordIsDroppedAndItsKeyReleased(t *testing.T) {
 	r.waitFor("the record to be held", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 1 })
 	r.db.delete(ids[0])
 	r.waitEmpty(5 * time.Second)
+	r.waitBudgetEmpty()
 	r.stop()
 	for _, p := range r.kafka.published() {
 		if p.id == ids[0] {
@@ -152,6 +172,7 @@ func TestRowChangedWhileBeingSentIsNotCommitted(t *testing.T) {
 	}
 	r.start()
 	r.waitEmpty(10 * time.Second)
+	r.waitBudgetEmpty()
 	r.stop()
 	var values []string
 	for _, p := range r.kafka.published() {
@@ -185,6 +206,7 @@ func TestRowChangedAtCommitIsPublishedAgain(t *testing.T) {
 	}
 	r.start()
 	r.waitEmpty(10 * time.Second)
+	r.waitBudgetEmpty()
 	r.stop()
 	var values []string
 	for _, p := range r.kafka.published() {
@@ -207,6 +229,7 @@ func TestDeadLetterAfterAttempts(t *testing.T) {
 	r.kafka.setReject(ids[0], 1<<30)
 	r.start()
 	r.waitEmpty(10 * time.Second)
+	r.waitBudgetEmpty()
 	r.stop()
 	r.checkOrder(ids[1:])
 	info, ok := r.db.deadLetters[ids[0]]
