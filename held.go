@@ -575,6 +575,9 @@ func (p *pipeline) tell(v verdict) {
 	}
 }
 
+// rereadCheckTimeout bounds the version check before a commit (checkReread).
+const rereadCheckTimeout = time.Second
+
 // checkReread makes a transaction that carries records read afresh fail (to be aborted and sent
 // again) when one of their rows has changed or gone since it was read, so that an operator's fix
 // or delete that lands while the old content waits in the producer's queue does not see that
@@ -603,7 +606,11 @@ func (p *pipeline) checkReread(ctx context.Context, batch []*flight) error {
 	for id := range versions {
 		ids = append(ids, id)
 	}
-	rows, err := b.Reread(ctx, ids)
+	// The check runs while no record can be produced; a database that does not answer at once
+	// must not stall every key, and the purge's version check remains.
+	checkCtx, cancel := context.WithTimeout(ctx, rereadCheckTimeout)
+	defer cancel()
+	rows, err := b.Reread(checkCtx, ids)
 	if err != nil {
 		return nil
 	}
