@@ -65,6 +65,44 @@ func BenchmarkDrainHotKeys(b *testing.B) {
 // drain, which the in-flight limit should bound.
 func BenchmarkDrainMillion(b *testing.B) { benchDrain(b, 1_000_000, 10_000, 0) }
 
+// BenchmarkDrainPastHeldKey: BenchmarkDrain's backlog behind a row that cannot be published (an
+// invalid topic name) and 3,000 more rows of its key, more than the in-flight limit (2,000): the
+// held key must not slow the other keys down. It ends when only the held key's rows are left.
+func BenchmarkDrainPastHeldKey(b *testing.B) {
+	const records, keys, behind = 200_000, 10_000, 3_000
+	rig := startBenchRig(b)
+	for range b.N {
+		run := rig.newRun()
+		ctx := context.Background()
+		_, err := run.pool.Exec(ctx, `INSERT INTO outbox (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
+			SELECT now(), CASE WHEN i = 0 THEN 'not a topic!' ELSE $1 END, 'held', 'v', '{}', '{}' FROM generate_series(0, $2) AS i`,
+			benchTopic, behind)
+		if err != nil {
+			b.Fatal(err)
+		}
+		run.loadBacklog(records, keys)
+		b.ResetTimer()
+		m := rig.measure()
+		run.startHarvester()
+		for {
+			var others bool
+			if err := run.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM outbox WHERE kafka_key <> 'held')").Scan(&others); err != nil {
+				b.Fatal(err)
+			}
+			if !others {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		m.stop(b, records)
+		b.StopTimer()
+		if n := run.backlog(); n != behind+1 {
+			b.Fatalf("%d rows left; want the held row and the %d behind it", n, behind)
+		}
+		run.close()
+	}
+}
+
 // benchDrain drains a backlog of records over keys; maxKeyRun 0 is the default.
 func benchDrain(b *testing.B, records, keys, maxKeyRun int) {
 	rig := startBenchRig(b)

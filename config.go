@@ -64,6 +64,7 @@ const (
 	DefaultMarkQueryRecords      = 500
 	DefaultMinMetricsInterval    = 5 * time.Second
 	DefaultBacklogSampleInterval = 10 * time.Second
+	DefaultHeldCheckInterval     = time.Second
 )
 
 // KafkaConfigMap holds librdkafka properties, such as "bootstrap.servers" or "compression.type".
@@ -208,8 +209,10 @@ type Limits struct {
 	MaxMarkBackoff time.Duration `yaml:"maxMarkBackoff"`
 
 	// MaxInFlightRecords bounds the records sent but not yet acknowledged, and so the memory
-	// the harvester uses, whatever the backlog. Default: DefaultMaxInFlightRecords.
-	// Range: 1 to 1,000,000.
+	// the harvester uses, whatever the backlog. The records of a key held back by a record that
+	// cannot be published do not count, so that held keys never take the budget from the others;
+	// each held key keeps in memory only its rows marked before it was held (the marker marks no
+	// more). Default: DefaultMaxInFlightRecords. Range: 1 to 1,000,000.
 	MaxInFlightRecords int `yaml:"maxInFlightRecords"`
 
 	// MaxKeyRun bounds how many records of one key a transaction may carry. A key's records with
@@ -243,6 +246,22 @@ type Limits struct {
 	// BacklogSampleInterval is how often the leader counts the outbox's backlog and the age of its
 	// oldest record, for the metrics. Default: DefaultBacklogSampleInterval. Range: 100ms to 1h.
 	BacklogSampleInterval time.Duration `yaml:"backlogSampleInterval"`
+
+	// HeldCheckInterval is how often the leader reads the rows of held records afresh (one query
+	// for all of them), so that an operator's fix or delete takes effect within about this long. A
+	// held record whose backoff is over is also read at once before it is sent again.
+	// Default: DefaultHeldCheckInterval. Range: 10ms to 1m.
+	HeldCheckInterval time.Duration `yaml:"heldCheckInterval"`
+
+	// DeadLetterAttempts, when not 0, is how many failed attempts a held record may have before
+	// its row is moved into the dead-letter table (see DeadLetterTable) and its key released.
+	// Default: 0, no dead letters. Range: 0 to 1,000,000.
+	DeadLetterAttempts int `yaml:"deadLetterAttempts"`
+
+	// DeadLetterAfter, when not 0, is how long a record may be held, from its first failure,
+	// before its row is moved into the dead-letter table and its key released.
+	// Default: 0, no dead letters. Range: 0, or 1s to 8760h.
+	DeadLetterAfter time.Duration `yaml:"deadLetterAfter"`
 }
 
 // Unmarshal reads a Config from YAML. Unknown keys and values of the wrong type are errors that
@@ -330,6 +349,7 @@ func (l Limits) WithDefaults() Limits {
 	setDefault(&l.MarkQueryRecords, DefaultMarkQueryRecords)
 	setDefault(&l.MinMetricsInterval, DefaultMinMetricsInterval)
 	setDefault(&l.BacklogSampleInterval, DefaultBacklogSampleInterval)
+	setDefault(&l.HeldCheckInterval, DefaultHeldCheckInterval)
 	return l
 }
 
@@ -514,5 +534,12 @@ func (l Limits) validate() []error {
 	betweenInt("SendConcurrency", "sendConcurrency", l.SendConcurrency, 1, 1024)
 	betweenInt("SendBuffer", "sendBuffer", l.SendBuffer, 1, 100_000)
 	betweenInt("MarkQueryRecords", "markQueryRecords", l.MarkQueryRecords, 1, 100_000)
+	between("HeldCheckInterval", "heldCheckInterval", l.HeldCheckInterval, 10*time.Millisecond, time.Minute, "")
+	betweenInt("DeadLetterAttempts", "deadLetterAttempts", l.DeadLetterAttempts, 0, 1_000_000)
+	// 0 turns dead letters off; a shorter wait than a second would dead-letter records before an
+	// operator or a retry could do anything.
+	if l.DeadLetterAfter != 0 {
+		between("DeadLetterAfter", "deadLetterAfter", l.DeadLetterAfter, time.Second, 8760*time.Hour, "or 0 for no dead letters")
+	}
 	return errs
 }

@@ -45,6 +45,9 @@ func TestWithDefaults(t *testing.T) {
 		{"SendBuffer", l.SendBuffer, DefaultSendBuffer},
 		{"MarkQueryRecords", l.MarkQueryRecords, DefaultMarkQueryRecords},
 		{"MinMetricsInterval", l.MinMetricsInterval, DefaultMinMetricsInterval},
+		{"HeldCheckInterval", l.HeldCheckInterval, DefaultHeldCheckInterval},
+		{"DeadLetterAttempts (off)", l.DeadLetterAttempts, 0},
+		{"DeadLetterAfter (off)", l.DeadLetterAfter, time.Duration(0)},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -162,6 +165,10 @@ func TestValidateNamesFieldAndRange(t *testing.T) {
 		{"mark records", func(c *Config) { c.Limits.MarkQueryRecords = 1_000_000 }, []string{"limits.markQueryRecords"}},
 		{"mark backoff", func(c *Config) { c.Limits.MaxMarkBackoff = time.Hour }, []string{"limits.maxMarkBackoff"}},
 		{"metrics", func(c *Config) { c.Limits.MinMetricsInterval = -1 }, []string{"limits.minMetricsInterval"}},
+		{"held check", func(c *Config) { c.Limits.HeldCheckInterval = time.Hour }, []string{"Limits.HeldCheckInterval (limits.heldCheckInterval)", "[10ms, 1m0s]"}},
+		{"dead-letter attempts", func(c *Config) { c.Limits.DeadLetterAttempts = -1 }, []string{"Limits.DeadLetterAttempts (limits.deadLetterAttempts): -1 is out of range [0, 1000000]"}},
+		{"dead letter too soon", func(c *Config) { c.Limits.DeadLetterAfter = time.Millisecond },
+			[]string{"Limits.DeadLetterAfter (limits.deadLetterAfter)", "or 0 for no dead letters"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -217,6 +224,9 @@ limits:
   sendBuffer: 20
   markQueryRecords: 200
   minMetricsInterval: 1m
+  heldCheckInterval: 500ms
+  deadLetterAttempts: 10
+  deadLetterAfter: 24h
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -228,6 +238,7 @@ limits:
 		MaxMarkBackoff:     200 * time.Millisecond,
 		MaxInFlightRecords: 500, SendConcurrency: 4, SendBuffer: 20, MarkQueryRecords: 200,
 		MinMetricsInterval: time.Minute,
+		HeldCheckInterval:  500 * time.Millisecond, DeadLetterAttempts: 10, DeadLetterAfter: 24 * time.Hour,
 	}
 	if c.Limits != want {
 		t.Errorf("limits = %+v\nwant     %+v", c.Limits, want)

@@ -38,13 +38,45 @@ type MeterRead struct{ Stats metric.MeterStats }
 
 // RecordFailed: an outbox record could not be published. Its key is held back (later records
 // with that key wait) while the harvester retries it with backoff; other keys carry on.
-// Malformed rows (see RecordError) are retried when the leader ID next changes.
+// Malformed rows (see RecordError) are read afresh every Limits.HeldCheckInterval, and sent once
+// fixed.
 type RecordFailed struct {
 	ID       int64
 	Topic    string
 	Key      string
 	Attempts int
 	Err      error
+}
+
+// HeldRecordDeleted: a held record's row was deleted in the outbox (or given another key, to be
+// published with that key's records); the record was dropped and its key released.
+type HeldRecordDeleted struct {
+	ID    int64
+	Topic string
+	Key   string
+}
+
+// RecordDeadLettered: a held record failed more often (Limits.DeadLetterAttempts) or for longer
+// (Limits.DeadLetterAfter) than allowed; its row was moved into the dead-letter table and its
+// key released, so the key's later records are published without it.
+type RecordDeadLettered struct {
+	ID       int64
+	Topic    string
+	Key      string
+	Attempts int
+	Err      error
+}
+
+func (HeldRecordDeleted) event()  {}
+func (RecordDeadLettered) event() {}
+
+func (e HeldRecordDeleted) String() string {
+	return fmt.Sprintf("held record %d (topic %s, key %q) deleted in the outbox; dropped", e.ID, e.Topic, e.Key)
+}
+
+func (e RecordDeadLettered) String() string {
+	return fmt.Sprintf("record %d (topic %s, key %q) moved to the dead-letter table after %d attempts: %v",
+		e.ID, e.Topic, e.Key, e.Attempts, e.Err)
 }
 
 // SchemaRejected: the outbox table lacks a column or has one of a type the harvester cannot

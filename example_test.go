@@ -86,7 +86,16 @@ func ExampleCreateOutboxTable() {
 	//     CREATE TRIGGER goharvest_notify AFTER INSERT ON "outbox" FOR EACH STATEMENT EXECUTE FUNCTION goharvest_notify('goharvest.outbox');
 	//   END IF;
 	// END
-	// $do$
+	// $do$;
+	// CREATE TABLE IF NOT EXISTS "outbox_dead_letters" (
+	//   LIKE "outbox",
+	//   error              TEXT NOT NULL,
+	//   attempts           INTEGER NOT NULL,
+	//   first_failure_time TIMESTAMP WITH TIME ZONE NOT NULL,
+	//   last_failure_time  TIMESTAMP WITH TIME ZONE NOT NULL,
+	//   dead_letter_time   TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
+	//   PRIMARY KEY (id)
+	// )
 }
 
 // Embed a harvester in a Go service. It joins the leader election, and while it leads it

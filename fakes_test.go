@@ -35,6 +35,11 @@ type fakeDB struct {
 	purgeDelay time.Duration
 	// hang makes every call block until its context ends, as on a locked table.
 	hang bool
+	// versions counts the updates of each row other than marking (held.go's row versions).
+	versions map[int64]int
+	// deadLetters holds the rows moved to the dead-letter table.
+	deadLetters map[int64]DeadLetterInfo
+	rereads     int
 }
 
 func (d *fakeDB) setHang(hang bool) {
@@ -125,6 +130,10 @@ func (d *fakeDB) markCount() int {
 var errDBDown = errors.New("fake database down")
 
 func (d *fakeDB) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]MarkedRecord, error) {
+	return d.MarkExcept(ctx, leaderID, limit, nil)
+}
+
+func (d *fakeDB) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, heldKeys []string) ([]MarkedRecord, error) {
 	if err := d.wait(ctx); err != nil {
 		return nil, err
 	}
@@ -140,7 +149,7 @@ func (d *fakeDB) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]Mar
 	}
 	var ids []int64
 	for id, r := range d.rows {
-		if r.LeaderID == nil || *r.LeaderID != leaderID {
+		if (r.LeaderID == nil || *r.LeaderID != leaderID) && !slices.Contains(heldKeys, r.KafkaKey) {
 			ids = append(ids, id)
 		}
 	}
@@ -204,6 +213,79 @@ func (d *fakeDB) Reset(ctx context.Context, leaderID uuid.UUID, ids []int64) (in
 
 func (d *fakeDB) Dispose() {}
 
+var _ HeldRowBinding = (*fakeDB)(nil)
+
+// update changes a row as an operator would, giving it a new version.
+func (d *fakeDB) update(id int64, change func(*OutboxRecord)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r := d.rows[id]; r != nil {
+		change(r)
+		if d.versions == nil {
+			d.versions = map[int64]int{}
+		}
+		d.versions[id]++
+	}
+}
+
+func (d *fakeDB) delete(id int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.rows, id)
+}
+
+func (d *fakeDB) version(id int64) string { return fmt.Sprint(d.versions[id]) }
+
+func (d *fakeDB) Reread(ctx context.Context, ids []int64) ([]RereadRecord, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.rereads++
+	if d.down {
+		return nil, errDBDown
+	}
+	var out []RereadRecord
+	for _, id := range ids {
+		if r := d.rows[id]; r != nil {
+			out = append(out, RereadRecord{MarkedRecord: MarkedRecord{OutboxRecord: *r, Err: d.markErr[id]}, Version: d.version(id)})
+		}
+	}
+	return out, nil
+}
+
+func (d *fakeDB) PurgeUnchanged(ctx context.Context, versions map[int64]string) ([]int64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.down {
+		return nil, errDBDown
+	}
+	var purged []int64
+	for id, v := range versions {
+		if d.rows[id] != nil && d.version(id) == v {
+			delete(d.rows, id)
+			d.purged = append(d.purged, id)
+			purged = append(purged, id)
+		}
+	}
+	return purged, nil
+}
+
+func (d *fakeDB) DeadLetter(ctx context.Context, id int64, version string, info DeadLetterInfo) (bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.down {
+		return false, errDBDown
+	}
+	if d.rows[id] == nil || (version != "" && d.version(id) != version) {
+		return false, nil
+	}
+	delete(d.rows, id)
+	if d.deadLetters == nil {
+		d.deadLetters = map[int64]DeadLetterInfo{}
+	}
+	d.deadLetters[id] = info
+	return true, nil
+}
+
 func (d *fakeDB) Ping(context.Context) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -259,6 +341,10 @@ type fakeKafka struct {
 	produceFatal bool
 	notes        int // committed transactions that wrote a note
 	violations   []string
+	// onProduce, if set, is called with each record produced, outside the lock.
+	onProduce func(id int64)
+	// onCommit, if set, is called as each commit begins, outside the lock.
+	onCommit func()
 }
 
 // outKey is what one key has in flight: records of one producer's transaction.
@@ -383,6 +469,12 @@ func (p *fakeProducer) CommitTransaction(ctx context.Context) error {
 		k.mu.Unlock()
 		return waitOut(ctx)
 	}
+	onCommit := k.onCommit
+	k.mu.Unlock()
+	if onCommit != nil {
+		onCommit()
+	}
+	k.mu.Lock()
 	defer k.mu.Unlock()
 	if p.epoch != k.epoch {
 		return &TxnError{Err: errors.New("producer fenced"), Fatal: true}
@@ -493,7 +585,11 @@ func (p *fakeProducer) Produce(msg Message) error {
 	// delivery report follows.
 	p.abortable = p.abortable || m.err != nil
 	delay := k.delay
+	onProduce := k.onProduce
 	k.mu.Unlock()
+	if onProduce != nil {
+		onProduce(id)
+	}
 
 	p.wg.Go(func() {
 		time.Sleep(delay)

@@ -74,6 +74,7 @@ type Harvest struct {
 	dbTrouble      *episode
 	kafkaTrouble   *episode
 	lastPulse      atomic.Int64 // Unix nanoseconds of the owner loop's latest pulse
+	failures       *failureMemo // held records' failures, across epochs
 
 	mu       sync.Mutex // guards the fields below
 	state    State
@@ -139,8 +140,9 @@ func New(config Config) (*Harvest, error) {
 		state:          Created,
 		stopCh:         make(chan struct{}),
 		done:           make(chan struct{}),
+		failures:       &failureMemo{},
 	}
-	h.metrics = newMetrics(cfg.Name, h.inFlight)
+	h.metrics = newMetrics(cfg.Name, h.inFlight, h.heldStats)
 	h.dbTrouble = &episode{what: "database", failures: h.metrics.errors.WithLabelValues(errorKindDatabase)}
 	h.kafkaTrouble = &episode{what: "Kafka transactions", failures: h.metrics.errors.WithLabelValues(errorKindKafka)}
 	return h, nil
@@ -505,6 +507,7 @@ func (h *Harvest) launchEpoch(producer KafkaProducer, refresh bool) {
 		leading:   func() bool { return h.elector.State() == neli.Leader },
 		notes:     h.notePlace(),
 		idHeader:  h.cfg.IDHeader,
+		failures:  h.failures,
 	})
 	h.mu.Lock()
 	h.pipeline = p

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -474,4 +475,77 @@ func TestNotificationWakesIdleHarvester(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.waitEmpty(5 * time.Second)
+}
+
+// With dead letters on, a row Kafka cannot take is moved, with its failure, into the dead-letter
+// table after the configured attempts, and its key's next record is published; the moved row is
+// never published.
+func TestHarvestDeadLettersARefusedRow(t *testing.T) {
+	r := newIntRig(t)
+	ctx := context.Background()
+	insert := func(topic, value string) int64 {
+		var id int64
+		err := r.pool.QueryRow(ctx, `INSERT INTO outbox (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
+			VALUES (now(), $1, 'k', $2, '{}', '{}') RETURNING id`, topic, value).Scan(&id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	bad := insert("not a topic!", "bad")
+	insert(r.topic, "next")
+	events := &eventRecorder{}
+	h := r.harvesterWith("dead-letter", goharvest.Limits{IOErrorBackoff: 20 * time.Millisecond, DeadLetterAttempts: 3,
+		HeldCheckInterval: 50 * time.Millisecond}, nil)
+	h.SetEventHandler(events.record)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- h.Run(runCtx) }()
+	r.waitEmpty(time.Minute)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var (
+		errText            string
+		attempts           int
+		first, last, moved time.Time
+	)
+	err := r.pool.QueryRow(ctx, `SELECT error, attempts, first_failure_time, last_failure_time, dead_letter_time
+		FROM outbox_dead_letters WHERE id = $1 AND kafka_value = 'bad'`, bad).Scan(&errText, &attempts, &first, &last, &moved)
+	if err != nil {
+		t.Fatalf("record %d not in the dead-letter table: %v", bad, err)
+	}
+	if attempts != 3 || !strings.Contains(errText, "refused by goharvest") || last.Before(first) || moved.Before(last) {
+		t.Errorf("dead letter: attempts %d, error %q, failures %v..%v, moved %v", attempts, errText, first, last, moved)
+	}
+	if n := events.count("goharvest.RecordDeadLettered"); n != 1 {
+		t.Errorf("%d RecordDeadLettered events, want 1", n)
+	}
+	values := consumeValues(t, r.broker.Addr(), r.topic, 1)
+	if fmt.Sprint(values) != "[next]" {
+		t.Errorf("published %v, want only the record behind the dead letter", values)
+	}
+}
+
+// consumeValues reads n committed records from the start of topic, and whatever follows within
+// a second, and returns their values.
+func consumeValues(t *testing.T, addr, topic string, n int) []string {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	var values []string
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for len(values) < n && ctx.Err() == nil {
+		cl.PollFetches(ctx).EachRecord(func(rec *kgo.Record) { values = append(values, string(rec.Value)) })
+	}
+	more, cancelMore := context.WithTimeout(context.Background(), time.Second)
+	defer cancelMore()
+	cl.PollFetches(more).EachRecord(func(rec *kgo.Record) { values = append(values, string(rec.Value)) })
+	return values
 }

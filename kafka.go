@@ -37,11 +37,22 @@ type Delivery struct {
 }
 
 // RejectedError says that Kafka refused a message for a reason that retrying it right away
-// will not cure. The harvester holds back that record's key, reports it, and retries it with
-// backoff, in case the topic is created or the broker's limits raised.
-type RejectedError struct{ Err error }
+// will not cure, or that goharvest's own checks refused it before Kafka saw it (ByGoharvest).
+// The harvester holds back that record's key, reports it, and retries it with backoff, in case
+// the topic is created or the broker's limits raised, after reading its row afresh.
+type RejectedError struct {
+	Err error
+	// ByGoharvest says the producer refused the message itself (a topic name Kafka cannot
+	// accept, a topic Kafka's metadata says is missing), without sending it.
+	ByGoharvest bool
+}
 
-func (e *RejectedError) Error() string { return "rejected by Kafka: " + e.Err.Error() }
+func (e *RejectedError) Error() string {
+	if e.ByGoharvest {
+		return "refused by goharvest (not sent to Kafka): " + e.Err.Error()
+	}
+	return "rejected by Kafka: " + e.Err.Error()
+}
 func (e *RejectedError) Unwrap() error { return e.Err }
 
 // KafkaProducer publishes messages asynchronously, in transactions. The harvester uses one
@@ -226,7 +237,7 @@ var topicNames = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
 // broker, which would hold up commits and the end of an epoch.
 func (c *confluentProducer) checkTopic(topic string) error {
 	if !topicNames.MatchString(topic) || topic == "." || topic == ".." {
-		return &RejectedError{Err: fmt.Errorf("topic %q is not a valid Kafka topic name", topic)}
+		return &RejectedError{Err: fmt.Errorf("topic %q is not a valid Kafka topic name", topic), ByGoharvest: true}
 	}
 	c.topicsMu.Lock()
 	defer c.topicsMu.Unlock()
@@ -252,7 +263,8 @@ func (c *confluentProducer) lookUp(topic string) {
 			if ok && t.Error.Code() != kafka.ErrNoError {
 				reason = t.Error.String()
 			}
-			st.err = &RejectedError{Err: fmt.Errorf("topic %q does not exist and was not created: %s", topic, reason)}
+			st.err = &RejectedError{Err: fmt.Errorf("topic %q does not exist and was not created (Kafka's metadata: %s)", topic, reason),
+				ByGoharvest: true}
 		}
 	}
 	// When Kafka did not answer, the topic counts as usable: the produce itself will show what is

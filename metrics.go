@@ -2,6 +2,7 @@ package goharvest
 
 import (
 	"errors"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -18,6 +19,8 @@ type metrics struct {
 	commitSeconds                      prometheus.Histogram
 	backlog, oldestAge                 prometheus.Gauge
 	inFlightRecords, inFlightKeysGauge prometheus.GaugeFunc
+	deadLettered, heldDeleted          prometheus.Counter
+	heldRecords, heldOldestAge         prometheus.GaugeFunc
 }
 
 // Error kinds counted by goharvest_errors_total.
@@ -26,7 +29,7 @@ const (
 	errorKindKafka    = "kafka"
 )
 
-func newMetrics(name string, inFlight func() ([]string, int)) *metrics {
+func newMetrics(name string, inFlight func() ([]string, int), held func() (int, time.Time)) *metrics {
 	labels := prometheus.Labels{"harvest": name}
 	counter := func(metric, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Name: "goharvest_" + metric, Help: help, ConstLabels: labels})
@@ -63,13 +66,27 @@ func newMetrics(name string, inFlight func() ([]string, int)) *metrics {
 		inFlightKeysGauge: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "goharvest_in_flight_keys",
 			Help: "Keys with a record in flight.", ConstLabels: labels},
 			func() float64 { keys, _ := inFlight(); return float64(len(keys)) }),
+		deadLettered: counter("records_dead_lettered_total", "Held records moved into the dead-letter table (see Limits.DeadLetterAttempts and DeadLetterAfter)."),
+		heldDeleted:  counter("held_records_deleted_total", "Held records dropped because their rows were deleted (or given another key) in the outbox."),
+		heldRecords: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "goharvest_held_records",
+			Help: "Records that hold back their keys: refused, or malformed, and being retried.", ConstLabels: labels},
+			func() float64 { n, _ := held(); return float64(n) }),
+		heldOldestAge: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "goharvest_held_record_oldest_age_seconds",
+			Help: "Time since the oldest held record first failed; 0 when none is held.", ConstLabels: labels},
+			func() float64 {
+				if _, since := held(); !since.IsZero() {
+					return time.Since(since).Seconds()
+				}
+				return 0
+			}),
 	}
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.leader, m.marked, m.published, m.purged, m.reset, m.failed,
 		m.markedAgain, m.elections, m.fences, m.remarks, m.errors, m.markSeconds, m.purgeSeconds, m.commitSeconds,
-		m.backlog, m.oldestAge, m.inFlightRecords, m.inFlightKeysGauge}
+		m.backlog, m.oldestAge, m.inFlightRecords, m.inFlightKeysGauge,
+		m.deadLettered, m.heldDeleted, m.heldRecords, m.heldOldestAge}
 }
 
 // register adds every metric to r. A metric registered already (by a harvester of the same

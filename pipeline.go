@@ -92,6 +92,14 @@ type flight struct {
 	// failure is what the delivery report said about the latest send (nil: success or not yet
 	// reported); the delivery reader writes it while the transaction loop may read it.
 	failure atomic.Pointer[error]
+	// The worker owns these too; see held.go. free: not counted against MaxInFlightRecords (a
+	// held key's record). due: backoff over, to be sent once read afresh. fresh: read afresh since
+	// the last attempt. doomed: to be moved to the dead-letter table, never sent. version: the row
+	// version read afresh ("" for content from the mark). firstFailure, lastErr: its failures.
+	free, due, fresh, doomed bool
+	version                  string
+	firstFailure             time.Time
+	lastErr                  error
 }
 
 func (f *flight) deliveryFailure() error {
@@ -125,6 +133,8 @@ type pipelineDeps struct {
 	notes NotePlace
 	// idHeader names the header that carries each record's id; "" for none (Config.IDHeader).
 	idHeader string
+	// failures remembers held records' failures across epochs (held.go).
+	failures *failureMemo
 }
 
 type pipeline struct {
@@ -179,6 +189,10 @@ type pipeline struct {
 	keysMu sync.Mutex
 	keys   map[string]int // keys with a record sent (or held for retry) and not finished
 
+	held        heldSet       // held records and keys (held.go)
+	heldWake    chan struct{} // one slot: wakes the held loop
+	deadTrouble *episode      // moving rows to the dead-letter table fails
+
 	// ledger holds the records committed notes list and not yet purged; noted counts those and
 	// the records the current transaction's note will list, and stays within maxNotedRecords.
 	ledger ledger
@@ -205,6 +219,8 @@ func startPipeline(deps pipelineDeps) *pipeline {
 		produced:     make(chan struct{}, 1),
 		remarkCh:     make(chan struct{}),
 		keys:         map[string]int{},
+		heldWake:     make(chan struct{}, 1),
+		deadTrouble:  &episode{what: "dead-letter table (held records stay held)"},
 	}
 	for range deps.limits.SendConcurrency {
 		w := &sendWorker{
@@ -213,6 +229,8 @@ func startPipeline(deps pipelineDeps) *pipeline {
 			finished: make(chan *flight, max),
 			aborted:  make(chan abortedRun, max),
 			retry:    make(chan *flight, max),
+			verdicts: make(chan verdict, max),
+			stale:    make(chan *flight, max),
 			queues:   map[string]*keyQueue{},
 			purged:   map[int64]uint64{},
 		}
@@ -224,6 +242,9 @@ func startPipeline(deps pipelineDeps) *pipeline {
 		p.sending.Go(func() { p.listenLoop(l) })
 	}
 	p.sending.Go(p.txnLoop)
+	if b, ok := deps.db.(HeldRowBinding); ok {
+		p.sending.Go(func() { p.heldLoop(b) })
+	}
 	p.delivering.Go(p.readDeliveries)
 	for range committers {
 		p.committing.Go(p.commitLoop)
@@ -257,7 +278,7 @@ func (p *pipeline) markLoop() {
 		}
 		began := time.Now()
 		seq := p.marks.Add(1)
-		records, err := p.db.Mark(p.ctx, p.leaderID, min(room, p.limits.MarkQueryRecords))
+		records, err := p.mark(p.ctx, min(room, p.limits.MarkQueryRecords))
 		p.metrics.markSeconds.Observe(time.Since(began).Seconds())
 		if err != nil {
 			if p.ctx.Err() != nil {
@@ -337,6 +358,8 @@ type sendWorker struct {
 	finished chan *flight    // purged records, from the committers
 	aborted  chan abortedRun // runs of aborted transactions, to send again
 	retry    chan *flight    // held records whose backoff is over
+	verdicts chan verdict    // what the held loop found of held rows (held.go)
+	stale    chan *flight    // published records whose rows changed after they were read (held.go)
 	queues   map[string]*keyQueue
 	// purged holds the ids of records finished lately, with their purgedAt, to recognise copies
 	// marked again (see wasPurged); prunedAt is the mark number it was last pruned at.
@@ -369,6 +392,7 @@ type keyQueue struct {
 	flights []*flight
 	out     int // how many at the front are with Kafka: a run in transaction gen
 	gen     uint64
+	held    *flight // the record that holds back the key, if any (held.go)
 }
 
 // holds reports whether the queue has the record with this id. Until its purge commits, a
@@ -417,6 +441,7 @@ func (w *sendWorker) run() {
 				w.queues[f.rec.KafkaKey] = q
 			}
 			q.flights = append(q.flights, f)
+			w.arrived(q, f)
 			w.pump(q)
 		case f := <-w.finished:
 			// The purges of one run may commit in any order; the queue drops its front once done.
@@ -427,6 +452,7 @@ func (w *sendWorker) run() {
 				q.flights = q.flights[1:]
 				q.out--
 			}
+			w.releaseIfDone(q)
 			if len(q.flights) == 0 {
 				delete(w.queues, f.rec.KafkaKey)
 			} else {
@@ -437,16 +463,18 @@ func (w *sendWorker) run() {
 			for _, h := range r.hold {
 				h.f.held = true
 				w.retryAfter(h.f, h.backoff)
+				w.hold(q, h.f, h.f.deliveryFailure())
 			}
 			if q != nil && q.gen == r.gen && q.out > 0 {
 				q.out = 0
 				w.pump(q)
 			}
 		case f := <-w.retry:
-			f.held = false
-			if q := w.queues[f.rec.KafkaKey]; q != nil {
-				w.pump(q)
-			}
+			w.retryDue(f)
+		case v := <-w.verdicts:
+			w.judge(v)
+		case f := <-w.stale:
+			w.unpurged(f)
 		}
 	}
 }
@@ -456,9 +484,10 @@ func (w *sendWorker) run() {
 func (w *sendWorker) pump(q *keyQueue) {
 	for q.out < len(q.flights) {
 		f := q.flights[q.out]
-		if f.held || !w.send(f, q) {
+		if f.held || !w.maySend(q, f) || !w.send(f, q) {
 			return
 		}
+		f.fresh = false
 		q.out++
 	}
 }
@@ -468,8 +497,8 @@ func (w *sendWorker) pump(q *keyQueue) {
 func (w *sendWorker) send(f *flight, q *keyQueue) bool {
 	p := w.p
 	if f.rec.Err != nil {
-		// A malformed row cannot be published; it holds back its key until the next epoch reads it
-		// afresh (after an operator has fixed or deleted it).
+		// A malformed row cannot be published; it holds back its key until the held loop reads it
+		// afresh and finds it fixed or deleted (held.go).
 		f.attempts++
 		f.held = true
 		p.track(f)
@@ -477,6 +506,7 @@ func (w *sendWorker) send(f *flight, q *keyQueue) bool {
 		p.log.Error("outbox record cannot be published; holding back its key", "id", f.rec.ID,
 			"topic", f.rec.KafkaTopic, "key", f.rec.KafkaKey, "error", f.rec.Err)
 		p.emit(RecordFailed{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: f.rec.KafkaKey, Attempts: f.attempts, Err: f.rec.Err})
+		w.hold(q, f, f.rec.Err)
 		return false
 	}
 	err := p.produce(f, q)
@@ -505,6 +535,7 @@ func (w *sendWorker) send(f *flight, q *keyQueue) bool {
 		// while only its key waits.
 		f.held = true
 		w.retryAfter(f, p.rejected(f, err))
+		w.hold(q, f, err)
 	}
 	return false
 }
@@ -695,7 +726,11 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 	}
 	// The abort has the producer report on every message of the transaction.
 	p.awaitReports(p.until(p.limits.MaxPollInterval))
-	p.txnFailures++
+	if refused := (*RejectedError)(nil); !errors.As(err, &refused) {
+		// A record that was refused fails its transaction, but says nothing of the producer: it is
+		// held (held.go), and only its key waits. Other failures, repeated, end the epoch.
+		p.txnFailures++
+	}
 	if fatal || p.txnFailures >= maxTxnFailures || p.ctx.Err() != nil {
 		// The epoch ends: the records are reset, and the next epoch marks them again.
 		for _, f := range batch {
@@ -772,6 +807,12 @@ func (p *pipeline) commitTxn(ctx context.Context, batch, extra []*flight) error 
 		if failure := f.deliveryFailure(); failure != nil {
 			return fmt.Errorf("record %d: %w", f.rec.ID, failure)
 		}
+	}
+	checkCtx, cancel := p.attempt(ctx)
+	err := p.checkReread(checkCtx, batch)
+	cancel()
+	if err != nil {
+		return err
 	}
 	if len(extra) > 0 {
 		noteCtx, cancel := p.attempt(ctx)
@@ -861,6 +902,7 @@ func (p *pipeline) commitLoop() {
 				purge = append(purge, o.f)
 			}
 		}
+		purge = p.purgeChecked(purge)
 		if len(purge) > 0 {
 			began := time.Now()
 			if p.commit("purge", purge, p.db.Purge) {

@@ -67,8 +67,8 @@ END
 $do$`
 
 // OutboxTableDDL returns the statements that create an outbox table with the given (optionally
-// schema-qualified) name, if it does not exist, and its notification trigger (see
-// NotifyChannel). Run them as one script; they may be run again.
+// schema-qualified) name, if it does not exist, its notification trigger (see NotifyChannel) and
+// its dead-letter table (see DeadLetterTable). Run them as one script; they may be run again.
 func OutboxTableDDL(table string) (string, error) {
 	return OutboxTableDDLWith(table, TableOptions{})
 }
@@ -89,8 +89,14 @@ func OutboxTableDDLWith(table string, opts TableOptions) (string, error) {
 	if opts.Bytea {
 		cols = bytesPayloadColumns
 	}
+	dead, err := pgname.QuoteTable(DeadLetterTable(table))
+	if err != nil {
+		return "", err
+	}
+	// The dead-letter table copies the outbox's columns (LIKE), bytea or text alike.
 	return fmt.Sprintf(outboxDDLTemplate, quoted, cols[0], cols[1], cols[2]) + ";\n" +
-		fmt.Sprintf(notifyDDLTemplate, function, quoted, NotifyChannel(table)), nil
+		fmt.Sprintf(notifyDDLTemplate, function, quoted, NotifyChannel(table)) + ";\n" +
+		fmt.Sprintf(deadLetterDDLTemplate, dead, quoted), nil
 }
 
 // NotifyChannel returns the channel on which a harvester of the outbox table listens:
@@ -136,7 +142,11 @@ type PostgresBinding struct {
 	markSQL  string
 	purgeSQL string
 	resetSQL string
+	held     heldSQL
 }
+
+// outboxSelect lists the columns the harvester reads, in scanRecord's order.
+const outboxSelect = `id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values, leader_id`
 
 // outboxColumns are the columns the harvester reads, with the types it can read them as.
 var outboxColumns = []struct {
@@ -241,15 +251,21 @@ WHERE id IN (
   ORDER BY id
   LIMIT $2
 )
-RETURNING id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values, leader_id`,
+RETURNING ` + outboxSelect,
 		purgeSQL: `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
 		resetSQL: `UPDATE ` + table + ` SET leader_id = NULL WHERE id = ANY($1) AND leader_id = $2`,
+		held:     newHeldSQL(outboxTable),
 	}, nil
 }
 
 // Mark implements DatabaseBinding.
 func (b *PostgresBinding) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]MarkedRecord, error) {
 	rows, err := b.pool.Query(ctx, b.markSQL, leaderID, limit)
+	return readMarked(rows, err, limit)
+}
+
+// readMarked reads the rows of a mark, sorted by id.
+func readMarked(rows pgx.Rows, err error, limit int) ([]MarkedRecord, error) {
 	if err != nil {
 		return nil, fmt.Errorf("mark outbox: %w", err)
 	}
@@ -257,24 +273,33 @@ func (b *PostgresBinding) Mark(ctx context.Context, leaderID uuid.UUID, limit in
 
 	records := make([]MarkedRecord, 0, limit)
 	for rows.Next() {
-		// Every column is read in a form that accepts NULLs and any array shape, so that one odd
-		// row becomes a RecordError for that row instead of failing the whole batch: the batch is
-		// already marked, and rows marked but never returned would sit unpublished.
-		var (
-			row                   outboxRow
-			headerKeys, headerVal pgtype.Array[payload]
-		)
-		if err := rows.Scan(&row.id, &row.createTime, &row.topic, &row.key, &row.value,
-			&headerKeys, &headerVal, &row.leaderID); err != nil {
+		rec, err := scanRecord(rows)
+		if err != nil {
 			return nil, fmt.Errorf("mark outbox: read row: %w", err)
 		}
-		records = append(records, row.record(headerKeys, headerVal))
+		records = append(records, rec)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("mark outbox: %w", err)
 	}
 	slices.SortFunc(records, func(a, b MarkedRecord) int { return cmp.Compare(a.ID, b.ID) })
 	return records, nil
+}
+
+// scanRecord reads one row of outboxSelect, after the columns in extra.
+func scanRecord(rows pgx.Rows, extra ...any) (MarkedRecord, error) {
+	// Every column is read in a form that accepts NULLs and any array shape, so that one odd
+	// row becomes a RecordError for that row instead of failing the whole batch: the batch is
+	// already marked, and rows marked but never returned would sit unpublished.
+	var (
+		row                   outboxRow
+		headerKeys, headerVal pgtype.Array[payload]
+	)
+	if err := rows.Scan(append(extra, &row.id, &row.createTime, &row.topic, &row.key, &row.value,
+		&headerKeys, &headerVal, &row.leaderID)...); err != nil {
+		return MarkedRecord{}, err
+	}
+	return row.record(headerKeys, headerVal), nil
 }
 
 type outboxRow struct {

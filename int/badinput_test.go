@@ -10,9 +10,11 @@ import (
 )
 
 // Rows that cannot be published are reported by id, hold back only their own keys, and stay in
-// the outbox; everything else flows.
+// the outbox; everything else flows, even behind a bad row followed by more rows of its key than
+// maxInFlightRecords.
 func TestBadInput(t *testing.T) {
-	r := newRig(t, rigOptions{noAutoCreate: true, extraYAML: "  producerKafkaConfig:\n    message.max.bytes: 4000"})
+	maxInFlight := pick(100, 500)
+	r := newRig(t, rigOptions{noAutoCreate: true, extraYAML: fmt.Sprintf("    maxInFlightRecords: %d\n  producerKafkaConfig:\n    message.max.bytes: 4000", maxInFlight)})
 	ctx := context.Background()
 	insert := func(topic, key, value, headerKeys, headerValues string) int64 {
 		var id int64
@@ -33,6 +35,13 @@ func TestBadInput(t *testing.T) {
 	for _, key := range []string{"bad-name", "bad-topic", "bad-size", "bad-headers"} {
 		insert(topic, key, "next", "{}", "{}")
 	}
+	// And a bad row with more rows of its key behind it than the in-flight budget.
+	behind := 3 * maxInFlight
+	bad["invalid topic name, many rows behind"] = insert("no such topic!", "bad-many", "v", "{}", "{}")
+	for range behind {
+		insert(topic, "bad-many", "next", "{}", "{}")
+	}
+	held := 8 + 1 + behind
 	r.startWriters(4, 1000, 2000)
 	p := r.startReaper("a")
 	waitLeader(t, 30*time.Second, p)
@@ -45,11 +54,11 @@ func TestBadInput(t *testing.T) {
 	}
 	r.v.WaitDistinct(t, total, 2*time.Minute)
 	deadline := time.Now().Add(time.Minute)
-	for r.rows() != 8 && time.Now().Before(deadline) {
+	for r.rows() != held && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
 	}
-	if n := r.rows(); n != 8 {
-		t.Fatalf("%d rows left in the outbox; want the 4 bad rows and the 4 held behind them", n)
+	if n := r.rows(); n != held {
+		t.Fatalf("%d rows left in the outbox; want the %d bad rows and the %d held behind them", n, len(bad), held-len(bad))
 	}
 	report := r.v.Report(expected)
 	if !report.OK() {
@@ -61,8 +70,8 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("the %s (record %d) was not reported with its id", what, id)
 		}
 	}
-	figure(t, "bad input", "bad rows %d (invalid topic name, missing topic, oversize value, mismatched headers), each reported by id and held with its key; other records %d, lost %d, reversals %d",
-		len(bad), report.Expected, report.LostCount, len(report.Reversals))
+	figure(t, "bad input", "bad rows %d (invalid topic name, missing topic, oversize value, mismatched headers, and an invalid topic name with %d rows of its key behind it, maxInFlightRecords %d), each reported by id and held with its key; other records %d, lost %d, reversals %d",
+		len(bad), behind, maxInFlight, report.Expected, report.LostCount, len(report.Reversals))
 }
 
 // One leader drains a large backlog; its memory stays bounded by the in-flight limit, not by

@@ -4,6 +4,7 @@ package reaper
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"regexp"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -183,10 +185,13 @@ func Version() string {
 }
 
 const usage = `usage:
-  reaper [-f reaper.yaml]        publish the outbox until SIGINT or SIGTERM
-  reaper init [-f reaper.yaml]   create the outbox table if it does not exist
-  reaper init -bytea [-f ...]    ... with bytea kafka_key, kafka_value, kafka_header_values
-  reaper --version               print the version
+  reaper [-f reaper.yaml]                 publish the outbox until SIGINT or SIGTERM
+  reaper init [-f reaper.yaml]            create the outbox and dead-letter tables if they do not exist
+  reaper init -bytea [-f reaper.yaml]     ... with bytea kafka_key, kafka_value, kafka_header_values
+  reaper held [-f reaper.yaml]            list the records the running reaper holds back (from admin.address)
+  reaper dead-letter ID [-f reaper.yaml]  move outbox record ID into the dead-letter table now
+  reaper requeue ID [-f reaper.yaml]      move dead letter ID back into the outbox, as a new record at the tail
+  reaper --version                        print the version
 `
 
 // Env is what Main takes from its surroundings, so that tests can supply their own.
@@ -208,12 +213,17 @@ func Main(args []string, env Env) int {
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		command, args = args[0], args[1:]
 	}
+	var idArg string // the record of dead-letter and requeue, before or after the flags
+	if (command == "dead-letter" || command == "requeue") && len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		idArg, args = args[0], args[1:]
+	}
+	var err error
 	flags := flag.NewFlagSet("reaper", flag.ContinueOnError)
 	flags.SetOutput(io.Discard)
 	file := flags.String("f", "reaper.yaml", "configuration file")
 	version := flags.Bool("version", false, "print the version")
 	bytea := flags.Bool("bytea", false, "init: create bytea payload columns")
-	if err := flags.Parse(args); err != nil {
+	if err = flags.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(env.Stdout, usage)
 			return ExitOK
@@ -224,13 +234,24 @@ func Main(args []string, env Env) int {
 		fmt.Fprintln(env.Stdout, "reaper", Version())
 		return ExitOK
 	}
+	if idArg == "" && (command == "dead-letter" || command == "requeue") && flags.NArg() > 0 {
+		idArg = flags.Arg(0)
+		flags.Parse(flags.Args()[1:])
+	}
 	if flags.NArg() > 0 {
 		return fail(ExitUsage, fmt.Errorf("unexpected argument %q (see reaper -h)", flags.Arg(0)))
 	}
 	if *bytea && command != "init" {
 		return fail(ExitUsage, errors.New("-bytea applies to reaper init only (see reaper -h)"))
 	}
-	if command != "run" && command != "init" {
+	var id int64
+	switch command {
+	case "run", "init", "held":
+	case "dead-letter", "requeue":
+		if id, err = strconv.ParseInt(idArg, 10, 64); err != nil || id <= 0 {
+			return fail(ExitUsage, fmt.Errorf("%s needs a record id, got %q (see reaper -h)", command, idArg))
+		}
+	default:
 		return fail(ExitUsage, fmt.Errorf("unknown command %q (see reaper -h)", command))
 	}
 
@@ -244,13 +265,19 @@ func Main(args []string, env Env) int {
 	}
 	cfg.Harvest.Logger = cfg.Logging.Logger(env.Stderr)
 
-	if command == "init" {
+	switch command {
+	case "init":
 		h := cfg.Harvest.WithDefaults()
 		opts := goharvest.TableOptions{Bytea: *bytea}
 		if err := goharvest.CreateOutboxTableWith(env.Context, h.DataSource, h.OutboxTable, opts); err != nil {
 			return fail(ExitFailed, err)
 		}
-		fmt.Fprintf(env.Stdout, "outbox table %s is ready\n", h.OutboxTable)
+		fmt.Fprintf(env.Stdout, "outbox table %s is ready, with its dead-letter table %s\n", h.OutboxTable, goharvest.DeadLetterTable(h.OutboxTable))
+		return ExitOK
+	case "held", "dead-letter", "requeue":
+		if err := operate(env, command, id, cfg); err != nil {
+			return fail(ExitFailed, err)
+		}
 		return ExitOK
 	}
 
@@ -270,7 +297,7 @@ func Main(args []string, env Env) int {
 		srv := &http.Server{Handler: adminHandler(h, registry), ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
 		defer srv.Close()
-		cfg.Harvest.Logger.Info("serving /metrics, /healthz and /readyz", "address", ln.Addr().String())
+		cfg.Harvest.Logger.Info("serving /metrics, /healthz, /readyz and /held", "address", ln.Addr().String())
 	}
 	if err := h.Run(env.Context); err != nil {
 		return fail(ExitFailed, err)
@@ -278,18 +305,19 @@ func Main(args []string, env Env) int {
 	return ExitOK
 }
 
-// The admin endpoints, for probes and scrapers (examples/kubernetes checks its manifest against
-// them). ReadyzTimeout bounds how long /readyz waits for Postgres and Kafka to answer, so a
-// probe's own timeout must be longer.
+// The admin endpoints, for probes, scrapers and operators (examples/kubernetes checks its
+// manifest against them). ReadyzTimeout bounds how long /readyz waits for Postgres and Kafka to
+// answer, so a probe's own timeout must be longer.
 const (
 	MetricsPath   = "/metrics"
 	HealthzPath   = "/healthz"
 	ReadyzPath    = "/readyz"
+	HeldPath      = "/held"
 	ReadyzTimeout = 3 * time.Second
 )
 
-// adminHandler serves the metrics and the health probes. A probe answers 200 with "ok", or 503
-// with what is wrong.
+// adminHandler serves the metrics, the health probes and the held records (HeldPath, JSON). A
+// probe answers 200 with "ok", or 503 with what is wrong.
 func adminHandler(h *goharvest.Harvest, registry *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(MetricsPath, promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
@@ -303,6 +331,10 @@ func adminHandler(h *goharvest.Harvest, registry *prometheus.Registry) http.Hand
 		}
 	}
 	mux.Handle(HealthzPath, probe(func(*http.Request) error { return h.Healthy() }))
+	mux.HandleFunc(HeldPath, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(heldReport{Leader: h.IsLeader(), Records: h.HeldRecords()})
+	})
 	mux.Handle(ReadyzPath, probe(func(r *http.Request) error {
 		ctx, cancel := context.WithTimeout(r.Context(), ReadyzTimeout)
 		defer cancel()

@@ -1,0 +1,193 @@
+package goharvest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/goharvest/goharvest/internal/pgname"
+)
+
+// DeadLetterSuffix is put after the outbox table's name to make its dead-letter table's name.
+const DeadLetterSuffix = "_dead_letters"
+
+// DeadLetterTable returns the name of the dead-letter table of an outbox table (optionally
+// schema-qualified; the dead-letter table lives in the same schema): the table's name followed by
+// DeadLetterSuffix, the name cut so that it stays within Postgres's 63 bytes.
+func DeadLetterTable(outboxTable string) string {
+	schema, table, qualified := strings.Cut(outboxTable, ".")
+	if !qualified {
+		schema, table = "", outboxTable
+	}
+	name := table[:min(len(table), 63-len(DeadLetterSuffix))] + DeadLetterSuffix
+	if qualified {
+		return schema + "." + name
+	}
+	return name
+}
+
+// deadLetterDDLTemplate creates the dead-letter table: every column of the outbox table (LIKE
+// copies them as they are when it runs), then what goharvest knows of the failure. The outbox id
+// is kept, as the key.
+const deadLetterDDLTemplate = `CREATE TABLE IF NOT EXISTS %[1]s (
+  LIKE %[2]s,
+  error              TEXT NOT NULL,
+  attempts           INTEGER NOT NULL,
+  first_failure_time TIMESTAMP WITH TIME ZONE NOT NULL,
+  last_failure_time  TIMESTAMP WITH TIME ZONE NOT NULL,
+  dead_letter_time   TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
+  PRIMARY KEY (id)
+)`
+
+// heldSQL holds the statements of the held-record machinery (held.go).
+type heldSQL struct {
+	markExcept, reread, purgeUnchanged, deadLetter, requeue string
+}
+
+func newHeldSQL(outboxTable string) heldSQL {
+	table, _ := pgname.QuoteTable(outboxTable) // checked by the caller
+	dead, _ := pgname.QuoteTable(DeadLetterTable(outboxTable))
+	// xmin, the id of the transaction that wrote the row version, is the row's version: any
+	// update, an operator's fix included, changes it.
+	return heldSQL{
+		markExcept: `UPDATE ` + table + ` SET leader_id = $1
+WHERE id IN (
+  SELECT id FROM ` + table + `
+  WHERE (leader_id IS NULL OR leader_id <> $1) AND kafka_key <> ALL($3)
+  ORDER BY id
+  LIMIT $2
+)
+RETURNING ` + outboxSelect,
+		reread: `SELECT xmin::text, ` + outboxSelect + ` FROM ` + table + ` WHERE id = ANY($1)`,
+		purgeUnchanged: `DELETE FROM ` + table + ` WHERE id = ANY($1)
+  AND (id, xmin::text) IN (SELECT * FROM unnest($1::bigint[], $2::text[])) RETURNING id`,
+		// One statement is one transaction: the row leaves the outbox if and only if it reaches the
+		// dead-letter table.
+		deadLetter: `WITH moved AS (
+  DELETE FROM ` + table + ` WHERE id = $1 AND ($2::text = '' OR xmin::text = $2::text) RETURNING *
+)
+INSERT INTO ` + dead + ` SELECT moved.*, $3::text, $4::integer, $5::timestamptz, $6::timestamptz FROM moved`,
+		requeue: `WITH back AS (
+  DELETE FROM ` + dead + ` WHERE id = $1
+  RETURNING create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values
+)
+INSERT INTO ` + table + ` (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
+SELECT * FROM back RETURNING id`,
+	}
+}
+
+var _ HeldRowBinding = (*PostgresBinding)(nil)
+
+// MarkExcept implements HeldRowBinding.
+func (b *PostgresBinding) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, heldKeys []string) ([]MarkedRecord, error) {
+	if len(heldKeys) == 0 {
+		return b.Mark(ctx, leaderID, limit)
+	}
+	rows, err := b.pool.Query(ctx, b.held.markExcept, leaderID, limit, heldKeys)
+	return readMarked(rows, err, limit)
+}
+
+// Reread implements HeldRowBinding.
+func (b *PostgresBinding) Reread(ctx context.Context, ids []int64) ([]RereadRecord, error) {
+	rows, err := b.pool.Query(ctx, b.held.reread, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read held records: %w", err)
+	}
+	defer rows.Close()
+	var out []RereadRecord
+	for rows.Next() {
+		var r RereadRecord
+		if r.MarkedRecord, err = scanRecord(rows, &r.Version); err != nil {
+			return nil, fmt.Errorf("read held records: %w", err)
+		}
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read held records: %w", err)
+	}
+	return out, nil
+}
+
+// PurgeUnchanged implements HeldRowBinding with one DELETE.
+func (b *PostgresBinding) PurgeUnchanged(ctx context.Context, versions map[int64]string) ([]int64, error) {
+	ids := make([]int64, 0, len(versions))
+	vs := make([]string, 0, len(versions))
+	for id, v := range versions {
+		ids = append(ids, id)
+		vs = append(vs, v)
+	}
+	rows, err := b.pool.Query(ctx, b.held.purgeUnchanged, ids, vs)
+	if err != nil {
+		return nil, fmt.Errorf("purge outbox: %w", err)
+	}
+	purged, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("purge outbox: %w", err)
+	}
+	return purged, nil
+}
+
+// DeadLetter implements HeldRowBinding.
+func (b *PostgresBinding) DeadLetter(ctx context.Context, id int64, version string, d DeadLetterInfo) (bool, error) {
+	tag, err := b.pool.Exec(ctx, b.held.deadLetter, id, version, d.Err, d.Attempts, d.FirstFailure, d.LastFailure)
+	if err != nil {
+		return false, fmt.Errorf("move record %d to the dead-letter table: %w", id, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}
+
+// ErrNoSuchRecord says that no row has the given id.
+var ErrNoSuchRecord = errors.New("no such record")
+
+// DeadLetterNow moves the outbox row with the given id into the dead-letter table at once, as an
+// operator asks (reaper dead-letter). A leader holding the row finds it gone within
+// Limits.HeldCheckInterval, and releases its key; a record the leader is sending at that moment
+// may still be published.
+func DeadLetterNow(ctx context.Context, dataSource, outboxTable string, id int64, reason string) error {
+	return withHeldSQL(ctx, dataSource, outboxTable, func(conn *pgx.Conn, q heldSQL) error {
+		now := time.Now()
+		tag, err := conn.Exec(ctx, q.deadLetter, id, "", reason, 0, now, now)
+		if err != nil {
+			return fmt.Errorf("move record %d to %s: %w", id, DeadLetterTable(outboxTable), err)
+		}
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("outbox record %d: %w", id, ErrNoSuchRecord)
+		}
+		return nil
+	})
+}
+
+// Requeue moves the row with the given id from the dead-letter table back into the outbox, and
+// returns its new id: it goes to the tail, behind every record written meanwhile, so it is
+// published after its key's later records (see README, "When a row cannot be published").
+func Requeue(ctx context.Context, dataSource, outboxTable string, id int64) (int64, error) {
+	var newID int64
+	err := withHeldSQL(ctx, dataSource, outboxTable, func(conn *pgx.Conn, q heldSQL) error {
+		err := conn.QueryRow(ctx, q.requeue, id).Scan(&newID)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("dead letter %d: %w", id, ErrNoSuchRecord)
+		}
+		if err != nil {
+			return fmt.Errorf("requeue dead letter %d: %w", id, err)
+		}
+		return nil
+	})
+	return newID, err
+}
+
+func withHeldSQL(ctx context.Context, dataSource, outboxTable string, do func(*pgx.Conn, heldSQL) error) error {
+	if _, err := pgname.QuoteTable(outboxTable); err != nil {
+		return err
+	}
+	conn, err := pgx.Connect(ctx, dataSource)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close(ctx)
+	return do(conn, newHeldSQL(outboxTable))
+}
