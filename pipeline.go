@@ -939,7 +939,14 @@ func (p *pipeline) commit(op string, batch []*flight, exec func(context.Context,
 				p.log.Warn("gave up on purge at the end of the epoch; the next epoch this harvester leads purges them first",
 					"records", len(ids), "error", err)
 				p.unpurgedMu.Lock()
-				p.unpurged = append(p.unpurged, ids...)
+				for _, f := range batch {
+					// A record read afresh after it was held is purged only if its row is unchanged
+					// (held.go); by id, the next epoch could delete an operator's correction, so it is
+					// left to be marked and published again instead.
+					if f.version == "" {
+						p.unpurged = append(p.unpurged, f.rec.ID)
+					}
+				}
 				p.unpurgedMu.Unlock()
 			} else {
 				p.log.Warn("gave up on "+op+" at the end of the epoch; the next epoch marks the records again",
