@@ -112,7 +112,9 @@ type pipelineDeps struct {
 	emit      func(Event)
 	meter     *metric.Meter
 	dbTrouble *episode
-	metrics   *metrics
+	// notifyTrouble reports listening trouble once per outage, across epochs.
+	notifyTrouble *episode
+	metrics       *metrics
 	// tracer records a span per published record; nil when tracing is off.
 	tracer trace.Tracer
 	// leading reports whether this harvester may still publish; workers ask before each send.
@@ -275,8 +277,9 @@ func (p *pipeline) markLoop() {
 
 // listenLoop has the binding wake the marker when records are written, and keeps it listening
 // through database outages. While it cannot listen, the marker's polling carries on alone.
+// Notifications that cannot arrive at all (ErrNotificationsLost) are not retried this epoch.
 func (p *pipeline) listenLoop(l Listener) {
-	trouble := &episode{what: "notification of new records (polling meanwhile)"}
+	trouble := p.notifyTrouble
 	wake := func() {
 		trouble.ok(p.log)
 		select {
@@ -289,7 +292,10 @@ func (p *pipeline) listenLoop(l Listener) {
 		if p.ctx.Err() != nil {
 			return
 		}
-		trouble.fail(p.log, "listen", err)
+		trouble.fail(p.log, "listen", err, "polling every", p.limits.MaxMarkBackoff)
+		if errors.Is(err, ErrNotificationsLost) {
+			return
+		}
 		p.sleep(p.limits.IOErrorBackoff, nil)
 	}
 }
