@@ -292,7 +292,7 @@ func (p *pipeline) listenLoop(l Listener) {
 		if p.ctx.Err() != nil {
 			return
 		}
-		trouble.fail(p.log, "listen", err, "polling every", p.limits.MaxMarkBackoff)
+		trouble.fail(p.log, "listen", err, "pollInterval", p.limits.MaxMarkBackoff)
 		if errors.Is(err, ErrNotificationsLost) {
 			return
 		}

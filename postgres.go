@@ -407,11 +407,12 @@ func (b *PostgresBinding) Listen(ctx context.Context, wake func()) error {
 	// Any notification proves that they arrive, the probe's or a writer's.
 	probeCtx, cancel := context.WithTimeout(ctx, b.probe)
 	_, err = conn.WaitForNotification(probeCtx)
+	timedOut := err != nil && probeCtx.Err() != nil
 	cancel()
 	switch {
 	case ctx.Err() != nil:
 		return nil
-	case probeCtx.Err() != nil:
+	case timedOut:
 		return fmt.Errorf("listen on %s as %s: a test notification did not arrive within %v (is the listen data source a pooler in transaction mode?): %w",
 			b.channel, describeConn(b.listen), b.probe, ErrNotificationsLost)
 	case err != nil:

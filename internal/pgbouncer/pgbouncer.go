@@ -103,6 +103,7 @@ func Start(upstreamDSN, mode string, settings ...string) (*Bouncer, error) {
 		"listen_port = " + strconv.Itoa(port),
 		"unix_socket_dir = " + dir,
 		"auth_type = any",
+		"admin_users = pgbouncer",
 		"pool_mode = " + mode,
 		"default_pool_size = 20",
 		"max_client_conn = 500",
