@@ -24,6 +24,7 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/pgbouncer"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/internal/verifytest"
@@ -159,17 +160,34 @@ func benchSustained(b *testing.B, rate float64) {
 // would. When the table passes 100,000 rows and again at 1,000,000, the writers pause while 50
 // marks are timed, so that the figures compare the query, not how busy the two cores were. A
 // mark that walks the primary key from the head costs the same at both sizes. The "generic"
-// case forces the generic plan that a prepared statement can settle on, for contrast.
+// case forces the generic plan that a prepared statement can settle on, for contrast (the
+// binding sets nothing on the session; a user's plan_cache_mode still applies). The "pooled"
+// cases take the binding's statements through PgBouncer in transaction mode, where no session
+// setting can be relied on; "pooled-generic" forces the generic plan on every server connection
+// PgBouncer opens (its connect_query), to show that the contrast survives the pooler.
 func BenchmarkMarkLatency(b *testing.B) {
-	b.Run("custom", func(b *testing.B) { benchMarkLatency(b, "") })
-	b.Run("generic", func(b *testing.B) { benchMarkLatency(b, " plan_cache_mode=force_generic_plan") })
+	b.Run("custom", func(b *testing.B) { benchMarkLatency(b, "", "") })
+	b.Run("generic", func(b *testing.B) { benchMarkLatency(b, " plan_cache_mode=force_generic_plan", "") })
+	b.Run("pooled", func(b *testing.B) { benchMarkLatency(b, "", pgbouncer.Transaction) })
+	b.Run("pooled-generic", func(b *testing.B) {
+		benchMarkLatency(b, "", pgbouncer.Transaction, pgbouncer.DatabaseSetting+"connect_query='SET plan_cache_mode = force_generic_plan'")
+	})
 }
 
-func benchMarkLatency(b *testing.B, dsnSuffix string) {
+func benchMarkLatency(b *testing.B, dsnSuffix, poolMode string, poolSettings ...string) {
 	rig := startBenchRig(b)
 	for range b.N {
 		run := rig.newRun()
-		binding, err := goharvest.NewPostgresBinding(run.dsn+dsnSuffix, "outbox")
+		dsn := run.dsn + dsnSuffix
+		if poolMode != "" {
+			bouncer, err := pgbouncer.Start(run.dsn, poolMode, poolSettings...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer bouncer.Stop()
+			dsn = bouncer.DSN(run.dsn)
+		}
+		binding, err := goharvest.NewPostgresBinding(dsn, "outbox")
 		if err != nil {
 			b.Fatal(err)
 		}

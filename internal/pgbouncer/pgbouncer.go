@@ -33,6 +33,10 @@ const (
 
 const port = 6432
 
+// DatabaseSetting marks a setting for Start that belongs to the server connections' parameters
+// (the [databases] entry) rather than to the [pgbouncer] section.
+const DatabaseSetting = "database: "
+
 // Bouncer is a running PgBouncer.
 type Bouncer struct {
 	dir  string
@@ -75,7 +79,9 @@ func Binary() (string, error) {
 
 // Start runs PgBouncer in the given pool mode in front of the server that upstreamDSN (any
 // database on it) reaches, for every database on that server. settings are extra lines for the
-// [pgbouncer] section, such as "query_wait_timeout = 2". Stop it with Stop.
+// [pgbouncer] section, such as "query_wait_timeout = 2", or, prefixed with DatabaseSetting,
+// parameters of the server connections, such as
+// DatabaseSetting+"connect_query='SET work_mem = 1024'". Stop it with Stop.
 func Start(upstreamDSN, mode string, settings ...string) (*Bouncer, error) {
 	bin, err := Binary()
 	if err != nil {
@@ -93,6 +99,14 @@ func Start(upstreamDSN, mode string, settings ...string) (*Bouncer, error) {
 	if up.Password != "" {
 		server += " password=" + up.Password
 	}
+	var general []string
+	for _, setting := range settings {
+		if param, ok := strings.CutPrefix(setting, DatabaseSetting); ok {
+			server += " " + param
+		} else {
+			general = append(general, setting)
+		}
+	}
 	// auth_type any: clients are not authenticated, and every server connection logs in as the
 	// upstream user; the admin console then lets anyone in.
 	conf := strings.Join(append([]string{
@@ -108,7 +122,7 @@ func Start(upstreamDSN, mode string, settings ...string) (*Bouncer, error) {
 		"default_pool_size = 20",
 		"max_client_conn = 500",
 		"pidfile = " + filepath.Join(dir, "pgbouncer.pid"),
-	}, settings...), "\n") + "\n"
+	}, general...), "\n") + "\n"
 	confPath := filepath.Join(dir, "pgbouncer.ini")
 	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
 		os.RemoveAll(dir)

@@ -61,3 +61,26 @@ func TestPoolModes(t *testing.T) {
 		})
 	}
 }
+
+// A database setting applies to every server connection PgBouncer opens.
+func TestDatabaseSetting(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	ctx := context.Background()
+	b, err := pgbouncer.Start(dsn, pgbouncer.Transaction, pgbouncer.DatabaseSetting+"connect_query='SET plan_cache_mode = force_generic_plan'")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Stop()
+	conn, err := pgx.Connect(ctx, b.DSN(dsn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var mode string
+	if err := conn.QueryRow(ctx, "SHOW plan_cache_mode", pgx.QueryExecModeSimpleProtocol).Scan(&mode); err != nil {
+		t.Fatal(err)
+	}
+	if mode != "force_generic_plan" {
+		t.Errorf("plan_cache_mode %q through the pooler; want force_generic_plan", mode)
+	}
+}
