@@ -3,6 +3,7 @@ package goharvest_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"log/slog"
 	"strings"
 	"sync"
@@ -34,6 +35,8 @@ func (l *syncLog) String() string {
 	defer l.mu.Unlock()
 	return l.buf.String()
 }
+
+func slogTo(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
 
 func waitLeader(t *testing.T, h *goharvest.Harvest) {
 	t.Helper()
