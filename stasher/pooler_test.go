@@ -39,25 +39,7 @@ func TestStashThroughTransactionPooler(t *testing.T) {
 			}
 			defer db.Close()
 			for range txns {
-				tx, err := db.BeginTx(ctx, nil)
-				if err != nil {
-					return err
-				}
-				if prepared {
-					pre, err := st.Prepare(ctx, tx)
-					if err != nil {
-						return err
-					}
-					for _, rec := range recs {
-						if err := pre.Stash(ctx, rec); err != nil {
-							return err
-						}
-					}
-					pre.Close()
-				} else if err := st.Stash(ctx, tx, recs...); err != nil {
-					return err
-				}
-				if err := tx.Commit(); err != nil {
+				if err := sqlTx(ctx, db, st, recs, prepared); err != nil {
 					return err
 				}
 			}
@@ -149,4 +131,31 @@ func signature(r goharvest.OutboxRecord) string {
 		value = fmt.Sprintf("%q", *r.KafkaValue)
 	}
 	return fmt.Sprintf("%q %q %s %q", r.KafkaTopic, r.KafkaKey, value, r.KafkaHeaders)
+}
+
+// sqlTx stashes recs in one transaction, rolling it back on failure: a transaction left open
+// would keep its server connection from the other writers.
+func sqlTx(ctx context.Context, db *sql.DB, st *stasher.Stasher, recs []goharvest.OutboxRecord, prepared bool) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	if !prepared {
+		if err := st.Stash(ctx, tx, recs...); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}
+	pre, err := st.Prepare(ctx, tx)
+	if err != nil {
+		return err
+	}
+	defer pre.Close()
+	for _, rec := range recs {
+		if err := pre.Stash(ctx, rec); err != nil {
+			return err
+		}
+	}
+	return tx.Commit()
 }
