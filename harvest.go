@@ -382,19 +382,19 @@ func (h *Harvest) startEpoch(ctx context.Context, refresh bool) (bool, error) {
 	}
 	leaderID := uuid.New()
 	p := startPipeline(pipelineDeps{
-		leaderID:      leaderID,
-		limits:        h.cfg.Limits,
-		db:            h.db,
-		producer:      producer,
-		log:           h.log,
-		emit:          h.emit,
-		meter:         h.meter,
-		dbTrouble:     h.dbTrouble,
-		metrics:       h.metrics,
-		notifyTrouble: h.notifyTrouble,
-		tracer:        h.tracer(),
-		leading:       func() bool { return h.elector.State() == neli.Leader },
-		notes:         h.notePlace(),
+		leaderID:  leaderID,
+		limits:    h.cfg.Limits,
+		db:        h.db,
+		producer:  producer,
+		log:       h.log,
+		emit:      h.emit,
+		meter:     h.meter,
+		dbTrouble: h.dbTrouble,
+		notify:    h.notifyTrouble,
+		metrics:   h.metrics,
+		tracer:    h.tracer(),
+		leading:   func() bool { return h.elector.State() == neli.Leader },
+		notes:     h.notePlace(),
 	})
 	h.mu.Lock()
 	h.pipeline = p

@@ -112,15 +112,15 @@ type pipelineDeps struct {
 	emit      func(Event)
 	meter     *metric.Meter
 	dbTrouble *episode
-	// notifyTrouble reports listening trouble once per outage, across epochs.
-	notifyTrouble *episode
-	metrics       *metrics
+	metrics   *metrics
 	// tracer records a span per published record; nil when tracing is off.
 	tracer trace.Tracer
 	// leading reports whether this harvester may still publish; workers ask before each send.
 	leading func() bool
 	// notes is where this epoch's transactions write their notes.
 	notes NotePlace
+	// notify reports listening trouble once per outage, across epochs.
+	notify *episode
 }
 
 type pipeline struct {
@@ -279,7 +279,7 @@ func (p *pipeline) markLoop() {
 // through database outages. While it cannot listen, the marker's polling carries on alone.
 // Notifications that cannot arrive at all (ErrNotificationsLost) are not retried this epoch.
 func (p *pipeline) listenLoop(l Listener) {
-	trouble := p.notifyTrouble
+	trouble := p.notify
 	wake := func() {
 		trouble.ok(p.log)
 		select {
