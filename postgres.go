@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -187,7 +188,13 @@ var _ DatabaseBinding = (*PostgresBinding)(nil)
 // actual values: an unnamed statement is always within its first custom plans. Nothing needs
 // setting on the session, which a transaction pooler would not keep either. (The setting
 // plan_cache_mode=force_generic_plan, if a user forces it on the server, still applies.)
+//
+// A data source that names its own default_query_exec_mode keeps it: cache_statement, on a
+// direct connection, is how the MarkLatency benchmark shows the generic plan this avoids.
 const postgresExecMode = pgx.QueryExecModeCacheDescribe
+
+// execModeSet matches a data source, key=value or URL, that sets default_query_exec_mode.
+var execModeSet = regexp.MustCompile(`(^|[\s?&])default_query_exec_mode\s*=`)
 
 // PostgresOption adjusts a PostgresBinding (see NewPostgresBinding).
 type PostgresOption func(*postgresOptions)
@@ -236,7 +243,9 @@ func NewPostgresBinding(dataSource, outboxTable string, options ...PostgresOptio
 	if err != nil {
 		return nil, fmt.Errorf("parse data source: %w", err)
 	}
-	cfg.ConnConfig.DefaultQueryExecMode = postgresExecMode
+	if !execModeSet.MatchString(dataSource) {
+		cfg.ConnConfig.DefaultQueryExecMode = postgresExecMode
+	}
 	listen := cfg.ConnConfig.Copy()
 	if opts.listenDataSource != "" {
 		if listen, err = pgx.ParseConfig(opts.listenDataSource); err != nil {
