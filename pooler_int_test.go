@@ -111,11 +111,11 @@ func TestHarvestBehindPgBouncer(t *testing.T) {
 	}
 }
 
-// Behind a transaction pooler, a listen data source that reaches Postgres directly brings
-// notifications back: with polling slowed to once a minute, only a notification can publish a
-// record within seconds. Without it, the harvester finds that its notifications are lost, says
-// so once with the interval it polls at, and polls.
-func TestNotificationsBehindTransactionPooler(t *testing.T) {
+// With polling slowed to once a minute, only a notification can publish a record within
+// seconds. Through a session pool notifications work as they are; behind a transaction pooler, a
+// listen data source that reaches Postgres directly brings them back. Without it, the harvester
+// finds that its notifications are lost, says so once with the interval it polls at, and polls.
+func TestNotificationsBehindPgBouncer(t *testing.T) {
 	r := newIntRig(t)
 	b := r.startBouncer(pgbouncer.Transaction)
 	pooled := b.DSN(r.dsn)
@@ -125,7 +125,7 @@ func TestNotificationsBehindTransactionPooler(t *testing.T) {
 		h := r.harvesterWith("notify-direct", goharvest.Limits{MarkBackoff: time.Minute, MaxMarkBackoff: time.Minute}, nil,
 			func(c *goharvest.Config) {
 				c.DataSource, c.ListenDataSource = pooled, r.dsn
-				c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+				c.Logger = slogTo(logs)
 			})
 		if err := h.Start(); err != nil {
 			t.Fatal(err)
@@ -140,12 +140,33 @@ func TestNotificationsBehindTransactionPooler(t *testing.T) {
 		}
 	})
 
+	t.Run("session pool", func(t *testing.T) {
+		session := r.startBouncer(pgbouncer.Session)
+		logs := &syncLog{}
+		h := r.harvesterWith("notify-session", goharvest.Limits{MarkBackoff: time.Minute, MaxMarkBackoff: time.Minute}, nil,
+			func(c *goharvest.Config) {
+				c.DataSource = session.DSN(r.dsn)
+				c.Logger = slogTo(logs)
+			})
+		if err := h.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { h.Stop(); h.Await() }()
+		waitLeader(t, h)
+		time.Sleep(500 * time.Millisecond)
+		r.load(1, 1)
+		r.waitEmpty(5 * time.Second)
+		if strings.Contains(logs.String(), "notifications of new records unavailable") {
+			t.Errorf("notifications reported unavailable through a session pool:\n%s", logs)
+		}
+	})
+
 	t.Run("listening through the pooler", func(t *testing.T) {
 		logs := &syncLog{}
 		h := r.harvesterWith("notify-pooled", goharvest.Limits{MarkBackoff: 100 * time.Millisecond, MaxMarkBackoff: 200 * time.Millisecond}, nil,
 			func(c *goharvest.Config) {
 				c.DataSource = pooled
-				c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+				c.Logger = slogTo(logs)
 			})
 		if err := h.Start(); err != nil {
 			t.Fatal(err)
