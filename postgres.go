@@ -179,16 +179,16 @@ var _ DatabaseBinding = (*PostgresBinding)(nil)
 
 // postgresExecMode is how the binding's pool sends statements. pgx's default caches a named
 // prepared statement per query on each connection, which breaks behind a pooler that hands out
-// server connections per transaction (the name exists on one server and not another, or twice),
-// and lets Postgres settle on a generic plan after five executions, which it then keeps: for the
-// mark, a plan made for no particular leader ID and limit, perhaps while the table was small,
-// whose cost then grows with the table (the MarkLatency benchmark's "generic" case). This mode sends
-// every statement as the unnamed statement, parsed again in the same round trip as its
-// execution (pgx caches only the parameter and column types, on the client), so there is no
-// server-side state to lose between transactions, and Postgres plans each execution for its
-// actual values: an unnamed statement is always within its first custom plans. Nothing needs
-// setting on the session, which a transaction pooler would not keep either. (Even a generic plan
-// forced with plan_cache_mode=force_generic_plan is then made afresh at each execution.)
+// server connections per transaction (the name exists on one server and not another, or twice), and
+// lets Postgres settle on a generic plan after five executions, which it then keeps: for the mark,
+// a plan made for no particular leader ID and limit, perhaps while the table was small, whose cost
+// then grows with the table (the MarkLatency benchmark's "generic" case). This mode sends every
+// statement as the unnamed statement, parsed again in the same round trip as its execution (pgx
+// caches only the parameter and column types, on the client), so there is no server-side state to
+// lose between transactions, and Postgres plans each execution for its actual values: an unnamed
+// statement is always within its first custom plans. Nothing needs setting on the session, which a
+// transaction pooler would not keep either. (Even a generic plan forced with
+// plan_cache_mode=force_generic_plan is then made afresh at each execution.)
 //
 // A data source that names its own default_query_exec_mode keeps it: cache_statement, on a
 // direct connection, is how the MarkLatency benchmark shows the generic plan this avoids.
