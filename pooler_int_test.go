@@ -124,7 +124,8 @@ func TestNotificationsBehindPgBouncer(t *testing.T) {
 		logs := &syncLog{}
 		h := r.harvesterWith("notify-direct", goharvest.Limits{MarkBackoff: time.Minute, MaxMarkBackoff: time.Minute}, nil,
 			func(c *goharvest.Config) {
-				c.DataSource, c.ListenDataSource = pooled, r.dsn
+				// Pool settings copied along with the rest do no harm.
+				c.DataSource, c.ListenDataSource = pooled, r.dsn+" pool_max_conns=2"
 				c.Logger = slogTo(logs)
 			})
 		if err := h.Start(); err != nil {

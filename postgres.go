@@ -249,9 +249,13 @@ func NewPostgresBinding(dataSource, outboxTable string, options ...PostgresOptio
 	}
 	listen := cfg.ConnConfig.Copy()
 	if opts.listenDataSource != "" {
-		if listen, err = pgx.ParseConfig(opts.listenDataSource); err != nil {
+		// Parsed as a pool's, so that pool settings copied from the data source (pool_max_conns)
+		// are understood and dropped rather than sent to the server.
+		listenCfg, err := pgxpool.ParseConfig(opts.listenDataSource)
+		if err != nil {
 			return nil, fmt.Errorf("parse listen data source: %w", err)
 		}
+		listen = listenCfg.ConnConfig
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
