@@ -102,6 +102,14 @@ type Config struct {
 	// harvester's own connections. Default: DefaultDataSource.
 	DataSource string `yaml:"dataSource"`
 
+	// ListenDataSource is the Postgres connection string for the one connection on which the
+	// leader LISTENs for notifications of new records (see NotifyChannel). Behind a pooler in
+	// transaction mode, which cannot deliver notifications, point it at Postgres directly or at
+	// a session pool; without notifications the harvester polls every Limits.MaxMarkBackoff, and
+	// says so once in its log. Used by the default DatabaseBindingProvider.
+	// Default: DataSource.
+	ListenDataSource string `yaml:"listenDataSource"`
+
 	// OutboxTable is the outbox table, optionally schema-qualified ("app.outbox"). It is quoted
 	// as written, so case matters. Default: DefaultOutboxTable.
 	OutboxTable string `yaml:"outboxTable"`
@@ -144,10 +152,10 @@ type Config struct {
 // DatabaseBindingProvider opens a DatabaseBinding for an outbox table.
 type DatabaseBindingProvider func(dataSource, outboxTable string) (DatabaseBinding, error)
 
-// StandardPostgresBindingProvider opens a PostgresBinding.
-func StandardPostgresBindingProvider() DatabaseBindingProvider {
+// StandardPostgresBindingProvider opens a PostgresBinding with the given options.
+func StandardPostgresBindingProvider(options ...PostgresOption) DatabaseBindingProvider {
 	return func(dataSource, outboxTable string) (DatabaseBinding, error) {
-		return NewPostgresBinding(dataSource, outboxTable)
+		return NewPostgresBinding(dataSource, outboxTable, options...)
 	}
 }
 
@@ -294,7 +302,7 @@ func (c Config) WithDefaults() Config {
 		c.Logger = slog.Default()
 	}
 	if c.DatabaseBindingProvider == nil {
-		c.DatabaseBindingProvider = StandardPostgresBindingProvider()
+		c.DatabaseBindingProvider = StandardPostgresBindingProvider(WithListenDataSource(c.ListenDataSource))
 	}
 	if c.KafkaProducerProvider == nil {
 		c.KafkaProducerProvider = StandardKafkaProducerProvider(c.Logger)
@@ -316,6 +324,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.DataSource == "" {
 		c.DataSource = DefaultDataSource
+	}
+	if c.ListenDataSource == "" {
+		c.ListenDataSource = c.DataSource
 	}
 	if c.OutboxTable == "" {
 		c.OutboxTable = DefaultOutboxTable
@@ -469,6 +480,9 @@ func (c Config) Validate() error {
 
 	if _, err := pgxpool.ParseConfig(c.DataSource); err != nil {
 		bad("DataSource", "dataSource", "%v", err)
+	}
+	if _, err := pgxpool.ParseConfig(c.ListenDataSource); err != nil {
+		bad("ListenDataSource", "listenDataSource", "%v", err)
 	}
 	if _, err := pgname.QuoteTable(c.OutboxTable); err != nil {
 		bad("OutboxTable", "outboxTable", "%v", err)

@@ -27,6 +27,7 @@ func TestWithDefaults(t *testing.T) {
 	}{
 		{"bootstrap.servers", got.BaseKafkaConfig["bootstrap.servers"], DefaultBootstrapServers},
 		{"DataSource", got.DataSource, DefaultDataSource},
+		{"ListenDataSource", got.ListenDataSource, DefaultDataSource},
 		{"OutboxTable", got.OutboxTable, DefaultOutboxTable},
 		{"LeaderTopic", got.LeaderTopic, DefaultLeaderTopicPrefix + got.LeaderGroupID},
 		{"Logger", got.Logger, slog.Default()},
@@ -136,6 +137,7 @@ func TestValidateNamesFieldAndRange(t *testing.T) {
 		{"long leader topic", func(c *Config) { c.LeaderTopic = strings.Repeat("t", 250) }, []string{"leaderTopic", "at most 249"}},
 		{"bad group", func(c *Config) { c.LeaderGroupID = "a/b" }, []string{"LeaderGroupID (leaderGroupID)"}},
 		{"bad data source", func(c *Config) { c.DataSource = "host=x port=notaport" }, []string{"DataSource (dataSource)"}},
+		{"bad listen data source", func(c *Config) { c.ListenDataSource = "host=x port=notaport" }, []string{"ListenDataSource (listenDataSource)"}},
 		{"bad table", func(c *Config) { c.OutboxTable = "outbox; drop table x" }, []string{"OutboxTable (outboxTable)", "not allowed"}},
 		{"blank name", func(c *Config) { c.Name = " " }, []string{"Name (name)"}},
 		{"negative backoff", func(c *Config) { c.Limits.IOErrorBackoff = -time.Second },
@@ -207,6 +209,7 @@ producerKafkaConfig:
 leaderTopic: billing
 leaderGroupID: billing
 dataSource: host=db dbname=billing
+listenDataSource: host=db-direct dbname=billing
 outboxTable: billing.outbox
 name: billing-1
 limits:
@@ -245,6 +248,7 @@ limits:
 	}
 	if c.BaseKafkaConfig["bootstrap.servers"] != "kafka:9092" || c.ProducerKafkaConfig["delivery.timeout.ms"] != 10000 ||
 		c.LeaderTopic != "billing" || c.LeaderGroupID != "billing" || c.DataSource != "host=db dbname=billing" ||
+		c.ListenDataSource != "host=db-direct dbname=billing" ||
 		c.OutboxTable != "billing.outbox" || c.Name != "billing-1" {
 		t.Errorf("decoded %+v", c)
 	}

@@ -2,6 +2,7 @@ package goharvest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -98,6 +99,12 @@ type SchemaChecker interface {
 type Listener interface {
 	// Listen calls wake whenever records may have been written, and once as soon as it is
 	// listening, until ctx is done (then it returns nil) or it fails (then it returns the error
-	// and the harvester calls it again after Limits.IOErrorBackoff).
+	// and the harvester calls it again after Limits.IOErrorBackoff). An error wrapping
+	// ErrNotificationsLost says that notifications cannot arrive at all; the harvester then polls
+	// and does not call Listen again until its next leader epoch.
 	Listen(ctx context.Context, wake func()) error
 }
+
+// ErrNotificationsLost says that a Listener's LISTEN succeeded but notifications do not reach
+// it, as behind a connection pooler in transaction mode.
+var ErrNotificationsLost = errors.New("notifications do not arrive")

@@ -18,6 +18,7 @@
 package goharvest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -73,6 +74,7 @@ type Harvest struct {
 	metrics        *metrics
 	dbTrouble      *episode
 	kafkaTrouble   *episode
+	notifyTrouble  *episode
 	lastPulse      atomic.Int64 // Unix nanoseconds of the owner loop's latest pulse
 	failures       *failureMemo // held records' failures, across epochs
 
@@ -143,8 +145,13 @@ func New(config Config) (*Harvest, error) {
 		failures:       &failureMemo{},
 	}
 	h.metrics = newMetrics(cfg.Name, h.inFlight, h.heldStats)
-	h.dbTrouble = &episode{what: "database", failures: h.metrics.errors.WithLabelValues(errorKindDatabase)}
-	h.kafkaTrouble = &episode{what: "Kafka transactions", failures: h.metrics.errors.WithLabelValues(errorKindKafka)}
+	quiet := 3*cfg.Limits.IOErrorBackoff + time.Second
+	h.dbTrouble = &episode{what: "database", failures: h.metrics.errors.WithLabelValues(errorKindDatabase),
+		repeat: outageLogInterval, quiet: quiet}
+	h.kafkaTrouble = &episode{what: "Kafka transactions", failures: h.metrics.errors.WithLabelValues(errorKindKafka),
+		repeat: outageLogInterval, quiet: quiet}
+	// Notifications only speed things up: their loss is said once, not repeated.
+	h.notifyTrouble = &episode{what: "notifications of new records", meanwhile: "polling instead"}
 	return h, nil
 }
 
@@ -502,6 +509,7 @@ func (h *Harvest) launchEpoch(producer KafkaProducer, refresh bool) {
 		emit:      h.emit,
 		meter:     h.meter,
 		dbTrouble: h.dbTrouble,
+		notify:    h.notifyTrouble,
 		metrics:   h.metrics,
 		tracer:    h.tracer(),
 		leading:   func() bool { return h.elector.State() == neli.Leader },
@@ -720,11 +728,23 @@ type Pinger interface {
 
 // Ready reports whether the harvester is healthy and can reach both Postgres and Kafka: nil, or
 // what is wrong. A standby that is ready can take over at once. It suits a readiness probe.
+//
+// Answering is not enough for a leader: one whose marks, purges or pre-epoch checks keep
+// failing (say, behind a pooler that rejects its statements while it answers pings) publishes
+// nothing, and Ready says so, with how long, how many failures and the last error. Such a
+// leader has no epoch running most of the time, so goharvest_leader reads 0 then too.
 func (h *Harvest) Ready(ctx context.Context) error {
 	if err := h.Healthy(); err != nil {
 		return err
 	}
 	var errs []error
+	if h.elector.State() == neli.Leader {
+		for _, e := range []*episode{h.dbTrouble, h.kafkaTrouble} {
+			if err := e.outage(); err != nil {
+				errs = append(errs, fmt.Errorf("elected leader cannot publish: %w", err))
+			}
+		}
+	}
 	if p, ok := h.db.(Pinger); ok {
 		if err := p.Ping(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("database: %w", err))
@@ -781,28 +801,56 @@ func (h *Harvest) sampleBacklog() {
 // cheap however large the backlog grows.
 const backlogLimit = 1_000_000
 
-// episode logs an outage once when it begins and once when it ends, however many operations
-// fail in between.
-type episode struct {
-	what     string
-	failures prometheus.Counter // counts every failure; may be nil
+// outageLogInterval is how often an outage that persists is logged again, with its count of
+// failures and its latest error, so that a log read at any time shows it is still going on.
+const outageLogInterval = 30 * time.Second
 
-	mu      sync.Mutex
-	failing bool
-	since   time.Time
-	count   int
+// flapWindow is how far back Ready looks for failures that keep coming back: a leader whose
+// pre-epoch checks succeed and whose marks then fail ends its outage at each check and starts
+// another at the next mark, and publishes nothing all the while.
+const flapWindow = 10 * time.Second
+
+// episode follows an outage: it logs when one begins, again every repeat while it persists (if
+// repeat is set), and when it ends, however many operations fail in between; and it tells Ready
+// whether one is going on.
+type episode struct {
+	what      string
+	meanwhile string             // what goes on during an outage; default "retrying"
+	failures  prometheus.Counter // counts every failure; may be nil
+	repeat    time.Duration      // zero: log only when an outage begins and ends
+	// quiet is how long after its last failure a flapping outage (see flapWindow) still counts
+	// for Ready: longer than a retry's backoff.
+	quiet time.Duration
+
+	mu       sync.Mutex
+	failing  bool
+	since    time.Time
+	logged   time.Time // when the outage was last logged
+	count    int
+	lastOp   string
+	lastErr  error
+	failedAt []time.Time // the failures of the last flapWindow, outages or not
 }
 
-func (e *episode) fail(log *slog.Logger, op string, err error) {
+func (e *episode) fail(log *slog.Logger, op string, err error, attrs ...any) {
 	if e.failures != nil {
 		e.failures.Inc()
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.count++
-	if !e.failing {
-		e.failing, e.since = true, time.Now()
-		log.Warn(e.what+" unavailable; retrying", "op", op, "error", err)
+	e.lastOp, e.lastErr = op, err
+	now := time.Now()
+	e.failedAt = append(e.recentFailures(now), now)
+	meanwhile := cmp.Or(e.meanwhile, "retrying")
+	switch {
+	case !e.failing:
+		e.failing, e.since, e.logged = true, now, now
+		log.Warn(e.what+" unavailable; "+meanwhile, append([]any{"op", op, "error", err}, attrs...)...)
+	case e.repeat > 0 && now.Sub(e.logged) >= e.repeat:
+		e.logged = now
+		log.Warn(e.what+" still unavailable; "+meanwhile, append([]any{"for", now.Sub(e.since).Round(time.Second),
+			"failures", e.count, "op", op, "error", err}, attrs...)...)
 	}
 }
 
@@ -813,4 +861,32 @@ func (e *episode) ok(log *slog.Logger) {
 		log.Info(e.what+" available again", "after", time.Since(e.since).Round(time.Millisecond), "failures", e.count)
 		e.failing, e.count = false, 0
 	}
+}
+
+// recentFailures returns the failures of the last flapWindow (e.mu held).
+func (e *episode) recentFailures(now time.Time) []time.Time {
+	i := 0
+	for i < len(e.failedAt) && now.Sub(e.failedAt[i]) > flapWindow {
+		i++
+	}
+	return e.failedAt[i:]
+}
+
+// outage describes the outage going on, or returns nil when there is none. One failure, retried
+// at once, is not yet an outage; two in a row are, and so are failures that keep coming back
+// between successes (three within flapWindow, the last within quiet).
+func (e *episode) outage() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := time.Now()
+	recent := e.recentFailures(now)
+	switch {
+	case e.failing && e.count >= 2:
+		return fmt.Errorf("%s unavailable for %v (%d failures; last: %s: %w)",
+			e.what, now.Sub(e.since).Round(time.Millisecond), e.count, e.lastOp, e.lastErr)
+	case len(recent) >= 3 && now.Sub(recent[len(recent)-1]) < e.quiet:
+		return fmt.Errorf("%s failing again and again (%d failures in the last %v; last: %s: %w)",
+			e.what, len(recent), flapWindow, e.lastOp, e.lastErr)
+	}
+	return nil
 }

@@ -135,6 +135,8 @@ type pipelineDeps struct {
 	idHeader string
 	// failures remembers held records' failures across epochs (held.go).
 	failures *failureMemo
+	// notify reports listening trouble once per outage, across epochs.
+	notify *episode
 }
 
 type pipeline struct {
@@ -314,8 +316,9 @@ func (p *pipeline) markLoop() {
 
 // listenLoop has the binding wake the marker when records are written, and keeps it listening
 // through database outages. While it cannot listen, the marker's polling carries on alone.
+// Notifications that cannot arrive at all (ErrNotificationsLost) are not retried this epoch.
 func (p *pipeline) listenLoop(l Listener) {
-	trouble := &episode{what: "notification of new records (polling meanwhile)"}
+	trouble := p.notify
 	wake := func() {
 		trouble.ok(p.log)
 		select {
@@ -328,7 +331,10 @@ func (p *pipeline) listenLoop(l Listener) {
 		if p.ctx.Err() != nil {
 			return
 		}
-		trouble.fail(p.log, "listen", err)
+		trouble.fail(p.log, "listen", err, "pollInterval", p.limits.MaxMarkBackoff)
+		if errors.Is(err, ErrNotificationsLost) {
+			return
+		}
 		p.sleep(p.limits.IOErrorBackoff, nil)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -137,6 +138,7 @@ func CreateOutboxTableWith(ctx context.Context, dataSource, table string, opts T
 type PostgresBinding struct {
 	pool     *pgxpool.Pool
 	listen   *pgx.ConnConfig // for the listening connection, which is not the pool's
+	probe    time.Duration   // how long Listen waits for its test notification
 	channel  string
 	table    string // quoted
 	markSQL  string
@@ -214,11 +216,65 @@ func (b *PostgresBinding) CheckSchema(ctx context.Context) error {
 
 var _ DatabaseBinding = (*PostgresBinding)(nil)
 
+// postgresExecMode is how the binding's pool sends statements. pgx's default caches a named
+// prepared statement per query on each connection, which breaks behind a pooler that hands out
+// server connections per transaction (the name exists on one server and not another, or twice), and
+// lets Postgres settle on a generic plan after five executions, which it then keeps: for the mark,
+// a plan made for no particular leader ID and limit, perhaps while the table was small, whose cost
+// then grows with the table (the MarkLatency benchmark's "generic" case). This mode sends every
+// statement as the unnamed statement, parsed again in the same round trip as its execution (pgx
+// caches only the parameter and column types, on the client), so there is no server-side state to
+// lose between transactions, and Postgres plans each execution for its actual values: an unnamed
+// statement is always within its first custom plans. Nothing needs setting on the session, which a
+// transaction pooler would not keep either. (Even a generic plan forced with
+// plan_cache_mode=force_generic_plan is then made afresh at each execution.)
+//
+// A data source that names its own default_query_exec_mode keeps it: cache_statement, on a
+// direct connection, is how the MarkLatency benchmark shows the generic plan this avoids.
+const postgresExecMode = pgx.QueryExecModeCacheDescribe
+
+// execModeSet matches a data source, key=value or URL, that sets default_query_exec_mode.
+var execModeSet = regexp.MustCompile(`(^|[\s?&])default_query_exec_mode\s*=`)
+
+// PostgresOption adjusts a PostgresBinding (see NewPostgresBinding).
+type PostgresOption func(*postgresOptions)
+
+type postgresOptions struct {
+	listenDataSource string
+	probe            time.Duration
+}
+
+// WithListenDataSource has the binding LISTEN for notifications through its own connection
+// string rather than the pool's: behind a pooler that hands out a server connection per
+// transaction, a LISTEN is forgotten as soon as its statement ends, so point this at Postgres
+// directly or at a session pool. Empty means the main data source.
+func WithListenDataSource(dataSource string) PostgresOption {
+	return func(o *postgresOptions) { o.listenDataSource = dataSource }
+}
+
+// DefaultNotificationProbeTimeout is how long Listen waits for the test notification it sends
+// itself before it concludes that notifications cannot reach its connection.
+const DefaultNotificationProbeTimeout = 5 * time.Second
+
+// WithNotificationProbeTimeout changes how long Listen waits for its test notification
+// (default DefaultNotificationProbeTimeout).
+func WithNotificationProbeTimeout(d time.Duration) PostgresOption {
+	return func(o *postgresOptions) { o.probe = d }
+}
+
 // NewPostgresBinding returns a binding to the outbox table through a new connection pool. The
 // pool connects lazily, so a database that is down now is not an error here. The pool's size
 // can be set in dataSource (pool_max_conns); it defaults to pgxpool's (the larger of 4 and the
 // number of CPUs).
-func NewPostgresBinding(dataSource, outboxTable string) (*PostgresBinding, error) {
+//
+// The binding keeps no state on a server connection between transactions, so it works through
+// connection poolers in transaction or session mode (PgBouncer and the like): it sends no
+// startup parameters of its own and uses no named prepared statements (see postgresExecMode).
+func NewPostgresBinding(dataSource, outboxTable string, options ...PostgresOption) (*PostgresBinding, error) {
+	opts := postgresOptions{probe: DefaultNotificationProbeTimeout}
+	for _, o := range options {
+		o(&opts)
+	}
 	table, err := pgname.QuoteTable(outboxTable)
 	if err != nil {
 		return nil, err
@@ -227,11 +283,18 @@ func NewPostgresBinding(dataSource, outboxTable string) (*PostgresBinding, error
 	if err != nil {
 		return nil, fmt.Errorf("parse data source: %w", err)
 	}
-	// With a cached generic plan, Postgres would plan the mark query once for all values, and may
-	// settle on a sequential scan chosen while the table was small, whose cost then grows with the
-	// table. A custom plan for each execution keeps the mark an index walk from the head.
-	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
-		cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	if !execModeSet.MatchString(dataSource) {
+		cfg.ConnConfig.DefaultQueryExecMode = postgresExecMode
+	}
+	listen := cfg.ConnConfig.Copy()
+	if opts.listenDataSource != "" {
+		// Parsed as a pool's, so that pool settings copied from the data source (pool_max_conns)
+		// are understood and dropped rather than sent to the server.
+		listenCfg, err := pgxpool.ParseConfig(opts.listenDataSource)
+		if err != nil {
+			return nil, fmt.Errorf("parse listen data source: %w", err)
+		}
+		listen = listenCfg.ConnConfig
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
@@ -239,7 +302,8 @@ func NewPostgresBinding(dataSource, outboxTable string) (*PostgresBinding, error
 	}
 	return &PostgresBinding{
 		pool:    pool,
-		listen:  cfg.ConnConfig.Copy(),
+		listen:  listen,
+		probe:   opts.probe,
 		channel: NotifyChannel(outboxTable),
 		table:   table,
 		// The subquery walks the primary key from the head of the table; RETURNING gives the rows
@@ -382,8 +446,17 @@ func (b *PostgresBinding) Reset(ctx context.Context, leaderID uuid.UUID, ids []i
 	return int(tag.RowsAffected()), nil
 }
 
-// Listen implements Listener on a connection of its own, outside the pool, which it closes on
-// return. It returns nil when ctx is done, and an error when the connection fails.
+// Listen implements Listener on a connection of its own (to the listen data source, see
+// WithListenDataSource), outside the pool, which it closes on return. It returns nil when ctx is
+// done, and an error when the connection fails.
+//
+// A LISTEN can succeed and still hear nothing: through a pooler in transaction mode the session
+// that ran it goes back to the pool as soon as it ends, and the pooler drops what the server
+// sends it later. So once listening, Listen sends a notification on its channel from the pool,
+// another connection, and waits up to the probe timeout for any notification to arrive. If none
+// does, it returns an error wrapping ErrNotificationsLost. (Checking that the backend's process
+// ID stays the same across transactions would not do: a pooler with little to do often hands
+// the same server connection back, and the check would pass until it did not.)
 func (b *PostgresBinding) Listen(ctx context.Context, wake func()) error {
 	conn, err := pgx.ConnectConfig(ctx, b.listen)
 	if err != nil {
@@ -393,7 +466,28 @@ func (b *PostgresBinding) Listen(ctx context.Context, wake func()) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{b.channel}.Sanitize()); err != nil {
 		return fmt.Errorf("listen on %s: %w", b.channel, err)
 	}
-	// Records written before the LISTEN took effect sent their notifications to nobody.
+	if _, err := b.pool.Exec(ctx, "SELECT pg_notify($1, $2)", b.channel, "goharvest probe "+uuid.NewString()); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("listen on %s: send a test notification: %w", b.channel, err)
+	}
+	// Any notification proves that they arrive, the probe's or a writer's.
+	probeCtx, cancel := context.WithTimeout(ctx, b.probe)
+	_, err = conn.WaitForNotification(probeCtx)
+	timedOut := err != nil && probeCtx.Err() != nil
+	cancel()
+	switch {
+	case ctx.Err() != nil:
+		return nil
+	case timedOut:
+		return fmt.Errorf("listen on %s as %s: a test notification did not arrive within %v (is the listen data source a pooler in transaction mode?): %w",
+			b.channel, describeConn(b.listen), b.probe, ErrNotificationsLost)
+	case err != nil:
+		return fmt.Errorf("listen on %s: %w", b.channel, err)
+	}
+	// Listening, and heard: records written before the LISTEN took effect sent their
+	// notifications to nobody, so look now.
 	wake()
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
@@ -404,6 +498,11 @@ func (b *PostgresBinding) Listen(ctx context.Context, wake func()) error {
 		}
 		wake()
 	}
+}
+
+// describeConn names where a connection goes, without its password, for logs.
+func describeConn(c *pgx.ConnConfig) string {
+	return fmt.Sprintf("%s@%s:%d/%s", c.User, c.Host, c.Port, c.Database)
 }
 
 // Dispose implements DatabaseBinding.

@@ -22,11 +22,9 @@ import (
 	"github.com/goharvest/goharvest/internal/pgname"
 )
 
-// rowsPerStatement bounds one INSERT: six parameters per row stays far below Postgres's limit
-// of 65,535 parameters, and larger statements gain nothing measurable.
+// rowsPerStatement bounds one INSERT, so that a statement stays a reasonable size; larger
+// statements gain nothing measurable.
 const rowsPerStatement = 1000
-
-const paramsPerRow = 6
 
 // SQLExecer is what Stash needs of a database/sql transaction. *sql.Tx satisfies it (as do
 // *sql.Conn and *sql.DB, which stash outside any transaction of the caller's).
@@ -116,22 +114,27 @@ func New(outboxTable string, opts ...Option) (*Stasher, error) {
 // as it can (one per thousand records). Records are checked first: if any is invalid, nothing
 // is written and the error names the record. A record's CreateTime defaults to the database's
 // now(); its ID and LeaderID are ignored.
+//
+// The values travel in the statement as quoted literals, not as parameters, so that every
+// driver sends it as one simple query: no prepared statement, named or unnamed, that a
+// connection pooler in transaction mode (PgBouncer's pool_mode = transaction) could lose between
+// one round trip and the next, whatever the driver's own settings.
 func (s *Stasher) Stash(ctx context.Context, tx SQLExecer, records ...goharvest.OutboxRecord) error {
-	return s.stash(records, func(query string, args []any) error {
-		_, err := tx.ExecContext(ctx, query, args...)
+	return s.stash(records, func(query string) error {
+		_, err := tx.ExecContext(ctx, query)
 		return err
 	})
 }
 
 // StashPgx is Stash for a pgx transaction.
 func (s *Stasher) StashPgx(ctx context.Context, tx PgxExecer, records ...goharvest.OutboxRecord) error {
-	return s.stash(records, func(query string, args []any) error {
-		_, err := tx.Exec(ctx, query, args...)
+	return s.stash(records, func(query string) error {
+		_, err := tx.Exec(ctx, query)
 		return err
 	})
 }
 
-func (s *Stasher) stash(records []goharvest.OutboxRecord, exec func(query string, args []any) error) error {
+func (s *Stasher) stash(records []goharvest.OutboxRecord, exec func(query string) error) error {
 	for i := range records {
 		if err := s.validate(records[i]); err != nil {
 			return fmt.Errorf("stash record %d (key %q): %w", i, records[i].KafkaKey, err)
@@ -139,77 +142,98 @@ func (s *Stasher) stash(records []goharvest.OutboxRecord, exec func(query string
 	}
 	for start := 0; start < len(records); start += rowsPerStatement {
 		chunk := records[start:min(start+rowsPerStatement, len(records))]
-		args := make([]any, 0, len(chunk)*paramsPerRow)
-		for _, rec := range chunk {
-			args = s.appendArgs(args, rec)
-		}
-		if err := exec(s.insertSQL(len(chunk)), args); err != nil {
+		if err := exec(s.insertSQL(chunk)); err != nil {
 			return fmt.Errorf("stash %d records into outbox: %w", len(chunk), err)
 		}
 	}
 	return nil
 }
 
-// insertSQL builds an INSERT of n rows. create_time falls back to now() when no time is given;
-// header arrays travel as array literals cast from text, which every driver can send. Text is
-// typed text, so that Postgres refuses it for a bytea column (whose input would read
-// backslashes as escapes) or a json one, rather than guess; bytes travel as bytea parameters,
-// and JSON as text cast to json (which a jsonb column takes as well).
-func (s *Stasher) insertSQL(n int) string {
-	key, value, headerType := "$%d::text", "$%d::text", "text[]"
-	if s.keyBytea {
-		key = "$%d::bytea"
-	}
-	switch {
-	case s.valueBytea:
-		value = "$%d::bytea"
-	case s.valueJSON:
-		value = "$%d::text::json"
-	}
-	if s.headerBytea {
-		headerType = "bytea[]"
-	}
-	rowFormat := "(COALESCE($%d::timestamptz, now()), $%d, " + key + ", " + value + ", $%d::text::text[], $%d::text::" + headerType + ")"
+// insertSQL builds an INSERT of the records, each value a quoted literal (see quote).
+// create_time falls back to now() when no time is given; header arrays are array literals cast
+// from text. Text is typed text, so that Postgres refuses it for a bytea column (whose input
+// would read backslashes as escapes) or a json one, rather than guess; bytes travel in bytea's
+// hex form, which any bytes survive, and JSON as text cast to json (which a jsonb column takes
+// as well).
+func (s *Stasher) insertSQL(records []goharvest.OutboxRecord) string {
 	var b strings.Builder
 	b.WriteString("INSERT INTO ")
 	b.WriteString(s.table)
 	b.WriteString(" (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values) VALUES ")
-	for row := range n {
-		if row > 0 {
+	for i, rec := range records {
+		if i > 0 {
 			b.WriteByte(',')
 		}
-		p := row*paramsPerRow + 1
-		fmt.Fprintf(&b, rowFormat, p, p+1, p+2, p+3, p+4, p+5)
+		b.WriteByte('(')
+		if rec.CreateTime.IsZero() {
+			b.WriteString("now()")
+		} else {
+			quote(&b, rec.CreateTime.Format(time.RFC3339Nano))
+			b.WriteString("::timestamptz")
+		}
+		b.WriteByte(',')
+		quote(&b, rec.KafkaTopic)
+		b.WriteByte(',')
+		if s.keyBytea {
+			quoteBytea(&b, rec.KafkaKey)
+		} else {
+			quote(&b, rec.KafkaKey)
+			b.WriteString("::text")
+		}
+		b.WriteByte(',')
+		switch {
+		case rec.KafkaValue == nil:
+			b.WriteString("NULL") // a tombstone
+		case s.valueBytea:
+			quoteBytea(&b, *rec.KafkaValue)
+		case s.valueJSON:
+			quote(&b, *rec.KafkaValue)
+			b.WriteString("::text::json")
+		default:
+			quote(&b, *rec.KafkaValue)
+			b.WriteString("::text")
+		}
+		keys := make([]string, len(rec.KafkaHeaders))
+		values := make([]string, len(rec.KafkaHeaders))
+		for i, h := range rec.KafkaHeaders {
+			keys[i], values[i] = h.Key, h.Value
+			if s.headerBytea {
+				values[i] = `\x` + hex.EncodeToString([]byte(h.Value))
+			}
+		}
+		b.WriteByte(',')
+		quote(&b, arrayLiteral(keys))
+		b.WriteString("::text[],")
+		quote(&b, arrayLiteral(values))
+		if s.headerBytea {
+			b.WriteString("::text::bytea[])")
+		} else {
+			b.WriteString("::text[])")
+		}
 	}
 	return b.String()
 }
 
-func (s *Stasher) appendArgs(args []any, rec goharvest.OutboxRecord) []any {
-	var createTime any // NULL: the database's now()
-	if !rec.CreateTime.IsZero() {
-		createTime = rec.CreateTime.Format(time.RFC3339Nano)
-	}
-	var key any = rec.KafkaKey
-	if s.keyBytea {
-		key = []byte(rec.KafkaKey)
-	}
-	var value any // NULL: a tombstone
-	if rec.KafkaValue != nil {
-		value = *rec.KafkaValue
-		if s.valueBytea {
-			value = []byte(*rec.KafkaValue)
+// quote writes s as an escape string constant, E'...', with quotes and backslashes escaped:
+// its meaning does not depend on standard_conforming_strings. validate has rejected NUL bytes,
+// and the drivers speak UTF-8, in which no byte of a multi-byte character is a quote or a
+// backslash, so nothing in s can end the literal.
+func quote(b *strings.Builder, s string) {
+	b.WriteString("E'")
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '\'', '\\':
+			b.WriteByte(s[i])
 		}
+		b.WriteByte(s[i])
 	}
-	keys := make([]string, len(rec.KafkaHeaders))
-	values := make([]string, len(rec.KafkaHeaders))
-	for i, h := range rec.KafkaHeaders {
-		keys[i], values[i] = h.Key, h.Value
-		if s.headerBytea {
-			// bytea's hex input form, which any bytes survive.
-			values[i] = `\x` + hex.EncodeToString([]byte(h.Value))
-		}
-	}
-	return append(args, createTime, rec.KafkaTopic, key, value, arrayLiteral(keys), arrayLiteral(values))
+	b.WriteByte('\'')
+}
+
+// quoteBytea writes bytes as a bytea literal in hex form, which any bytes survive.
+func quoteBytea(b *strings.Builder, bytes string) {
+	quote(b, `\x`+hex.EncodeToString([]byte(bytes)))
+	b.WriteString("::bytea")
 }
 
 // arrayLiteral writes strings as a Postgres text[] literal, every element quoted, so that
@@ -256,21 +280,21 @@ func (s *Stasher) validate(rec goharvest.OutboxRecord) error {
 	return nil
 }
 
-// Prepare returns a PreStash that stashes one record at a time through a statement prepared
-// once in tx, for callers that write records one by one in a loop. (Stash with many records is
-// faster still. pgx prepares and caches statements by itself, so StashPgx needs no Prepare.)
+// Prepare returns a PreStash that stashes records one at a time in tx, for callers that write
+// records one by one in a loop. It prepares nothing on the server: a named prepared statement
+// outlives the transaction on its server connection, which a pooler in transaction mode then
+// hands to other clients (who may prepare the same name), and is closed only after the commit,
+// on whatever connection the pooler gives then. Each record is one simple INSERT, as with Stash.
+// (Stash with many records at once is faster.)
 func (s *Stasher) Prepare(ctx context.Context, tx *sql.Tx) (*PreStash, error) {
-	stmt, err := tx.PrepareContext(ctx, s.insertSQL(1))
-	if err != nil {
-		return nil, fmt.Errorf("prepare stash: %w", err)
-	}
-	return &PreStash{stmt: stmt, s: s}, nil
+	return &PreStash{s: s, tx: tx}, nil
 }
 
-// PreStash stashes records through a prepared statement. It lives as long as its transaction.
+// PreStash stashes records one at a time in one transaction. It lives as long as its
+// transaction.
 type PreStash struct {
-	stmt *sql.Stmt
-	s    *Stasher
+	s  *Stasher
+	tx *sql.Tx
 }
 
 // Stash writes one record, as Stasher.Stash does.
@@ -278,11 +302,11 @@ func (p *PreStash) Stash(ctx context.Context, rec goharvest.OutboxRecord) error 
 	if err := p.s.validate(rec); err != nil {
 		return fmt.Errorf("stash record (key %q): %w", rec.KafkaKey, err)
 	}
-	if _, err := p.stmt.ExecContext(ctx, p.s.appendArgs(nil, rec)...); err != nil {
+	if _, err := p.tx.ExecContext(ctx, p.s.insertSQL([]goharvest.OutboxRecord{rec})); err != nil {
 		return fmt.Errorf("stash record into outbox: %w", err)
 	}
 	return nil
 }
 
-// Close releases the prepared statement. Ending the transaction releases it too.
-func (p *PreStash) Close() error { return p.stmt.Close() }
+// Close does nothing; it is there for code written when PreStash held a prepared statement.
+func (p *PreStash) Close() error { return nil }

@@ -1,0 +1,108 @@
+package goharvest
+
+import (
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// A leader whose marks keep failing while its database still answers pings (as behind a pooler
+// that rejects its statements) publishes nothing: Ready says so, naming the failing operation,
+// while goharvest_leader reads 0; once marks succeed again, both recover.
+func TestReadyReportsLeaderThatCannotPublish(t *testing.T) {
+	r := newRig(t, fastLimits())
+	ids := r.load(5, 20)
+	r.start()
+	r.waitEmpty(10 * time.Second)
+	if err := r.h.Ready(t.Context()); err != nil {
+		t.Fatalf("Ready while publishing: %v", err)
+	}
+
+	r.db.mu.Lock()
+	r.db.failMk = 1 << 30
+	r.db.mu.Unlock()
+	var notReady error
+	r.waitFor("Ready to report the failing marks", 10*time.Second, func() bool {
+		notReady = r.h.Ready(t.Context())
+		return notReady != nil
+	})
+	for _, want := range []string{"elected leader cannot publish", "database", "failures", "mark", errDBDown.Error()} {
+		if !strings.Contains(notReady.Error(), want) {
+			t.Errorf("Ready says %q; want it to mention %q", notReady, want)
+		}
+	}
+	// Between two failed epochs there is no pipeline; the gauge must not claim one.
+	r.waitFor("goharvest_leader to read 0", 10*time.Second, func() bool {
+		return testutil.ToFloat64(r.h.metrics.leader) == 0 && r.h.Ready(t.Context()) != nil
+	})
+
+	r.db.mu.Lock()
+	r.db.failMk = 0
+	r.db.mu.Unlock()
+	more := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "k0", KafkaValue: String("after")})
+	r.waitEmpty(10 * time.Second)
+	r.waitFor("Ready again", 10*time.Second, func() bool {
+		return r.h.Ready(t.Context()) == nil && testutil.ToFloat64(r.h.metrics.leader) == 1
+	})
+	r.stop()
+	r.checkOrder(append(ids, more...))
+}
+
+// A standby is not to blame for an outage it saw while it led: Ready looks at the outage only
+// while this harvester is elected.
+func TestReadyIgnoresOutageOfStandby(t *testing.T) {
+	r := newRig(t, fastLimits())
+	r.start()
+	defer r.stop()
+	r.waitFor("leadership", 10*time.Second, func() bool { return r.h.IsLeader() })
+	r.h.dbTrouble.fail(r.h.log, "mark", errDBDown)
+	r.h.dbTrouble.fail(r.h.log, "mark", errDBDown)
+	r.elector.set(0) // neli's first state: not the leader
+	if err := r.h.Ready(t.Context()); err != nil && strings.Contains(err.Error(), "cannot publish") {
+		t.Fatalf("a standby reports %v", err)
+	}
+}
+
+// An outage that persists is logged when it starts, again every repeat with its count of
+// failures and its last error, and when it ends; a single failure does not make it an outage
+// for Ready.
+func TestEpisodeLogsPersistingOutageAgain(t *testing.T) {
+	logs := &syncBuffer{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	e := &episode{what: "database", repeat: 50 * time.Millisecond}
+	e.fail(log, "mark", errors.New("first"))
+	if err := e.outage(); err != nil {
+		t.Errorf("one failure is already an outage: %v", err)
+	}
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for i := 0; time.Now().Before(deadline); i++ {
+		e.fail(log, "purge", errors.New("boom"))
+		time.Sleep(5 * time.Millisecond)
+	}
+	out := logs.String()
+	if n := strings.Count(out, "database unavailable; retrying"); n != 1 {
+		t.Errorf("start logged %d times, want once:\n%s", n, out)
+	}
+	again := strings.Count(out, "database still unavailable; retrying")
+	if again < 3 || again > 7 {
+		t.Errorf("logged again %d times in 300ms at a 50ms interval, want about 5:\n%s", again, out)
+	}
+	if !strings.Contains(out, "failures=") || !strings.Contains(out, "error=boom") || !strings.Contains(out, "op=purge") {
+		t.Errorf("the repeated lines lack the count or the last error:\n%s", out)
+	}
+	err := e.outage()
+	if err == nil || !strings.Contains(err.Error(), "purge: boom") {
+		t.Errorf("outage() = %v; want the last operation and error", err)
+	}
+	e.ok(log)
+	if err := e.outage(); err != nil {
+		t.Errorf("outage() after recovery = %v", err)
+	}
+	if !strings.Contains(logs.String(), "database available again") {
+		t.Errorf("the recovery was not logged")
+	}
+}
