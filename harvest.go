@@ -85,15 +85,15 @@ type Harvest struct {
 	db       DatabaseBinding
 	elector  Elector
 	pipeline *pipeline // the current epoch; nil while not leading
+	// schemaProblem is the last schema mismatch reported by an epoch start, "" when the table fits:
+	// the elected leader cannot publish meanwhile, which Ready says.
+	schemaProblem string
 	err      error     // what stopped the harvester
 
 	// Owned by the owner goroutine (run):
 	starting   *epochStart     // an epoch being prepared, if any
 	prevClosed <-chan struct{} // closed once the last epoch's producer has closed
 	unpurged   []int64         // records the last epoch published and could not purge
-	// schemaProblem is the last schema mismatch reported (by the epoch start, which the owner
-	// waits for before it starts another).
-	schemaProblem string
 
 	stopOnce sync.Once
 	stopCh   chan struct{}
@@ -602,8 +602,11 @@ func (h *Harvest) schemaReady(ctx context.Context) bool {
 	var schemaErr *SchemaError
 	switch {
 	case errors.As(err, &schemaErr):
-		if msg := schemaErr.Error(); msg != h.schemaProblem {
-			h.schemaProblem = msg
+		h.mu.Lock()
+		changed := schemaErr.Error() != h.schemaProblem
+		h.schemaProblem = schemaErr.Error()
+		h.mu.Unlock()
+		if changed {
 			h.log.Error("cannot publish: the outbox table does not fit; alter it and publishing starts", "error", err)
 			h.emit(SchemaRejected{Err: err})
 		}
@@ -615,9 +618,12 @@ func (h *Harvest) schemaReady(ctx context.Context) bool {
 		return false
 	}
 	h.dbTrouble.ok(h.log)
-	if h.schemaProblem != "" {
+	h.mu.Lock()
+	fixed := h.schemaProblem != ""
+	h.schemaProblem = ""
+	h.mu.Unlock()
+	if fixed {
 		h.log.Info("the outbox table fits now")
-		h.schemaProblem = ""
 	}
 	return true
 }
@@ -743,6 +749,12 @@ func (h *Harvest) Ready(ctx context.Context) error {
 			if err := e.outage(); err != nil {
 				errs = append(errs, fmt.Errorf("elected leader cannot publish: %w", err))
 			}
+		}
+		h.mu.Lock()
+		problem := h.schemaProblem
+		h.mu.Unlock()
+		if problem != "" {
+			errs = append(errs, fmt.Errorf("elected leader cannot publish: the outbox table does not fit: %s", problem))
 		}
 	}
 	if p, ok := h.db.(Pinger); ok {

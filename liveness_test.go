@@ -1,9 +1,11 @@
 package goharvest
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -366,4 +368,43 @@ func TestFatalProduceErrorRemarks(t *testing.T) {
 	if n := countEvents[RecordFailed](r.events); n != 0 {
 		t.Errorf("%d RecordFailed events: the producer's failure was blamed on a record", n)
 	}
+}
+
+// misfitDB is an outbox whose table does not fit until fixed.
+type misfitDB struct {
+	*fakeDB
+	mu    sync.Mutex
+	fixed bool
+}
+
+func (d *misfitDB) CheckSchema(context.Context) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fixed {
+		return nil
+	}
+	return &SchemaError{Table: "outbox", Problems: []string{"column kafka_value has type xml"}}
+}
+
+// An elected leader whose table does not fit cannot publish, and readiness says so until the
+// table is fixed.
+func TestReadyReportsTableThatDoesNotFit(t *testing.T) {
+	r := newRig(t, fastLimits())
+	db := &misfitDB{fakeDB: r.db}
+	r.h.cfg.DatabaseBindingProvider = func(string, string) (DatabaseBinding, error) { return db, nil }
+	ids := r.load(3, 3)
+	r.start()
+	r.waitFor("the mismatch to be reported", 5*time.Second, func() bool { return countEvents[SchemaRejected](r.events) > 0 })
+	if err := r.h.Ready(context.Background()); err == nil || !strings.Contains(err.Error(), "kafka_value has type xml") {
+		t.Fatalf("Ready = %v while the table does not fit", err)
+	}
+	db.mu.Lock()
+	db.fixed = true
+	db.mu.Unlock()
+	r.waitEmpty(10 * time.Second)
+	if err := r.h.Ready(context.Background()); err != nil {
+		t.Fatalf("Ready = %v once the table fits", err)
+	}
+	r.stop()
+	r.checkOrder(ids)
 }
