@@ -88,7 +88,7 @@ type Harvest struct {
 	// schemaProblem is the last schema mismatch reported by an epoch start, "" when the table fits:
 	// the elected leader cannot publish meanwhile, which Ready says.
 	schemaProblem string
-	err      error     // what stopped the harvester
+	err           error // what stopped the harvester
 
 	// Owned by the owner goroutine (run):
 	starting   *epochStart     // an epoch being prepared, if any
