@@ -1,13 +1,11 @@
 package goharvest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,26 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/goharvest/goharvest/internal/syncbuf"
 	"github.com/goharvest/goharvest/neli"
 )
-
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // rig wires a harvester to fakes.
 type rig struct {
@@ -43,7 +24,7 @@ type rig struct {
 	kafka    *fakeKafka
 	elector  *fakeElector
 	events   *eventLog
-	logs     *syncBuffer
+	logs     *syncbuf.Buffer
 	h        *Harvest
 	keyOf    map[int64]string
 	registry *prometheus.Registry
@@ -65,7 +46,7 @@ func fastLimits() Limits {
 
 func newRig(t *testing.T, limits Limits) *rig {
 	r := &rig{t: t, db: newFakeDB(), elector: &fakeElector{state: neli.Leader}, events: &eventLog{},
-		logs: &syncBuffer{}, keyOf: map[int64]string{}, seqOf: map[int64]int64{}, nextSeq: map[string]int64{},
+		logs: &syncbuf.Buffer{}, keyOf: map[int64]string{}, seqOf: map[int64]int64{}, nextSeq: map[string]int64{},
 		registry: prometheus.NewRegistry()}
 	r.kafka = newFakeKafka(t, r.db)
 	r.h = r.newHarvest(limits)

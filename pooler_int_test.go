@@ -1,12 +1,10 @@
 package goharvest_test
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,27 +12,10 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/pgbouncer"
+	"github.com/goharvest/goharvest/internal/syncbuf"
 	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/stasher"
 )
-
-// syncLog is a log sink safe for concurrent writes.
-type syncLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
 
 func slogTo(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
 
@@ -121,7 +102,7 @@ func TestNotificationsBehindPgBouncer(t *testing.T) {
 	pooled := b.DSN(r.dsn)
 
 	t.Run("direct listen data source", func(t *testing.T) {
-		logs := &syncLog{}
+		logs := &syncbuf.Buffer{}
 		h := r.harvesterWith("notify-direct", goharvest.Limits{MarkBackoff: time.Minute, MaxMarkBackoff: time.Minute}, nil,
 			func(c *goharvest.Config) {
 				// Pool settings copied along with the rest do no harm.
@@ -143,7 +124,7 @@ func TestNotificationsBehindPgBouncer(t *testing.T) {
 
 	t.Run("session pool", func(t *testing.T) {
 		session := r.startBouncer(pgbouncer.Session)
-		logs := &syncLog{}
+		logs := &syncbuf.Buffer{}
 		h := r.harvesterWith("notify-session", goharvest.Limits{MarkBackoff: time.Minute, MaxMarkBackoff: time.Minute}, nil,
 			func(c *goharvest.Config) {
 				c.DataSource = session.DSN(r.dsn)
@@ -163,7 +144,7 @@ func TestNotificationsBehindPgBouncer(t *testing.T) {
 	})
 
 	t.Run("listening through the pooler", func(t *testing.T) {
-		logs := &syncLog{}
+		logs := &syncbuf.Buffer{}
 		h := r.harvesterWith("notify-pooled", goharvest.Limits{MarkBackoff: 100 * time.Millisecond, MaxMarkBackoff: 200 * time.Millisecond}, nil,
 			func(c *goharvest.Config) {
 				c.DataSource = pooled

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/syncbuf"
 	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/stasher"
 )
@@ -75,7 +76,7 @@ func TestHarvestWithLeastPrivileges(t *testing.T) {
 	}
 
 	v := r.verifier()
-	logs := &syncLog{}
+	logs := &syncbuf.Buffer{}
 	h := r.harvesterWith("least-privilege", goharvest.Limits{MarkBackoff: time.Minute, MaxMarkBackoff: time.Minute}, nil,
 		func(c *goharvest.Config) {
 			c.DataSource, c.OutboxTable = as(harvester), "app.outbox"

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/goharvest/goharvest/internal/syncbuf"
 )
 
 // A leader whose marks keep failing while its database still answers pings (as behind a pooler
@@ -71,7 +73,7 @@ func TestReadyIgnoresOutageOfStandby(t *testing.T) {
 // failures and its last error, and when it ends; a single failure does not make it an outage
 // for Ready.
 func TestEpisodeLogsPersistingOutageAgain(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	e := &episode{what: "database", repeat: 50 * time.Millisecond}
 	e.fail(log, "mark", errors.New("first"))

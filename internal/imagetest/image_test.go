@@ -24,7 +24,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -37,6 +36,7 @@ import (
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/pgtest"
 	"github.com/goharvest/goharvest/internal/reaper"
+	"github.com/goharvest/goharvest/internal/syncbuf"
 	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/internal/verifytest"
 	"github.com/goharvest/goharvest/stasher"
@@ -261,12 +261,12 @@ func certificates(t *testing.T) ([]byte, tls.Certificate) {
 // reaperProcess is a reaper running from the exported image.
 type reaperProcess struct {
 	cmd  *exec.Cmd
-	logs *syncBuffer
+	logs *syncbuf.Buffer
 	done chan struct{}
 }
 
 func startReaper(t *testing.T, fs string, env []string, args ...string) *reaperProcess {
-	r := &reaperProcess{cmd: chroot(fs, env, args...), logs: &syncBuffer{}, done: make(chan struct{})}
+	r := &reaperProcess{cmd: chroot(fs, env, args...), logs: &syncbuf.Buffer{}, done: make(chan struct{})}
 	r.cmd.Stdout, r.cmd.Stderr = r.logs, r.logs
 	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -311,24 +311,6 @@ func (r *reaperProcess) waitFor(t *testing.T, within time.Duration, what string,
 			t.Fatalf("no %s within %v: %v; output:\n%s", what, within, err, r.logs)
 		}
 	}
-}
-
-// syncBuffer collects a process's output while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // containerEngine returns podman, or docker where podman is missing, and skips the test when

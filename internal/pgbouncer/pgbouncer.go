@@ -6,23 +6,23 @@
 package pgbouncer
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/goharvest/goharvest/internal/pgcluster"
+	"github.com/goharvest/goharvest/internal/syncbuf"
 )
 
 // Pool modes.
@@ -42,25 +42,7 @@ type Bouncer struct {
 	dir  string
 	cmd  *exec.Cmd
 	done chan error
-	log  *syncBuffer
-}
-
-// syncBuffer collects PgBouncer's log, which it writes from a goroutine of exec's.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
+	log  *syncbuf.Buffer
 }
 
 // Binary returns the path of the pgbouncer executable (Debian installs it in /usr/sbin, which a
@@ -128,11 +110,11 @@ func Start(upstreamDSN, mode string, settings ...string) (*Bouncer, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	b := &Bouncer{dir: dir, done: make(chan error, 1), log: &syncBuffer{}}
+	b := &Bouncer{dir: dir, done: make(chan error, 1), log: &syncbuf.Buffer{}}
 	b.cmd = exec.Command(bin, confPath)
 	b.cmd.Stdout, b.cmd.Stderr = b.log, b.log
 	if os.Geteuid() == 0 {
-		cred, err := unprivilegedUser()
+		cred, err := pgcluster.UnprivilegedUser("pgbouncer")
 		if err != nil {
 			os.RemoveAll(dir)
 			return nil, err
@@ -225,17 +207,4 @@ func (b *Bouncer) Stop() error {
 		<-b.done
 	}
 	return os.RemoveAll(b.dir)
-}
-
-func unprivilegedUser() (*syscall.Credential, error) {
-	for _, name := range []string{"postgres", "nobody"} {
-		u, err := user.Lookup(name)
-		if err != nil {
-			continue
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-	}
-	return nil, errors.New("running as root, and neither a postgres nor a nobody user exists to run pgbouncer as")
 }

@@ -104,7 +104,7 @@ func startCluster(durable, tcp bool) (*Server, error) {
 	}
 	s := &Server{binDir: binDir, dataDir: filepath.Join(dir, "data")}
 	if os.Geteuid() == 0 {
-		if s.runAs, err = unprivilegedUser(); err != nil {
+		if s.runAs, err = UnprivilegedUser("PostgreSQL"); err != nil {
 			os.RemoveAll(dir)
 			return nil, err
 		}
@@ -346,7 +346,9 @@ func versionOf(binDir string) int {
 	return v
 }
 
-func unprivilegedUser() (*syscall.Credential, error) {
+// UnprivilegedUser returns the credentials of the postgres user, or else of nobody, to run a
+// server (named by what, for the error) that refuses to run as root.
+func UnprivilegedUser(what string) (*syscall.Credential, error) {
 	for _, name := range []string{"postgres", "nobody"} {
 		u, err := user.Lookup(name)
 		if err != nil {
@@ -356,5 +358,5 @@ func unprivilegedUser() (*syscall.Credential, error) {
 		gid, _ := strconv.Atoi(u.Gid)
 		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 	}
-	return nil, errors.New("running as root, and neither a postgres nor a nobody user exists to run PostgreSQL as")
+	return nil, fmt.Errorf("running as root, and neither a postgres nor a nobody user exists to run %s as", what)
 }

@@ -1,14 +1,14 @@
 package rdlog
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/goharvest/goharvest/internal/syncbuf"
 )
 
 func TestLevel(t *testing.T) {
@@ -21,7 +21,7 @@ func TestLevel(t *testing.T) {
 }
 
 func TestForwardGoesThroughTheLogger(t *testing.T) {
-	var buf safeBuffer
+	var buf syncbuf.Buffer
 	cm := kafka.ConfigMap{"bootstrap.servers": "127.0.0.1:1", "debug": "generic"}
 	Enable(cm)
 	p, err := kafka.NewProducer(&cm)
@@ -37,21 +37,4 @@ func TestForwardGoesThroughTheLogger(t *testing.T) {
 	if !strings.Contains(buf.String(), "librdkafka=") {
 		t.Fatalf("no librdkafka line reached the logger: %q", buf.String())
 	}
-}
-
-type safeBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *safeBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *safeBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
