@@ -7,7 +7,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"github.com/goharvest/goharvest/internal/pgname"
 	"github.com/goharvest/goharvest/internal/strictyaml"
 	"github.com/goharvest/goharvest/neli"
+	"github.com/goharvest/goharvest/outbox"
 )
 
 // Defaults of Config. A zero field takes its default.
@@ -390,13 +390,16 @@ func ownedKafkaProperties(key string) (string, bool) {
 	return why, ok
 }
 
-var (
-	// topicChars are the characters Kafka allows in topic names (and goharvest in group IDs).
-	topicChars    = regexp.MustCompile(`^[a-zA-Z0-9._-]+$`)
-	notTopicChars = regexp.MustCompile(`[^a-zA-Z0-9._-]`)
-)
-
-func topicSafe(s string) string { return notTopicChars.ReplaceAllString(s, "_") }
+// topicSafe replaces what a Kafka name may not hold (see outbox.NameChar) with '_', to make a
+// default group ID or name from a host or program name.
+func topicSafe(s string) string {
+	return strings.Map(func(r rune) rune {
+		if outbox.NameChar(r) {
+			return r
+		}
+		return '_'
+	}, s)
+}
 
 // kafkaMillis returns a producer property given in milliseconds, and whether it is set (to a
 // value that reads as a number).
@@ -468,11 +471,8 @@ func (c Config) Validate() error {
 	}
 
 	checkTopicLike := func(field, yamlKey, value string) {
-		switch {
-		case len(value) > 249:
-			bad(field, yamlKey, "%d characters; Kafka allows at most 249", len(value))
-		case !topicChars.MatchString(value) || value == "." || value == "..":
-			bad(field, yamlKey, "%q: use only letters, digits, '.', '_' and '-'", value)
+		if err := outbox.CheckName(value); err != nil {
+			bad(field, yamlKey, "%q: %v", value, err)
 		}
 	}
 	checkTopicLike("LeaderTopic", "leaderTopic", c.LeaderTopic)

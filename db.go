@@ -4,42 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/goharvest/goharvest/outbox"
 )
 
-// KafkaHeader is one header of a Kafka message. Value holds bytes, as any Go string can: UTF-8
-// text from a text[] column, anything from a bytea[] one.
-type KafkaHeader struct {
-	Key   string
-	Value string
-}
+// KafkaHeader is one header of a Kafka message (see outbox.Header).
+type KafkaHeader = outbox.Header
 
-// KafkaHeaders are a message's headers, in order. Keys may repeat.
-type KafkaHeaders []KafkaHeader
+// KafkaHeaders are a message's headers, in order (see outbox.Headers).
+type KafkaHeaders = outbox.Headers
 
-// OutboxRecord is one row of the outbox table: a Kafka message waiting to be published.
-type OutboxRecord struct {
-	// ID is assigned by the database (BIGSERIAL). It orders the records of one key.
-	ID int64
-	// CreateTime is when the record was written.
-	CreateTime time.Time
-	// KafkaTopic is the topic to publish to. Records of one outbox may name different topics.
-	KafkaTopic string
-	// KafkaKey is the message key. Records with the same key are published in the order of
-	// their IDs, and land on the same partition. It holds the key's bytes: UTF-8 from a text
-	// column, anything from a bytea one.
-	KafkaKey string
-	// KafkaValue is the message value. nil publishes a message with no value (a tombstone, for
-	// compacted topics); a pointer to "" publishes an empty value. It holds the value's bytes:
-	// UTF-8 from a text column, anything from a bytea one, JSON text from json or jsonb.
-	KafkaValue *string
-	// KafkaHeaders are the message headers.
-	KafkaHeaders KafkaHeaders
-	// LeaderID is the harvester that has marked the record as in flight; nil when none has.
-	LeaderID *uuid.UUID
-}
+// OutboxRecord is one row of the outbox table (see outbox.Record). The type lives in package
+// outbox, which writers import without the harvester and its Kafka client.
+type OutboxRecord = outbox.Record
 
 // String returns a pointer to s, for OutboxRecord.KafkaValue.
 func String(s string) *string { return &s }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"sync"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/goharvest/goharvest/internal/rdlog"
 	"github.com/goharvest/goharvest/neli"
+	"github.com/goharvest/goharvest/outbox"
 )
 
 // Message is what the harvester asks a KafkaProducer to publish.
@@ -224,9 +224,6 @@ const (
 // topic exists; the caller tries again shortly.
 var ErrTopicPending = errors.New("topic metadata lookup under way")
 
-// topicNames matches the names Kafka accepts.
-var topicNames = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
-
 // checkTopic rejects a message for a topic that cannot exist or does not: librdkafka would hold
 // such a message until topic.metadata.propagation.max.ms passes, and a transaction holding it
 // could not commit meanwhile, stalling every other key. Asking for the topic's metadata also
@@ -236,8 +233,8 @@ var topicNames = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
 // called while a transaction cannot end, and a metadata request can take seconds on a slow
 // broker, which would hold up commits and the end of an epoch.
 func (c *confluentProducer) checkTopic(topic string) error {
-	if !topicNames.MatchString(topic) || topic == "." || topic == ".." {
-		return &RejectedError{Err: fmt.Errorf("topic %q is not a valid Kafka topic name", topic), ByGoharvest: true}
+	if err := outbox.CheckName(topic); err != nil {
+		return &RejectedError{Err: fmt.Errorf("topic %q is not a valid Kafka topic name: %w", topic, err), ByGoharvest: true}
 	}
 	c.topicsMu.Lock()
 	defer c.topicsMu.Unlock()

@@ -4,45 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/goharvest/goharvest/internal/pgname"
+	"github.com/goharvest/goharvest/outbox"
 )
 
 // DeadLetterSuffix is put after the outbox table's name to make its dead-letter table's name.
-const DeadLetterSuffix = "_dead_letters"
+const DeadLetterSuffix = outbox.DeadLetterSuffix
 
-// DeadLetterTable returns the name of the dead-letter table of an outbox table (optionally
-// schema-qualified; the dead-letter table lives in the same schema): the table's name followed by
-// DeadLetterSuffix, the name cut so that it stays within Postgres's 63 bytes.
-func DeadLetterTable(outboxTable string) string {
-	schema, table, qualified := strings.Cut(outboxTable, ".")
-	if !qualified {
-		schema, table = "", outboxTable
-	}
-	name := table[:min(len(table), 63-len(DeadLetterSuffix))] + DeadLetterSuffix
-	if qualified {
-		return schema + "." + name
-	}
-	return name
-}
-
-// deadLetterDDLTemplate creates the dead-letter table: every column of the outbox table (LIKE
-// copies them as they are when it runs), then what goharvest knows of the failure. The outbox id
-// is kept, as the key.
-const deadLetterDDLTemplate = `CREATE TABLE IF NOT EXISTS %[1]s (
-  LIKE %[2]s,
-  error              TEXT NOT NULL,
-  attempts           INTEGER NOT NULL,
-  first_failure_time TIMESTAMP WITH TIME ZONE NOT NULL,
-  last_failure_time  TIMESTAMP WITH TIME ZONE NOT NULL,
-  dead_letter_time   TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
-  PRIMARY KEY (id)
-)`
+// DeadLetterTable returns the name of the dead-letter table of an outbox table (see
+// outbox.DeadLetterTable).
+func DeadLetterTable(outboxTable string) string { return outbox.DeadLetterTable(outboxTable) }
 
 // heldSQL holds the statements of the held-record machinery (held.go).
 type heldSQL struct {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/goharvest/goharvest/internal/rdlog"
+	"github.com/goharvest/goharvest/outbox"
 )
 
 // Defaults of Config. A zero field takes its default.
@@ -104,8 +104,6 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-var kafkaName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
-
 // Validate checks a Config whose defaults have been applied, reporting every problem.
 func (c Config) Validate() error {
 	var errs []error
@@ -119,11 +117,11 @@ func (c Config) Validate() error {
 	if s, _ := c.KafkaConfig["bootstrap.servers"].(string); strings.TrimSpace(s) == "" {
 		bad(`KafkaConfig["bootstrap.servers"]: required`)
 	}
-	if !kafkaName.MatchString(c.LeaderTopic) || c.LeaderTopic == "." || c.LeaderTopic == ".." {
-		bad("LeaderTopic %q: use 1 to 249 letters, digits, '.', '_' or '-'", c.LeaderTopic)
+	if err := outbox.CheckName(c.LeaderTopic); err != nil {
+		bad("LeaderTopic %q: %v", c.LeaderTopic, err)
 	}
-	if !kafkaName.MatchString(c.LeaderGroupID) {
-		bad("LeaderGroupID %q: use 1 to 249 letters, digits, '.', '_' or '-'", c.LeaderGroupID)
+	if err := outbox.CheckName(c.LeaderGroupID); err != nil {
+		bad("LeaderGroupID %q: %v", c.LeaderGroupID, err)
 	}
 	if strings.TrimSpace(c.Name) == "" {
 		bad("Name: required")

@@ -5,7 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 
-	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
 )
 
@@ -33,11 +33,11 @@ func Example() {
 	if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, status) VALUES (42, 'placed')"); err != nil {
 		panic(err)
 	}
-	err = st.Stash(ctx, tx, goharvest.OutboxRecord{
+	err = st.Stash(ctx, tx, outbox.Record{
 		KafkaTopic:   "orders",
 		KafkaKey:     "42",
-		KafkaValue:   goharvest.String(`{"status":"placed"}`),
-		KafkaHeaders: goharvest.KafkaHeaders{{Key: "source", Value: "order-service"}},
+		KafkaValue:   outbox.String(`{"status":"placed"}`),
+		KafkaHeaders: outbox.Headers{{Key: "source", Value: "order-service"}},
 	})
 	if err != nil {
 		panic(err)

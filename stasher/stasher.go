@@ -11,15 +11,14 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/pgname"
+	"github.com/goharvest/goharvest/outbox"
 )
 
 // rowsPerStatement bounds one INSERT, so that a statement stays a reasonable size; larger
@@ -119,7 +118,7 @@ func New(outboxTable string, opts ...Option) (*Stasher, error) {
 // driver sends it as one simple query: no prepared statement, named or unnamed, that a
 // connection pooler in transaction mode (PgBouncer's pool_mode = transaction) could lose between
 // one round trip and the next, whatever the driver's own settings.
-func (s *Stasher) Stash(ctx context.Context, tx SQLExecer, records ...goharvest.OutboxRecord) error {
+func (s *Stasher) Stash(ctx context.Context, tx SQLExecer, records ...outbox.Record) error {
 	return s.stash(records, func(query string) error {
 		_, err := tx.ExecContext(ctx, query)
 		return err
@@ -127,14 +126,14 @@ func (s *Stasher) Stash(ctx context.Context, tx SQLExecer, records ...goharvest.
 }
 
 // StashPgx is Stash for a pgx transaction.
-func (s *Stasher) StashPgx(ctx context.Context, tx PgxExecer, records ...goharvest.OutboxRecord) error {
+func (s *Stasher) StashPgx(ctx context.Context, tx PgxExecer, records ...outbox.Record) error {
 	return s.stash(records, func(query string) error {
 		_, err := tx.Exec(ctx, query)
 		return err
 	})
 }
 
-func (s *Stasher) stash(records []goharvest.OutboxRecord, exec func(query string) error) error {
+func (s *Stasher) stash(records []outbox.Record, exec func(query string) error) error {
 	for i := range records {
 		if err := s.validate(records[i]); err != nil {
 			return fmt.Errorf("stash record %d (key %q): %w", i, records[i].KafkaKey, err)
@@ -155,7 +154,7 @@ func (s *Stasher) stash(records []goharvest.OutboxRecord, exec func(query string
 // would read backslashes as escapes) or a json one, rather than guess; bytes travel in bytea's
 // hex form, which any bytes survive, and JSON as text cast to json (which a jsonb column takes
 // as well).
-func (s *Stasher) insertSQL(records []goharvest.OutboxRecord) string {
+func (s *Stasher) insertSQL(records []outbox.Record) string {
 	var b strings.Builder
 	b.WriteString("INSERT INTO ")
 	b.WriteString(s.table)
@@ -258,13 +257,9 @@ func arrayLiteral(elems []string) string {
 	return b.String()
 }
 
-// topicName matches the names Kafka accepts for topics.
-var topicName = regexp.MustCompile(`^[a-zA-Z0-9._-]{1,249}$`)
-
-func (s *Stasher) validate(rec goharvest.OutboxRecord) error {
-	if !topicName.MatchString(rec.KafkaTopic) || rec.KafkaTopic == "." || rec.KafkaTopic == ".." {
-		return fmt.Errorf("kafka topic %s is not a valid topic name (1 to 249 letters, digits, '.', '_' or '-')",
-			strconv.Quote(rec.KafkaTopic))
+func (s *Stasher) validate(rec outbox.Record) error {
+	if err := outbox.CheckName(rec.KafkaTopic); err != nil {
+		return fmt.Errorf("kafka topic %s is not a valid topic name: %w", strconv.Quote(rec.KafkaTopic), err)
 	}
 	if !s.keyBytea && strings.ContainsRune(rec.KafkaKey, 0) {
 		return fmt.Errorf("kafka key contains a NUL byte, which Postgres text cannot store")
@@ -298,11 +293,11 @@ type PreStash struct {
 }
 
 // Stash writes one record, as Stasher.Stash does.
-func (p *PreStash) Stash(ctx context.Context, rec goharvest.OutboxRecord) error {
+func (p *PreStash) Stash(ctx context.Context, rec outbox.Record) error {
 	if err := p.s.validate(rec); err != nil {
 		return fmt.Errorf("stash record (key %q): %w", rec.KafkaKey, err)
 	}
-	if _, err := p.tx.ExecContext(ctx, p.s.insertSQL([]goharvest.OutboxRecord{rec})); err != nil {
+	if _, err := p.tx.ExecContext(ctx, p.s.insertSQL([]outbox.Record{rec})); err != nil {
 		return fmt.Errorf("stash record into outbox: %w", err)
 	}
 	return nil

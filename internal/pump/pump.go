@@ -23,6 +23,7 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/verify"
+	"github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
 )
 
@@ -265,7 +266,7 @@ func (w *writers) write(ctx context.Context, keys []string, quota map[string]int
 		if timed && !time.Now().Before(deadline) {
 			return nil
 		}
-		var batch []goharvest.OutboxRecord
+		var batch []outbox.Record
 		for tries := 0; len(batch) < w.o.Batch && tries < len(keys); {
 			key := keys[i%len(keys)]
 			i++

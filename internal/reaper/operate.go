@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/outbox"
 )
 
 // heldReport is what /held serves: whether this reaper leads (only the leader holds records)
@@ -36,7 +37,7 @@ func operate(env Env, command string, id int64, cfg File) error {
 			return err
 		}
 		fmt.Fprintf(env.Stdout, "outbox record %d moved to %s; a leader holding it releases its key within %v\n",
-			id, goharvest.DeadLetterTable(h.OutboxTable), h.Limits.HeldCheckInterval)
+			id, outbox.DeadLetterTable(h.OutboxTable), h.Limits.HeldCheckInterval)
 	case "requeue":
 		newID, err := goharvest.Requeue(ctx, h.DataSource, h.OutboxTable, id)
 		if err != nil {

@@ -29,6 +29,7 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/strictyaml"
+	"github.com/goharvest/goharvest/outbox"
 )
 
 // Exit codes.
@@ -268,11 +269,11 @@ func Main(args []string, env Env) int {
 	switch command {
 	case "init":
 		h := cfg.Harvest.WithDefaults()
-		opts := goharvest.TableOptions{Bytea: *bytea}
+		opts := outbox.TableOptions{Bytea: *bytea}
 		if err := goharvest.CreateOutboxTableWith(env.Context, h.DataSource, h.OutboxTable, opts); err != nil {
 			return fail(ExitFailed, err)
 		}
-		fmt.Fprintf(env.Stdout, "outbox table %s is ready, with its dead-letter table %s\n", h.OutboxTable, goharvest.DeadLetterTable(h.OutboxTable))
+		fmt.Fprintf(env.Stdout, "outbox table %s is ready, with its dead-letter table %s\n", h.OutboxTable, outbox.DeadLetterTable(h.OutboxTable))
 		return ExitOK
 	case "held", "dead-letter", "requeue":
 		if err := operate(env, command, id, cfg); err != nil {

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/outbox"
 )
 
 // Header names of a stamp.
@@ -29,12 +29,12 @@ type Stamp struct {
 }
 
 // Record returns an outbox record stamped with run, seq and the current time.
-func Record(topic, key, run string, seq int64, value *string) goharvest.OutboxRecord {
-	return goharvest.OutboxRecord{
+func Record(topic, key, run string, seq int64, value *string) outbox.Record {
+	return outbox.Record{
 		KafkaTopic: topic,
 		KafkaKey:   key,
 		KafkaValue: value,
-		KafkaHeaders: goharvest.KafkaHeaders{
+		KafkaHeaders: outbox.Headers{
 			{Key: HeaderRun, Value: run},
 			{Key: HeaderSeq, Value: strconv.FormatInt(seq, 10)},
 			{Key: HeaderWritten, Value: strconv.FormatInt(time.Now().UnixNano(), 10)},
@@ -231,8 +231,8 @@ func (r Report) String() string {
 // Backlog returns perKey stamped records for each of keys keys ("key-0", "key-1", ...),
 // interleaved in sequence order as concurrent writers would produce them, and the count per key
 // to check against.
-func Backlog(topic, run string, keys, perKey int, value *string) ([]goharvest.OutboxRecord, map[string]int64) {
-	records := make([]goharvest.OutboxRecord, 0, keys*perKey)
+func Backlog(topic, run string, keys, perKey int, value *string) ([]outbox.Record, map[string]int64) {
+	records := make([]outbox.Record, 0, keys*perKey)
 	expected := make(map[string]int64, keys)
 	for seq := range perKey {
 		for k := range keys {
