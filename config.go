@@ -192,8 +192,8 @@ type Limits struct {
 	// Default: DefaultHeartbeatTimeout. Range: 100ms to 10m.
 	HeartbeatTimeout time.Duration `yaml:"heartbeatTimeout"`
 
-	// DrainInterval is how long the marker waits at a time for room in the pipeline (see
-	// MaxInFlightRecords) before it checks on leadership again.
+	// DrainInterval is the longest the marker waits for room in the pipeline (see
+	// MaxInFlightRecords) before it looks again; a purge that makes room wakes it at once.
 	// Default: the smaller of MaxPollInterval and QueueTimeout. Range: 1ms to MaxPollInterval.
 	DrainInterval time.Duration `yaml:"drainInterval"`
 

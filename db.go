@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/goharvest/goharvest/neli"
 	"github.com/goharvest/goharvest/outbox"
 )
 
@@ -87,3 +88,17 @@ type Listener interface {
 // ErrNotificationsLost says that a Listener's LISTEN succeeded but notifications do not reach
 // it, as behind a connection pooler in transaction mode.
 var ErrNotificationsLost = errors.New("notifications do not arrive")
+
+// The Postgres binding offers every optional capability; checked here, so that renaming a method
+// cannot silently turn a feature off.
+var (
+	_ DatabaseBinding = (*PostgresBinding)(nil)
+	_ SchemaChecker   = (*PostgresBinding)(nil)
+	_ Listener        = (*PostgresBinding)(nil)
+	_ Pinger          = (*PostgresBinding)(nil)
+	_ BacklogSampler  = (*PostgresBinding)(nil)
+	_ HeldRowBinding  = (*PostgresBinding)(nil)
+	_ Elector         = (*neli.Neli)(nil)
+	_ Pinger          = (*neli.Neli)(nil)
+	_ KafkaProducer   = (*confluentProducer)(nil)
+)

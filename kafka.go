@@ -118,8 +118,8 @@ type Elector interface {
 	Close(ctx context.Context) error
 }
 
-// NeliProvider creates the leader election for a harvester; the harvester fills in the config's
-// OnEvent and Barrier.
+// NeliProvider creates the leader election for a harvester; the harvester fills in the config
+// (its Barrier included, and not OnEvent: the harvester reports leadership through its own events).
 type NeliProvider func(config neli.Config) (Elector, error)
 
 // ErrQueueFull is returned by Produce when the producer's queue has no room.
