@@ -30,7 +30,7 @@ import (
 //     operator's change or delete that landed while the old content waited in the producer aborts
 //     it, and the record is read and sent again. A change in the instant between that check and
 //     the commit is caught by the purge: a re-read record is purged only if its row is still the
-//     version read (HeldRowBinding.PurgeUnchanged, on Postgres's xmin), otherwise it is read
+//     version read (HeldRowBinding.PurgeUnchanged, on a hash of the row's message columns), otherwise it is read
 //     again and its new content published after the old, so a correction is never lost. (A
 //     delete in that instant cannot unpublish the record.) Runs never grow past a re-read record,
 //     so that resending it cannot follow a later record of its key.
@@ -58,7 +58,7 @@ type HeldRowBinding interface {
 }
 
 // RereadRecord is a row read afresh, with its version: a value that changes whenever the row is
-// updated (Postgres's xmin).
+// updated (a hash of the columns that make the message).
 type RereadRecord struct {
 	MarkedRecord
 	Version string

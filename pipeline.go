@@ -678,7 +678,36 @@ func (p *pipeline) stalled() bool {
 // next, it then begins the next transaction.
 func (p *pipeline) endTxn(ctx context.Context, next bool) {
 	p.txnMu.Lock()
-	defer p.txnMu.Unlock()
+	h := p.endTxnLocked(ctx, next)
+	p.txnMu.Unlock()
+	h.deliver(p)
+}
+
+// handoff is what an ended transaction passes on: outcomes for the committers, and aborted runs
+// for their workers. It is delivered after txnMu is released, because either side may be full
+// and its reader waiting for txnMu (a worker producing, a committer finishing records for such a
+// worker): handing it over under the lock could deadlock. Held keys' records do not count
+// against MaxInFlightRecords, so no channel capacity can rule that out.
+type handoff struct {
+	outcomes []outcome
+	runs     []abortedRun
+	workers  []*sendWorker // the worker of each run
+}
+
+func (h *handoff) deliver(p *pipeline) {
+	for _, o := range h.outcomes {
+		p.outcomes <- o
+	}
+	for i, r := range h.runs {
+		select {
+		case h.workers[i].aborted <- r:
+		case <-p.ctx.Done(): // the workers are gone; the epoch resets what it holds
+		}
+	}
+}
+
+// endTxnLocked is endTxn's work under txnMu; what it returns goes on once the lock is released.
+func (p *pipeline) endTxnLocked(ctx context.Context, next bool) (h handoff) {
 	p.txnMx.Lock()
 	batch := p.txn
 	p.txn = nil
@@ -686,7 +715,7 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 	gen := p.gen
 	p.gen++
 	if len(batch) == 0 {
-		return
+		return h
 	}
 	extra := runsButLast(batch)
 	began := time.Now()
@@ -705,12 +734,12 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 		p.metrics.published.Add(float64(len(batch)))
 		for _, f := range batch {
 			p.endSpan(f, nil)
-			p.outcomes <- outcome{f: f}
+			h.outcomes = append(h.outcomes, outcome{f: f})
 		}
 		if next {
 			p.beginTxn()
 		}
-		return
+		return h
 	}
 	p.noted.Add(-int64(len(extra)))
 
@@ -745,17 +774,18 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 				p.rejected(f, failure)
 			}
 			p.endSpan(f, err)
-			p.outcomes <- outcome{f: f, failed: true}
+			h.outcomes = append(h.outcomes, outcome{f: f, failed: true})
 		}
 		if p.ctx.Err() == nil {
 			p.requestRemark("transaction failed", err)
 		}
 	} else {
-		p.returnRuns(gen, batch)
+		p.returnRuns(gen, batch, &h)
 	}
 	if next && !fatal {
 		p.beginTxn()
 	}
+	return h
 }
 
 // runsButLast returns the records of batch that a later record of the same key follows: what
@@ -774,9 +804,9 @@ func runsButLast(batch []*flight) []*flight {
 	return extra
 }
 
-// returnRuns gives the runs of aborted transaction gen back to their workers, to be sent again
-// from their first records; the records Kafka refused wait out a backoff first.
-func (p *pipeline) returnRuns(gen uint64, batch []*flight) {
+// returnRuns gathers the runs of aborted transaction gen for their workers (h delivers them), to
+// be sent again from their first records; the records Kafka refused wait out a backoff first.
+func (p *pipeline) returnRuns(gen uint64, batch []*flight, h *handoff) {
 	runs := map[string]*abortedRun{}
 	var firsts []*flight // each run's first record, whose worker owns the key
 	for _, f := range batch {
@@ -791,11 +821,9 @@ func (p *pipeline) returnRuns(gen uint64, batch []*flight) {
 			r.hold = append(r.hold, heldRecord{f: f, backoff: p.rejected(f, failure)})
 		}
 	}
-	// This cannot block (which, under txnMu, a worker waiting to produce would turn into a
-	// deadlock): a worker's pending runs are of distinct keys, each with a record unfinished, and
-	// its channel has room for MaxInFlightRecords.
 	for _, f := range firsts {
-		f.worker.aborted <- *runs[f.rec.KafkaKey]
+		h.runs = append(h.runs, *runs[f.rec.KafkaKey])
+		h.workers = append(h.workers, f.worker)
 	}
 }
 

@@ -28,8 +28,10 @@ type heldSQL struct {
 func newHeldSQL(outboxTable string) heldSQL {
 	table, _ := pgname.QuoteTable(outboxTable) // checked by the caller
 	dead, _ := pgname.QuoteTable(DeadLetterTable(outboxTable))
-	// xmin, the id of the transaction that wrote the row version, is the row's version: any
-	// update, an operator's fix included, changes it.
+	// A row's version is a hash of what would be published: an operator's fix changes it, a
+	// harvester's mark (leader_id) does not, and it can be read through a view (which has no
+	// xmin), such as the one README's recipe for Debezium-style tables makes.
+	const version = `md5(row(kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)::text)`
 	return heldSQL{
 		markExcept: `UPDATE ` + table + ` SET leader_id = $1
 WHERE id IN (
@@ -39,13 +41,13 @@ WHERE id IN (
   LIMIT $2
 )
 RETURNING ` + outboxSelect,
-		reread: `SELECT xmin::text, ` + outboxSelect + ` FROM ` + table + ` WHERE id = ANY($1)`,
+		reread: `SELECT ` + version + `, ` + outboxSelect + ` FROM ` + table + ` WHERE id = ANY($1)`,
 		purgeUnchanged: `DELETE FROM ` + table + ` WHERE id = ANY($1)
-  AND (id, xmin::text) IN (SELECT * FROM unnest($1::bigint[], $2::text[])) RETURNING id`,
+  AND (id, ` + version + `) IN (SELECT * FROM unnest($1::bigint[], $2::text[])) RETURNING id`,
 		// One statement is one transaction: the row leaves the outbox if and only if it reaches the
 		// dead-letter table.
 		deadLetter: `WITH moved AS (
-  DELETE FROM ` + table + ` WHERE id = $1 AND ($2::text = '' OR xmin::text = $2::text) RETURNING *
+  DELETE FROM ` + table + ` WHERE id = $1 AND ($2::text = '' OR ` + version + ` = $2::text) RETURNING *
 )
 INSERT INTO ` + dead + ` SELECT moved.*, $3::text, $4::integer, $5::timestamptz, $6::timestamptz FROM moved`,
 		requeue: `WITH back AS (
@@ -64,7 +66,13 @@ func (b *PostgresBinding) MarkExcept(ctx context.Context, leaderID uuid.UUID, li
 	if len(heldKeys) == 0 {
 		return b.Mark(ctx, leaderID, limit)
 	}
-	rows, err := b.pool.Query(ctx, b.held.markExcept, leaderID, limit, heldKeys)
+	// As bytes, so that the comparison holds for a bytea kafka_key too (whose text input would
+	// read a key's backslashes as escapes) as well as a text one.
+	keys := make([][]byte, len(heldKeys))
+	for i, k := range heldKeys {
+		keys[i] = []byte(k)
+	}
+	rows, err := b.pool.Query(ctx, b.held.markExcept, leaderID, limit, keys)
 	return readMarked(rows, err, limit)
 }
 
@@ -160,7 +168,15 @@ func withHeldSQL(ctx context.Context, dataSource, outboxTable string, do func(*p
 	if _, err := pgname.QuoteTable(outboxTable); err != nil {
 		return err
 	}
-	conn, err := pgx.Connect(ctx, dataSource)
+	cfg, err := pgx.ParseConfig(dataSource)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	if !execModeSet.MatchString(dataSource) {
+		// As the binding does, so that reaper dead-letter and requeue work behind a pooler too.
+		cfg.DefaultQueryExecMode = postgresExecMode
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}

@@ -8,8 +8,10 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/pgtest"
 )
 
 // The mark leaves held keys alone; a re-read gives each row's version, which an update changes;
@@ -132,5 +134,44 @@ func TestDeadLetterTableName(t *testing.T) {
 		if got := goharvest.DeadLetterTable(in); got != want || len(got) > 63 && in == long {
 			t.Errorf("DeadLetterTable(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+// Held keys of a bytea kafka_key are compared as bytes: backslashes, invalid UTF-8 and text that
+// looks like bytea's hex input all leave the other keys alone.
+func TestMarkExceptBinaryKeys(t *testing.T) {
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	if err := goharvest.CreateOutboxTableWith(ctx, dsn, "outbox", goharvest.TableOptions{Bytea: true}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := goharvest.NewPostgresBinding(dsn, "outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Dispose)
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	keys := []string{`\A`, `\x41`, "A", "\xff\x01", "plain"}
+	for _, k := range keys {
+		if _, err := conn.Exec(ctx, `INSERT INTO outbox (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
+			VALUES (now(), 't', $1, NULL, '{}', '{}')`, []byte(k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := []string{`\A`, `\x41`, "\xff\x01"}
+	marked, err := b.MarkExcept(ctx, uuid.New(), 10, held)
+	if err != nil {
+		t.Fatalf("MarkExcept with binary held keys: %v", err)
+	}
+	var got []string
+	for _, m := range marked {
+		got = append(got, m.KafkaKey)
+	}
+	if want := []string{"A", "plain"}; !slices.Equal(got, want) {
+		t.Fatalf("marked keys %q, want %q", got, want)
 	}
 }
