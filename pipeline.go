@@ -969,9 +969,8 @@ func (p *pipeline) commit(op string, batch []*flight, exec func(context.Context,
 			return true
 		}
 		if ctx.Err() != nil {
+			carried := 0
 			if op == "purge" {
-				p.log.Warn("gave up on purge at the end of the epoch; the next epoch this harvester leads purges them first",
-					"records", len(ids), "error", err)
 				p.unpurgedMu.Lock()
 				for _, f := range batch {
 					// A record read afresh after it was held is purged only if its row is unchanged
@@ -979,12 +978,18 @@ func (p *pipeline) commit(op string, batch []*flight, exec func(context.Context,
 					// left to be marked and published again instead.
 					if f.version == "" {
 						p.unpurged = append(p.unpurged, f.rec.ID)
+						carried++
 					}
 				}
 				p.unpurgedMu.Unlock()
-			} else {
+			}
+			if carried > 0 {
+				p.log.Warn("gave up on purge at the end of the epoch; the next epoch this harvester leads purges them first",
+					"records", carried, "error", err)
+			}
+			if len(ids) > carried {
 				p.log.Warn("gave up on "+op+" at the end of the epoch; the next epoch marks the records again",
-					"records", len(ids), "error", err)
+					"records", len(ids)-carried, "error", err)
 			}
 			return false
 		}
