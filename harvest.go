@@ -473,11 +473,15 @@ func (h *Harvest) prepareEpoch(ctx context.Context, unpurged []int64) (KafkaProd
 		producer.Close()
 		return nil, nil
 	}
-	h.kafkaTrouble.ok(h.log)
 	if ctx.Err() != nil || !h.purgeNoted(ctx, producer) {
 		producer.Close()
 		return nil, nil
 	}
+	// Only a start that got through every step ends an outage: a step that succeeds while a later
+	// one keeps failing would otherwise end it and begin it again on every attempt, and the
+	// outage would never count as lasting (for the log and for Ready).
+	h.dbTrouble.ok(h.log)
+	h.kafkaTrouble.ok(h.log)
 	return producer, nil
 }
 
@@ -581,7 +585,6 @@ func (h *Harvest) purgeIDs(ctx context.Context, op string, ids []int64) bool {
 		}
 		n += purged
 	}
-	h.dbTrouble.ok(h.log)
 	if n > 0 {
 		h.log.Info("purged records an earlier leader published and had not purged", "records", n, "op", op)
 	}
@@ -617,7 +620,6 @@ func (h *Harvest) schemaReady(ctx context.Context) bool {
 		}
 		return false
 	}
-	h.dbTrouble.ok(h.log)
 	h.mu.Lock()
 	fixed := h.schemaProblem != ""
 	h.schemaProblem = ""

@@ -408,3 +408,30 @@ func TestReadyReportsTableThatDoesNotFit(t *testing.T) {
 	r.stop()
 	r.checkOrder(ids)
 }
+
+// failingNotePurge is an outbox whose schema check passes while every purge fails.
+type failingNotePurge struct{ *fakeDB }
+
+func (d failingNotePurge) CheckSchema(context.Context) error { return nil }
+
+func (d failingNotePurge) Purge(context.Context, []int64) (int, error) { return 0, errDBDown }
+
+// An epoch start whose schema check passes while the purge after it keeps failing is one lasting
+// outage, not one that ends and begins again on every attempt: the log says so once (then at its
+// interval), and readiness fails.
+func TestEpochStartOutageLasts(t *testing.T) {
+	r := newRig(t, fastLimits())
+	db := failingNotePurge{r.db}
+	r.h.cfg.DatabaseBindingProvider = func(string, string) (DatabaseBinding, error) { return db, nil }
+	r.kafka.note = encodeNote([]int64{1 << 40})
+	r.start()
+	r.waitFor("several failed starts", 5*time.Second, func() bool {
+		return testutil.ToFloat64(r.h.metrics.errors.WithLabelValues(errorKindDatabase)) >= 5
+	})
+	if n := strings.Count(r.logs.String(), "database available again"); n != 0 {
+		t.Errorf("the outage was said to end %d times while every start failed", n)
+	}
+	if err := r.h.Ready(context.Background()); err == nil {
+		t.Error("ready while every epoch start fails")
+	}
+}
