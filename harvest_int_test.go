@@ -56,12 +56,7 @@ func newIntRig(t *testing.T, brokerOpts ...kafkatest.Option) *intRig {
 // count per key to check against.
 func (r *intRig) load(keys, perKey int) map[string]int64 {
 	r.t.Helper()
-	records, expected := verify.Backlog(r.topic, r.run, keys, perKey, goharvest.String("payload"))
-	st, _ := stasher.New("outbox")
-	if err := st.StashPgx(context.Background(), r.pool, records...); err != nil {
-		r.t.Fatal(err)
-	}
-	return expected
+	return verifytest.StashBacklog(r.t, r.pool, r.topic, r.run, keys, perKey, goharvest.String("payload"))
 }
 
 func (r *intRig) outboxRows() int {

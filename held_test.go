@@ -174,10 +174,7 @@ func TestRowChangedWhileBeingSentIsNotCommitted(t *testing.T) {
 	r.waitEmpty(10 * time.Second)
 	r.waitBudgetEmpty()
 	r.stop()
-	var values []string
-	for _, p := range r.kafka.published() {
-		values = append(values, fmt.Sprintf("%d:%s", p.id, *p.value))
-	}
+	values := r.publishedValues()
 	want := []string{fmt.Sprintf("%d:v2", ids[0]), fmt.Sprintf("%d:next", ids[1])}
 	if fmt.Sprint(values) != fmt.Sprint(want) {
 		t.Fatalf("published %v, want %v", values, want)
@@ -208,10 +205,7 @@ func TestRowChangedAtCommitIsPublishedAgain(t *testing.T) {
 	r.waitEmpty(10 * time.Second)
 	r.waitBudgetEmpty()
 	r.stop()
-	var values []string
-	for _, p := range r.kafka.published() {
-		values = append(values, fmt.Sprintf("%d:%s", p.id, *p.value))
-	}
+	values := r.publishedValues()
 	want := []string{fmt.Sprintf("%d:v1", ids[0]), fmt.Sprintf("%d:v2", ids[0]), fmt.Sprintf("%d:next", ids[1])}
 	if fmt.Sprint(values) != fmt.Sprint(want) {
 		t.Fatalf("published %v, want %v", values, want)
@@ -335,4 +329,13 @@ func TestHeldRecordFailuresSurviveARemark(t *testing.T) {
 	if !held.Since.Equal(first.Since) {
 		t.Errorf("held since %v after the remark, want the first failure %v", held.Since, first.Since)
 	}
+}
+
+// publishedValues lists what reached the broker, in order, as "id:value".
+func (r *rig) publishedValues() []string {
+	var values []string
+	for _, p := range r.kafka.published() {
+		values = append(values, fmt.Sprintf("%d:%s", p.id, *p.value))
+	}
+	return values
 }

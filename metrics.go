@@ -37,6 +37,9 @@ func newMetrics(name string, inFlight func() ([]string, int), held func() (int, 
 	gauge := func(metric, help string) prometheus.Gauge {
 		return prometheus.NewGauge(prometheus.GaugeOpts{Name: "goharvest_" + metric, Help: help, ConstLabels: labels})
 	}
+	gaugeFunc := func(metric, help string, value func() float64) prometheus.GaugeFunc {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "goharvest_" + metric, Help: help, ConstLabels: labels}, value)
+	}
 	histogram := func(metric, help string) prometheus.Histogram {
 		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: "goharvest_" + metric, Help: help, ConstLabels: labels,
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}})
@@ -60,19 +63,15 @@ func newMetrics(name string, inFlight func() ([]string, int), held func() (int, 
 		commitSeconds: histogram("commit_duration_seconds", "Time taken to commit one Kafka transaction (producing its records included)."),
 		backlog:       gauge("outbox_backlog_records", "Records in the outbox (counted up to 1,000,000), sampled by the leader."),
 		oldestAge:     gauge("outbox_oldest_record_age_seconds", "Age of the oldest record in the outbox, sampled by the leader; 0 when empty."),
-		inFlightRecords: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "goharvest_in_flight_records",
-			Help: "Records sent and not yet committed and purged.", ConstLabels: labels},
+		inFlightRecords: gaugeFunc("in_flight_records", "Records sent and not yet committed and purged.",
 			func() float64 { _, n := inFlight(); return float64(n) }),
-		inFlightKeysGauge: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "goharvest_in_flight_keys",
-			Help: "Keys with a record in flight.", ConstLabels: labels},
+		inFlightKeysGauge: gaugeFunc("in_flight_keys", "Keys with a record in flight.",
 			func() float64 { keys, _ := inFlight(); return float64(len(keys)) }),
 		deadLettered: counter("records_dead_lettered_total", "Held records moved into the dead-letter table (see Limits.DeadLetterAttempts and DeadLetterAfter)."),
 		heldDeleted:  counter("held_records_deleted_total", "Held records dropped because their rows were deleted (or given another key) in the outbox."),
-		heldRecords: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "goharvest_held_records",
-			Help: "Records that hold back their keys: refused, or malformed, and being retried.", ConstLabels: labels},
+		heldRecords: gaugeFunc("held_records", "Records that hold back their keys: refused, or malformed, and being retried.",
 			func() float64 { n, _ := held(); return float64(n) }),
-		heldOldestAge: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "goharvest_held_record_oldest_age_seconds",
-			Help: "Time since the oldest held record first failed; 0 when none is held.", ConstLabels: labels},
+		heldOldestAge: gaugeFunc("held_record_oldest_age_seconds", "Time since the oldest held record first failed; 0 when none is held.",
 			func() float64 {
 				if _, since := held(); !since.IsZero() {
 					return time.Since(since).Seconds()

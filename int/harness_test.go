@@ -168,12 +168,7 @@ func (r *rig) finish(within time.Duration) verify.Report {
 // preload writes a backlog of stamped records over keys before any reaper runs.
 func (r *rig) preload(records, keys int) {
 	r.t.Helper()
-	recs, expected := verify.Backlog(topic, r.run, keys, records/keys, goharvest.String(strings.Repeat("v", 256)))
-	st, _ := stasher.New("outbox")
-	if err := st.StashPgx(context.Background(), r.pool, recs...); err != nil {
-		r.t.Fatal(err)
-	}
-	r.preloaded = expected
+	r.preloaded = verifytest.StashBacklog(r.t, r.pool, topic, r.run, keys, records/keys, goharvest.String(strings.Repeat("v", 256)))
 }
 
 // writers insert stamped records continuously, each key owned by one writer so its commit

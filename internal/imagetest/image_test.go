@@ -37,9 +37,7 @@ import (
 	"github.com/goharvest/goharvest/internal/pgtest"
 	"github.com/goharvest/goharvest/internal/reaper"
 	"github.com/goharvest/goharvest/internal/syncbuf"
-	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/internal/verifytest"
-	"github.com/goharvest/goharvest/stasher"
 )
 
 // The image's user, as the Containerfile sets it.
@@ -129,17 +127,13 @@ logging:
 		t.Fatalf("reaper init in the image: %v:\n%s", err, out)
 	}
 	const keys, perKey = 50, 20
-	records, expected := verify.Backlog("events", t.Name(), keys, perKey, goharvest.String("v"))
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	st, _ := stasher.New("outbox")
-	if err := st.StashPgx(ctx, pool, records...); err != nil {
-		t.Fatal(err)
-	}
+	expected := verifytest.StashBacklog(t, pool, "events", t.Name(), keys, perKey, goharvest.String("v"))
 	v := verifytest.Start(t, broker.Addr(), "events", t.Name())
 
 	// Run the image's entrypoint and command, as a container runtime would.

@@ -17,9 +17,7 @@ import (
 	"github.com/goharvest/goharvest/internal/buildtest"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgtest"
-	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/internal/verifytest"
-	"github.com/goharvest/goharvest/stasher"
 )
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
@@ -94,16 +92,12 @@ logging:
 	}
 
 	const keys, perKey = 200, 100
-	records, expected := verify.Backlog("events", t.Name(), keys, perKey, goharvest.String("v"))
 	pool, err := pgxpool.New(ctx, dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	st, _ := stasher.New("outbox")
-	if err := st.StashPgx(ctx, pool, records...); err != nil {
-		t.Fatal(err)
-	}
+	expected := verifytest.StashBacklog(t, pool, "events", t.Name(), keys, perKey, goharvest.String("v"))
 	v := verifytest.Start(t, broker.Addr(), "events", t.Name())
 
 	first := startReaper(t, bin, env, "-f", config)
