@@ -22,6 +22,9 @@ const (
 	DefaultMinPollInterval  = 100 * time.Millisecond
 )
 
+// MaxPartitions bounds Config.Partitions.
+const MaxPartitions = 1024
+
 // Config configures one contender for leadership.
 type Config struct {
 	// KafkaConfig holds librdkafka properties for the election's consumer and heartbeat producer:
@@ -29,9 +32,14 @@ type Config struct {
 	// OwnedProperties are set by NELI and rejected here.
 	KafkaConfig map[string]any
 
-	// LeaderTopic is the topic whose partition 0 decides leadership; it is created with one
-	// partition if it does not exist. Required.
+	// LeaderTopic is the topic whose partitions are led: whoever the group assigns a partition
+	// leads it. It is created with Partitions partitions if it does not exist, and partitions are
+	// added if it has fewer. Required.
 	LeaderTopic string
+
+	// Partitions is how many partitions of LeaderTopic are led, each by one contender at a time;
+	// the group spreads them evenly over the contenders. Default 1: one leader.
+	Partitions int
 
 	// LeaderGroupID is the consumer group of the contenders. Required.
 	LeaderGroupID string
@@ -53,17 +61,17 @@ type Config struct {
 	// It must be below HeartbeatTimeout/2 so that heartbeats flow often enough.
 	MinPollInterval time.Duration
 
-	// OnEvent receives LeaderAcquired, LeaderFenced and LeaderRevoked events, in order, on a
+	// OnEvent receives Acquired, SelfFenced and Revoked events, in order, on a
 	// goroutine of its own: a slow or blocked handler delays later events but never the
 	// election loop. Optional.
 	OnEvent func(Event)
 
-	// Barrier is called synchronously, on the goroutine that pulses, as soon as leadership is
-	// lost (revoked or fenced), after IsLeader has turned false. On a revoke, the group cannot
-	// assign partition 0 to another member until Barrier returns, so a harvester can use it to
-	// stop sending and wait for its in-flight messages. It must return well within
-	// HeartbeatTimeout: while it runs, the consumer is not polled. Optional.
-	Barrier func()
+	// Barrier is called synchronously, on the goroutine that pulses, as soon as partitions are
+	// lost (revoked, or all of them fenced), with those partitions, after Partitions has stopped
+	// returning them. On a revoke, the group cannot assign them to another member until Barrier
+	// returns, so a harvester can use it to stop sending and wait for its in-flight messages. It
+	// must return well within HeartbeatTimeout: while it runs, the consumer is not polled. Optional.
+	Barrier func(partitions []int32)
 
 	// Logger receives the election's logs. Default: slog.Default().
 	Logger *slog.Logger
@@ -80,7 +88,7 @@ var OwnedProperties = map[string]string{
 	"session.timeout.ms":              "derived from the heartbeat timeout so that a leader fences itself before its partition can be reassigned",
 	"heartbeat.interval.ms":           "derived from the heartbeat timeout",
 	"max.poll.interval.ms":            "derived from the heartbeat timeout",
-	"partition.assignment.strategy":   "leader election relies on eager assignment of partition 0",
+	"partition.assignment.strategy":   "leader election relies on cooperative-sticky: balanced, moving as few partitions as it can, each revoked before it is assigned again",
 	"group.protocol":                  "leader election uses the classic group protocol",
 	"go.application.rebalance.enable": "leader election handles rebalances itself",
 }
@@ -97,6 +105,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MinPollInterval == 0 {
 		c.MinPollInterval = DefaultMinPollInterval
+	}
+	if c.Partitions == 0 {
+		c.Partitions = 1
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -126,6 +137,9 @@ func (c Config) Validate() error {
 	if strings.TrimSpace(c.Name) == "" {
 		bad("Name: required")
 	}
+	if c.Partitions < 1 || c.Partitions > MaxPartitions {
+		bad("Partitions %d: out of range [1, %d]", c.Partitions, MaxPartitions)
+	}
 	if c.HeartbeatTimeout < 100*time.Millisecond || c.HeartbeatTimeout > 10*time.Minute {
 		bad("HeartbeatTimeout %v: out of range [100ms, 10m]", c.HeartbeatTimeout)
 	}
@@ -149,7 +163,7 @@ func (c Config) Validate() error {
 // and so evicts it no earlier than t + sessionTimeout - heartbeatInterval = t + 1.9 heartbeat
 // timeouts. A leader whose loop stalls stops reading heartbeats at once and is fenced after one
 // heartbeat timeout, while librdkafka only leaves the group after maxPollInterval, two of them.
-// Either way the old leader is fenced before any other member can be given partition 0.
+// Either way the old leader is fenced before any other member can be given its partitions.
 func timeouts(heartbeatTimeout time.Duration) (session, heartbeatInterval, maxPoll time.Duration) {
 	return 2 * heartbeatTimeout, heartbeatTimeout / 10, 2 * heartbeatTimeout
 }
@@ -169,11 +183,21 @@ func (c Config) consumerConfig() kafka.ConfigMap {
 		"session.timeout.ms":            int(session.Milliseconds()),
 		"heartbeat.interval.ms":         max(1, int(interval.Milliseconds())),
 		"max.poll.interval.ms":          int(maxPoll.Milliseconds()),
-		"partition.assignment.strategy": "range",
+		"partition.assignment.strategy": "cooperative-sticky",
 		// A heartbeat should be seen as soon as it lands, not after a full fetch wait.
 		"fetch.wait.max.ms": max(1, int(interval.Milliseconds())),
 	})
 	rdlog.Enable(cm)
+	return cm
+}
+
+// heartbeatConsumerConfig builds the properties of the consumer that reads heartbeats back. It is
+// assigned its partition and never joins the group; librdkafka requires a group.id all the same,
+// and the election's own is one the contender's principal may already use.
+func (c Config) heartbeatConsumerConfig() kafka.ConfigMap {
+	cm := c.consumerConfig()
+	cm["client.id"] = c.Name + ".heartbeats"
+	delete(cm, "partition.assignment.strategy")
 	return cm
 }
 

@@ -1,7 +1,8 @@
-// Package neli elects one leader among contending processes through a Kafka consumer group,
-// using Fast NELI (Non-Exclusive Leader Inference): whichever member Kafka assigns partition 0 of
-// the leader topic is the leader. It needs nothing but Kafka, and is useful on its own, for any
-// work that one process of a group should do at a time.
+// Package neli elects leaders among contending processes through a Kafka consumer group, using
+// Fast NELI (Non-Exclusive Leader Inference): whichever member Kafka assigns a partition of the
+// leader topic leads it. With one partition (the default) that makes one leader; with N, the
+// group spreads N leaderships over its members, for work split N ways. It needs nothing but
+// Kafka, and is useful on its own, for any work that one process of a group should do at a time.
 //
 // # Usage
 //
@@ -15,33 +16,37 @@
 //	...
 //	go n.Run(ctx)          // or call n.Pulse(ctx) yourself every MinPollInterval
 //	if n.IsLeader() { ... } // consult before every piece of leader-only work
+//	n.Partitions()          // with Config.Partitions > 1: which of the N this contender leads
 //
 // # States
 //
-//	               partition 0 assigned
-//	+----------+  -- LeaderAcquired -->  +--------+
-//	| Follower |                         | Leader |
-//	+----------+  <-- LeaderRevoked --   +--------+
-//	     ^          (rebalance, Close)       |
-//	     |                                   | no own heartbeat back
-//	     |                                   | within HeartbeatTimeout
-//	     |                                   v -- LeaderFenced (Barrier runs)
-//	     |   rejoin: LeaderRevoked      +--------+
-//	     +----------------------------  | Fenced |
-//	                                    +--------+
+// Each partition goes through these states on its own (the events name the partitions):
 //
-// A Leader publishes a heartbeat to partition 0 on every pulse and reads it back through its
-// consumer. IsLeader is true only while partition 0 is assigned and the newest heartbeat read
+//	             partition assigned
+//	+----------+  -- Acquired -->  +--------+
+//	| Follower |                   | Leader |
+//	+----------+  <-- Revoked --   +--------+
+//	     ^      (rebalance, Close)      |
+//	     |                              | no own heartbeat back
+//	     |                              | within HeartbeatTimeout
+//	     |                              v -- SelfFenced (Barrier runs)
+//	     |   rejoin: Revoked       +--------+
+//	     +-----------------------  | Fenced |
+//	                               +--------+
+//
+// A Leader publishes a heartbeat to partition 0 every tenth of the heartbeat timeout and reads it
+// back through a consumer assigned that partition. IsLeader is true only while a partition is
+// assigned and the newest heartbeat read
 // back was sent less than HeartbeatTimeout ago; because it consults the clock, a leader whose
 // loop stalls (a GC pause, a stuck callback, a frozen process) reads as fenced on time even
-// though nothing runs to notice. When the loop does notice, it emits LeaderFenced, runs the
+// though nothing runs to notice. When the loop does notice, it emits SelfFenced, runs the
 // Barrier, and leaves and rejoins the group. Reading its own heartbeat shows only that the leader
 // still reaches the partition, not that the group still counts it as a member, so a fenced
 // leader is never restored in place: leadership returns only through a fresh assignment.
 //
 // # Safety
 //
-// The leader must fence itself before any other member can be assigned partition 0. NELI owns
+// The leader must fence itself before any other member can be assigned its partitions. NELI owns
 // the consumer's group timings and derives them from HeartbeatTimeout (H):
 //
 //	session.timeout.ms    = 2H
@@ -55,12 +60,15 @@
 // or two. A leader whose loop stalls at
 // t reads no heartbeat after t and is fenced by t+H, while librdkafka leaves the group only at
 // t+2H. A graceful handover (a rebalance, or Close) revokes the leader, and runs Barrier, before
-// the group can reassign, because the eager protocol waits for every member to give up its
-// partitions first.
+// the group can reassign: under the cooperative protocol a partition that is to move is first
+// taken from its owner, and assigned to its new owner only in a later round, once the old one has
+// rejoined without it. The cooperative-sticky assignor also keeps the partitions balanced (3
+// members, 8 partitions: 3, 3 and 2) and moves as few as it can when a member joins or leaves;
+// the partitions that stay keep their leader through the rebalance.
 //
 // The Barrier is that handover's budget. After a revoke it runs inside the rebalance, which waits
-// for it for at most max.poll.interval.ms = 2H before it evicts the member and reassigns partition
-// 0 anyway; after a fence (at t+H at the latest, above) it has until the coordinator can evict
+// for it for at most max.poll.interval.ms = 2H before it evicts the member and reassigns its
+// partitions anyway; after a fence (at t+H at the latest, above) it has until the coordinator can evict
 // the member, t+1.9H, so 0.9H. A Barrier must return within that, whatever the state of the
 // systems the leader's work depends on. goharvest's returns within about its MaxPollInterval, at
 // most H/2: every wait of an ending epoch ends by one deadline, and so does the one kind of call

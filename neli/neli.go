@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,13 +23,13 @@ import (
 type State int
 
 const (
-	// Follower: partition 0 is not assigned to this contender.
+	// Follower: no partition of the leader topic is assigned to this contender.
 	Follower State = iota
-	// Leader: partition 0 is assigned and the contender's own heartbeat came back within the
-	// heartbeat timeout.
+	// Leader: at least one partition is assigned and the contender's own heartbeat came back
+	// within the heartbeat timeout. It leads the partitions that Partitions returns.
 	Leader
-	// Fenced: partition 0 may still be assigned, but no heartbeat came back in time, so the
-	// contender must assume another may be elected and act as a follower.
+	// Fenced: partitions may still be assigned, but no heartbeat came back in time, so the
+	// contender must assume that others may be given them and act as a follower.
 	Fenced
 )
 
@@ -44,29 +45,42 @@ func (s State) String() string {
 	return "State(" + strconv.Itoa(int(s)) + ")"
 }
 
-// Event is a change of leadership, delivered to Config.OnEvent.
+// Event is a change of leadership, delivered to Config.OnEvent. Each names the partitions of
+// the leader topic it concerns.
 type Event interface {
 	fmt.Stringer
 	event()
 }
 
-// LeaderAcquired: this contender became the leader.
-type LeaderAcquired struct{}
+// Acquired: this contender now leads these partitions (more may follow in later events).
+type Acquired struct{ Partitions []int32 }
 
-// LeaderFenced: the leader stopped receiving its own heartbeats and stepped down; another
-// contender may be elected at any moment. It will rejoin the group and may be elected again.
-type LeaderFenced struct{}
+// SelfFenced: the contender stopped receiving its own heartbeats and stepped down from every
+// partition it led; others may be given them at any moment. It rejoins the group and may be
+// given partitions again.
+type SelfFenced struct{ Partitions []int32 }
 
-// LeaderRevoked: partition 0 was taken from this contender (by a rebalance, or because it
-// is closing). Follows LeaderAcquired, or LeaderFenced if the leader had fenced itself.
-type LeaderRevoked struct{}
+// Revoked: these partitions were taken from this contender (by a rebalance, or because it is
+// closing). Follows Acquired, or SelfFenced if the contender had fenced itself.
+type Revoked struct{ Partitions []int32 }
 
-func (LeaderAcquired) event()         {}
-func (LeaderFenced) event()           {}
-func (LeaderRevoked) event()          {}
-func (LeaderAcquired) String() string { return "leader acquired" }
-func (LeaderFenced) String() string   { return "leader fenced" }
-func (LeaderRevoked) String() string  { return "leader revoked" }
+func (Acquired) event()   {}
+func (SelfFenced) event() {}
+func (Revoked) event()    {}
+
+func (e Acquired) String() string { return "acquired partitions " + partitionList(e.Partitions) }
+func (e SelfFenced) String() string {
+	return "fenced itself off partitions " + partitionList(e.Partitions)
+}
+func (e Revoked) String() string { return "revoked partitions " + partitionList(e.Partitions) }
+
+func partitionList(ps []int32) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = strconv.Itoa(int(p))
+	}
+	return strings.Join(s, ",")
+}
 
 // ErrClosed is returned by Pulse after Close.
 var ErrClosed = errors.New("neli: closed")
@@ -80,7 +94,8 @@ const maxEventsPerPulse = 100
 type Neli struct {
 	cfg      Config
 	log      *slog.Logger
-	consumer *kafka.Consumer
+	consumer *kafka.Consumer // the group member: its assignment decides what this contender leads
+	beats    *kafka.Consumer // reads heartbeats back; assigned, not a group member (see sendHeartbeat)
 	producer *kafka.Producer
 	events   *dispatch.Dispatcher[Event]
 
@@ -89,16 +104,17 @@ type Neli struct {
 	closed         bool
 	subscribed     bool
 	topicChecked   bool
-	tenure         string               // random, new on each acquisition; marks our heartbeats
+	tenure         string               // random, new when leadership begins; marks our heartbeats
 	seq            uint64               // heartbeat sequence within the tenure
 	sent           map[uint64]time.Time // heartbeats not yet read back, by sequence
 	lastSent       time.Time
 	heartbeatEvery time.Duration
 	kafkaTrouble   string // the last Kafka error logged, so an outage is logged once
+	fatal          error  // a problem found inside a rebalance callback, returned by Pulse
 
-	// mu guards the leadership view read by IsLeader.
+	// mu guards the leadership view read by IsLeader and Partitions.
 	mu            sync.Mutex
-	assigned      bool
+	assigned      []int32 // sorted
 	fenced        bool
 	lastHeartbeat time.Time // when the newest heartbeat read back was sent (monotonic)
 }
@@ -115,21 +131,30 @@ func New(cfg Config) (*Neli, error) {
 	if err != nil {
 		return nil, fmt.Errorf("neli: create consumer: %w", err)
 	}
+	beatsConfig := cfg.heartbeatConsumerConfig()
+	beats, err := kafka.NewConsumer(&beatsConfig)
+	if err != nil {
+		consumer.Close()
+		return nil, fmt.Errorf("neli: create heartbeat consumer: %w", err)
+	}
 	producerConfig := cfg.producerConfig()
 	producer, err := kafka.NewProducer(&producerConfig)
 	if err != nil {
 		consumer.Close()
+		beats.Close()
 		return nil, fmt.Errorf("neli: create heartbeat producer: %w", err)
 	}
 	n := &Neli{
 		cfg:            cfg,
 		log:            cfg.Logger.With("group", cfg.LeaderGroupID, "member", cfg.Name),
 		consumer:       consumer,
+		beats:          beats,
 		producer:       producer,
 		events:         dispatch.New(cfg.OnEvent),
 		heartbeatEvery: max(cfg.MinPollInterval, cfg.HeartbeatTimeout/10),
 	}
 	rdlog.Forward(consumer.Logs(), n.log)
+	rdlog.Forward(beats.Logs(), n.log)
 	rdlog.Forward(producer.Logs(), n.log)
 	// Heartbeats need no delivery reports; the channel carries only client errors, which are
 	// drained so that it never fills.
@@ -152,13 +177,28 @@ func (n *Neli) IsLeader() bool { return n.State() == Leader }
 func (n *Neli) State() State {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.stateLocked()
+}
+
+func (n *Neli) stateLocked() State {
 	switch {
-	case !n.assigned:
+	case len(n.assigned) == 0:
 		return Follower
 	case n.fenced || time.Since(n.lastHeartbeat) >= n.cfg.HeartbeatTimeout:
 		return Fenced
 	}
 	return Leader
+}
+
+// Partitions returns the partitions this contender leads now, in order: those assigned to it,
+// while it is the Leader (see State); none otherwise.
+func (n *Neli) Partitions() []int32 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.stateLocked() != Leader {
+		return nil
+	}
+	return slices.Clone(n.assigned)
 }
 
 // Run pulses every MinPollInterval until ctx is done, then closes (allowing two heartbeat
@@ -210,6 +250,18 @@ func (n *Neli) Pulse(ctx context.Context) (bool, error) {
 		if err := n.handle(ev); err != nil {
 			return false, err
 		}
+		if n.fatal != nil {
+			return false, n.fatal
+		}
+	}
+	for range maxEventsPerPulse {
+		ev := n.beats.Poll(0)
+		if ev == nil {
+			break
+		}
+		if err := n.handle(ev); err != nil {
+			return false, err
+		}
 	}
 	n.fenceIfSilent()
 	if n.State() == Leader && time.Since(n.lastSent) >= n.heartbeatEvery {
@@ -232,6 +284,10 @@ func (n *Neli) subscribe(ctx context.Context) error {
 		}
 		n.topicChecked = true
 	}
+	topic := n.cfg.LeaderTopic
+	if err := n.beats.Assign([]kafka.TopicPartition{{Topic: &topic, Partition: heartbeatPartition, Offset: kafka.OffsetEnd}}); err != nil {
+		return fmt.Errorf("neli: read heartbeats from %s: %w", topic, err)
+	}
 	if err := n.consumer.Subscribe(n.cfg.LeaderTopic, n.onRebalance); err != nil {
 		return fmt.Errorf("neli: subscribe to %s: %w", n.cfg.LeaderTopic, err)
 	}
@@ -244,40 +300,54 @@ type fatalError struct{ err error }
 
 func (e *fatalError) Error() string { return e.err.Error() }
 
-// ensureTopic creates the leader topic with one partition unless it exists. A refusal for lack
-// of permission is fatal, with advice; other failures (Kafka unreachable) are for retrying.
+// ensureTopic creates the leader topic with Config.Partitions partitions unless it exists, and
+// adds partitions to one that has fewer (Kafka cannot take partitions away, so a topic with more
+// is an error). A refusal for lack of permission is fatal, with advice; other failures (Kafka
+// unreachable) are for retrying.
 func (n *Neli) ensureTopic(ctx context.Context) error {
 	admin, err := kafka.NewAdminClientFromConsumer(n.consumer)
 	if err != nil {
 		return fmt.Errorf("admin client: %w", err)
 	}
 	defer admin.Close()
-	topic := n.cfg.LeaderTopic
+	topic, want := n.cfg.LeaderTopic, n.cfg.Partitions
 	md, err := admin.GetMetadata(&topic, false, int(n.cfg.HeartbeatTimeout.Milliseconds()))
 	if err != nil {
 		return fmt.Errorf("metadata: %w", err)
 	}
-	if t, ok := md.Topics[topic]; ok && t.Error.Code() == kafka.ErrNoError && len(t.Partitions) > 0 {
-		return nil
-	}
 	createCtx, cancel := context.WithTimeout(ctx, n.cfg.HeartbeatTimeout)
 	defer cancel()
-	results, err := admin.CreateTopics(createCtx, []kafka.TopicSpecification{
-		{Topic: topic, NumPartitions: 1, ReplicationFactor: -1},
-	})
-	if err != nil {
-		return fmt.Errorf("create leader topic %s: %w", topic, err)
+	var results []kafka.TopicResult
+	if t, ok := md.Topics[topic]; ok && t.Error.Code() == kafka.ErrNoError && len(t.Partitions) > 0 {
+		switch have := len(t.Partitions); {
+		case have == want:
+			return nil
+		case have > want:
+			return &fatalError{fmt.Errorf("neli: leader topic %s has %d partitions, more than the %d configured: "+
+				"Kafka cannot remove partitions, so use a new leader topic for fewer (see README, Scaling out)", topic, have, want)}
+		}
+		results, err = admin.CreatePartitions(createCtx, []kafka.PartitionsSpecification{{Topic: topic, IncreaseTo: want}})
+		if err != nil {
+			return fmt.Errorf("add partitions to leader topic %s: %w", topic, err)
+		}
+	} else {
+		results, err = admin.CreateTopics(createCtx, []kafka.TopicSpecification{
+			{Topic: topic, NumPartitions: want, ReplicationFactor: -1},
+		})
+		if err != nil {
+			return fmt.Errorf("create leader topic %s: %w", topic, err)
+		}
 	}
 	for _, r := range results {
 		switch r.Error.Code() {
 		case kafka.ErrNoError:
-			n.log.Info("created the leader topic", "topic", topic)
+			n.log.Info("leader topic ready", "topic", topic, "partitions", want)
 		case kafka.ErrTopicAlreadyExists:
 		case kafka.ErrTopicAuthorizationFailed, kafka.ErrClusterAuthorizationFailed:
-			return &fatalError{fmt.Errorf("neli: leader topic %s does not exist and this client may not create it (%v): "+
-				"create it with one partition, or grant CREATE on it", topic, r.Error)}
+			return &fatalError{fmt.Errorf("neli: leader topic %s needs %d partition(s) and this client may not create it "+
+				"or add partitions (%v): create it with %d partition(s), or grant CREATE and ALTER on it", topic, want, r.Error, want)}
 		default:
-			return fmt.Errorf("create leader topic %s: %w", topic, r.Error)
+			return fmt.Errorf("prepare leader topic %s: %w", topic, r.Error)
 		}
 	}
 	return nil
@@ -299,7 +369,7 @@ func (n *Neli) Ping(ctx context.Context) error {
 func (n *Neli) handle(ev kafka.Event) error {
 	switch e := ev.(type) {
 	case *kafka.Message:
-		n.onHeartbeat(e)
+		n.onHeartbeat(e) // ignores all but our own heartbeats, from whichever consumer
 	case kafka.Error:
 		if e.IsFatal() {
 			return fmt.Errorf("neli: fatal Kafka error: %w", e)
@@ -322,58 +392,87 @@ func (n *Neli) trouble(msg string, err error) {
 	}
 }
 
-// onRebalance runs inside Poll (or Close) when the group changes. Only partition 0 matters.
+// onRebalance runs inside Poll (or Close) when the group changes. The group uses the cooperative
+// protocol: each event names only the partitions that change hands, and a partition that moves is
+// revoked from its owner (whose barrier runs here) before the group assigns it to anyone else.
 func (n *Neli) onRebalance(_ *kafka.Consumer, ev kafka.Event) error {
 	switch e := ev.(type) {
 	case kafka.AssignedPartitions:
-		if hasPartitionZero(e.Partitions) {
-			n.acquire()
-		}
+		n.acquire(partitionsOf(e.Partitions))
 	case kafka.RevokedPartitions:
-		n.mu.Lock()
-		assigned := n.assigned
-		n.mu.Unlock()
-		if assigned && hasPartitionZero(e.Partitions) {
-			n.revoke()
-		}
+		n.revoke(partitionsOf(e.Partitions))
 	}
 	return nil
 }
 
-func hasPartitionZero(parts []kafka.TopicPartition) bool {
-	for _, p := range parts {
-		if p.Partition == 0 {
-			return true
-		}
+func partitionsOf(tps []kafka.TopicPartition) []int32 {
+	ps := make([]int32, 0, len(tps))
+	for _, tp := range tps {
+		ps = append(ps, tp.Partition)
 	}
-	return false
+	slices.Sort(ps)
+	return ps
 }
 
-func (n *Neli) acquire() {
-	n.tenure = newTenure()
-	n.seq = 0
-	n.sent = map[uint64]time.Time{}
+func (n *Neli) acquire(ps []int32) {
+	if len(ps) == 0 {
+		return
+	}
+	if last := ps[len(ps)-1]; int(last) >= n.cfg.Partitions {
+		// Another contender of this group created or grew the topic for more partitions than this
+		// one is configured for: leading with different partition counts would split the work
+		// two ways at once.
+		n.fatal = fmt.Errorf("neli: assigned partition %d of leader topic %s, which should have %d partitions: "+
+			"a member of group %s runs with a different number of partitions (shards); stop them all and "+
+			"start them with one setting", last, n.cfg.LeaderTopic, n.cfg.Partitions, n.cfg.LeaderGroupID)
+		return
+	}
 	n.mu.Lock()
-	n.assigned, n.fenced = true, false
-	// The coordinator has just vouched for us: our session outlives a heartbeat timeout from now.
-	n.lastHeartbeat = time.Now()
+	beginning := len(n.assigned) == 0
+	n.assigned = slices.Sorted(slices.Values(append(n.assigned, ps...)))
+	n.assigned = slices.Compact(n.assigned)
+	if beginning {
+		n.fenced = false
+		// The coordinator has just vouched for us: our session outlives a heartbeat timeout from now.
+		n.lastHeartbeat = time.Now()
+	}
 	n.mu.Unlock()
+	if beginning {
+		n.tenure = newTenure()
+		n.seq = 0
+		n.sent = map[uint64]time.Time{}
+	}
 	n.kafkaTrouble = ""
-	n.log.Info("acquired leadership")
-	n.events.Emit(LeaderAcquired{})
-	n.sendHeartbeat()
+	n.log.Info("acquired leadership", "partitions", partitionList(ps))
+	n.events.Emit(Acquired{Partitions: ps})
+	if beginning {
+		n.sendHeartbeat()
+	}
 }
 
-func (n *Neli) revoke() {
+func (n *Neli) revoke(ps []int32) {
 	n.mu.Lock()
 	wasFenced := n.fenced
-	n.assigned, n.fenced = false, false
+	var lost []int32
+	n.assigned = slices.DeleteFunc(n.assigned, func(p int32) bool {
+		if slices.Contains(ps, p) {
+			lost = append(lost, p)
+			return true
+		}
+		return false
+	})
+	if len(n.assigned) == 0 {
+		n.fenced = false
+	}
 	n.mu.Unlock()
-	n.log.Info("leadership revoked")
-	n.events.Emit(LeaderRevoked{})
-	// A leader that fenced itself has run the barrier already.
+	if len(lost) == 0 {
+		return
+	}
+	n.log.Info("leadership revoked", "partitions", partitionList(lost))
+	n.events.Emit(Revoked{Partitions: lost})
+	// A contender that fenced itself has run the barrier already.
 	if !wasFenced {
-		n.barrier()
+		n.barrier(lost)
 	}
 }
 
@@ -383,31 +482,42 @@ func (n *Neli) revoke() {
 // assignment from the coordinator.
 func (n *Neli) fenceIfSilent() {
 	n.mu.Lock()
-	silent := n.assigned && !n.fenced && time.Since(n.lastHeartbeat) >= n.cfg.HeartbeatTimeout
+	silent := len(n.assigned) > 0 && !n.fenced && time.Since(n.lastHeartbeat) >= n.cfg.HeartbeatTimeout
 	if silent {
 		n.fenced = true
 	}
+	led := slices.Clone(n.assigned)
 	n.mu.Unlock()
 	if !silent {
 		return
 	}
 	n.log.Warn("no heartbeat came back within the timeout; stepping down and rejoining the group",
 		"heartbeatTimeout", n.cfg.HeartbeatTimeout)
-	n.events.Emit(LeaderFenced{})
-	n.barrier()
+	n.events.Emit(SelfFenced{Partitions: led})
+	n.barrier(led)
 	if err := n.consumer.Unsubscribe(); err != nil {
 		n.log.Warn("leave group after fencing", "error", err)
 	}
 	n.subscribed = false // the next Pulse rejoins, after this one has served the revoke
 }
 
-func (n *Neli) barrier() {
+func (n *Neli) barrier(ps []int32) {
 	if n.cfg.Barrier != nil {
-		n.cfg.Barrier()
+		n.cfg.Barrier(ps)
 	}
 }
 
-// Heartbeats carry member name, tenure and sequence: "name|tenure|seq".
+// heartbeatPartition is where every contender publishes its heartbeats.
+const heartbeatPartition = 0
+
+// Heartbeats carry member name, tenure and sequence: "name|tenure|seq". Every contender publishes
+// them to partition 0 and reads its own back through a consumer of its own that is assigned the
+// partition, outside the group. Reading them through the group's consumer would not do: librdkafka
+// pauses its fetches while a rebalance is under way, and with cooperative rebalancing a contender
+// keeps leading partitions through rebalances that may wait on another member's Barrier for longer
+// than a heartbeat timeout. Reading one back proves that the loop still runs and Kafka answers,
+// which is all a heartbeat can prove: membership, and with it every partition, is lost at once
+// or not at all.
 func (n *Neli) sendHeartbeat() {
 	n.seq++
 	now := time.Now()
@@ -415,7 +525,7 @@ func (n *Neli) sendHeartbeat() {
 	n.lastSent = now
 	topic := n.cfg.LeaderTopic
 	err := n.producer.Produce(&kafka.Message{
-		TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: 0},
+		TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: heartbeatPartition},
 		Value:          []byte(n.cfg.Name + "|" + n.tenure + "|" + strconv.FormatUint(n.seq, 10)),
 	}, nil)
 	if err != nil {
@@ -424,9 +534,6 @@ func (n *Neli) sendHeartbeat() {
 }
 
 func (n *Neli) onHeartbeat(m *kafka.Message) {
-	if m.TopicPartition.Partition != 0 {
-		return
-	}
 	parts := strings.Split(string(m.Value), "|")
 	if len(parts) != 3 || parts[0] != n.cfg.Name || parts[1] != n.tenure {
 		return // another member's, or from an earlier tenure of ours
@@ -446,7 +553,7 @@ func (n *Neli) onHeartbeat(m *kafka.Message) {
 	}
 	n.mu.Lock()
 	// Once fenced, only a fresh assignment restores leadership (see fenceIfSilent).
-	if n.assigned && !n.fenced && sentAt.After(n.lastHeartbeat) {
+	if len(n.assigned) > 0 && !n.fenced && sentAt.After(n.lastHeartbeat) {
 		n.lastHeartbeat = sentAt
 	}
 	n.mu.Unlock()
@@ -459,8 +566,8 @@ func newTenure() string {
 	return hex.EncodeToString(b)
 }
 
-// Close leaves the group promptly, so that another contender can be elected at once. A leader
-// is revoked first (LeaderRevoked, then Barrier). Events still queued are delivered before
+// Close leaves the group promptly, so that other contenders are given its partitions at once. A
+// leader is revoked first (Revoked, then Barrier). Events still queued are delivered before
 // Close returns, unless ctx ends first; Close then returns ctx's error and the clients finish
 // closing in the background.
 func (n *Neli) Close(ctx context.Context) error {
@@ -475,6 +582,7 @@ func (n *Neli) Close(ctx context.Context) error {
 		defer n.loop.Unlock()
 		// Closing the consumer runs the revoke callback and sends LeaveGroup.
 		err := n.consumer.Close()
+		n.beats.Close()
 		n.producer.Purge(kafka.PurgeQueue | kafka.PurgeInFlight | kafka.PurgeNonBlocking)
 		n.producer.Close()
 		n.events.Close()

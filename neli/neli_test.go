@@ -3,6 +3,7 @@ package neli
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -120,35 +121,38 @@ func (c *contender) eventLog() []timedEvent {
 	return append([]timedEvent(nil), c.events...)
 }
 
-// checkEventOrder checks a contender's events against the state machine of doc.go.
+// checkEventOrder checks a contender's events against the state machine of doc.go, which each
+// partition follows on its own.
 func checkEventOrder(t *testing.T, c *contender) {
 	t.Helper()
-	state := Follower
+	states := map[int32]State{}
 	for i, te := range c.eventLog() {
-		next := state
-		switch te.ev.(type) {
-		case LeaderAcquired:
-			if state == Follower {
-				next = Leader
-			}
-		case LeaderFenced:
-			if state == Leader {
-				next = Fenced
-			}
-		case LeaderRevoked:
-			if state == Leader || state == Fenced {
-				next = Follower
-			}
+		var ps []int32
+		var from []State
+		var to State
+		switch e := te.ev.(type) {
+		case Acquired:
+			ps, from, to = e.Partitions, []State{Follower}, Leader
+		case SelfFenced:
+			ps, from, to = e.Partitions, []State{Leader}, Fenced
+		case Revoked:
+			ps, from, to = e.Partitions, []State{Leader, Fenced}, Follower
 		}
-		if next == state {
-			t.Errorf("%s: event %d (%v) is not allowed in state %v; events %v", c.name, i, te.ev, state, c.eventLog())
-			return
+		if len(ps) == 0 {
+			t.Errorf("%s: event %d (%v) names no partitions", c.name, i, te.ev)
 		}
-		state = next
+		for _, p := range ps {
+			if !slices.Contains(from, states[p]) {
+				t.Errorf("%s: event %d (%v) is not allowed for partition %d in state %v; events %v", c.name, i, te.ev, p, states[p], c.eventLog())
+				return
+			}
+			states[p] = to
+		}
 	}
 }
 
-// sampler checks, every two milliseconds, that at most one contender considers itself leader.
+// sampler checks, every two milliseconds, that at most one contender considers itself leader of
+// each partition.
 type sampler struct {
 	contenders []*contender
 	stopCh     chan struct{}
@@ -170,16 +174,18 @@ func startSampler(t *testing.T, cs ...*contender) *sampler {
 				return
 			case <-tick.C:
 			}
-			var leaders []string
+			leaders := map[int32][]string{}
 			now := time.Now()
 			s.mu.Lock()
 			for _, c := range s.contenders {
-				if c.n.IsLeader() {
-					leaders = append(leaders, c.name)
+				for _, p := range c.n.Partitions() {
+					leaders[p] = append(leaders[p], c.name)
 				}
 			}
-			if len(leaders) > 1 {
-				s.violations = append(s.violations, fmt.Sprintf("%s: leaders %v", now.Format("15:04:05.000"), leaders))
+			for p, names := range leaders {
+				if len(names) > 1 {
+					s.violations = append(s.violations, fmt.Sprintf("%s: partition %d leaders %v", now.Format("15:04:05.000"), p, names))
+				}
 			}
 			s.mu.Unlock()
 		}
@@ -270,8 +276,8 @@ func TestCloseHandsOverWithinTwoSeconds(t *testing.T) {
 				next := waitForLeader(t, 2*time.Second, cs...)
 				t.Logf("round %d: %s closed, %s took over after %v", round, leader.name, next.name, time.Since(start))
 				checkEventOrder(t, leader)
-				if log := leader.eventLog(); len(log) == 0 || log[len(log)-1].ev != (LeaderRevoked{}) {
-					t.Errorf("closed leader's last event is not LeaderRevoked: %v", log)
+				if log := leader.eventLog(); len(log) == 0 || !isRevoked(log[len(log)-1].ev) {
+					t.Errorf("closed leader's last event is not Revoked: %v", log)
 				}
 			}
 			s.stop(t)
@@ -345,7 +351,7 @@ func TestBrokerRestartFencesLeaderAndLeadershipResumes(t *testing.T) {
 	}
 	fenced := false
 	for _, te := range leader.eventLog() {
-		if _, ok := te.ev.(LeaderFenced); ok {
+		if _, ok := te.ev.(SelfFenced); ok {
 			fenced = true
 		}
 	}
@@ -391,7 +397,7 @@ func TestBlockingEventHandlerDoesNotBlockTheLoop(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("no event")
 	}
-	// The handler is stuck in LeaderAcquired; the loop must go on heartbeating regardless.
+	// The handler is stuck in Acquired; the loop must go on heartbeating regardless.
 	time.Sleep(3 * testHeartbeatTimeout)
 	if !n.IsLeader() {
 		t.Fatalf("the leader lost leadership while its event handler blocked (state %v)", n.State())
@@ -497,4 +503,9 @@ func TestDerivedTimeoutsFenceBeforeEviction(t *testing.T) {
 			t.Errorf("consumer config %v", cm)
 		}
 	}
+}
+
+func isRevoked(e Event) bool {
+	_, ok := e.(Revoked)
+	return ok
 }

@@ -1,0 +1,167 @@
+package neli
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/goharvest/goharvest/internal/kafkatest"
+)
+
+// led returns who leads each partition now.
+func led(cs []*contender) map[int32]string {
+	m := map[int32]string{}
+	for _, c := range cs {
+		for _, p := range c.n.Partitions() {
+			m[p] = c.name
+		}
+	}
+	return m
+}
+
+// waitForBalance waits until every one of the partitions is led and each contender leads
+// between min and max of them, and returns who leads what.
+func waitForBalance(t *testing.T, within time.Duration, partitions, lo, hi int, cs ...*contender) map[int32]string {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		owners := led(cs)
+		counts := map[string]int{}
+		for _, name := range owners {
+			counts[name]++
+		}
+		balanced := len(owners) == partitions
+		for _, c := range cs {
+			balanced = balanced && counts[c.name] >= lo && counts[c.name] <= hi
+		}
+		if balanced {
+			return owners
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("partitions not spread over %d contenders within %v: %v", len(cs), within, owners)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func moved(before, after map[int32]string) int {
+	n := 0
+	for p, owner := range after {
+		if before[p] != owner {
+			n++
+		}
+	}
+	return n
+}
+
+// Three contenders share eight partitions two or three each; a fourth joining takes two, and a
+// contender leaving hands over only its own. A partition changes hands only after its old owner's
+// barrier has returned.
+func TestPartitionsSpreadEvenlyAndMoveLittle(t *testing.T) {
+	b := kafkatest.Start(t)
+	const partitions = 8
+	type interval struct {
+		who        string
+		start, end time.Time
+	}
+	var (
+		mu       sync.Mutex
+		barriers = map[int32][]interval{} // each partition's barriers: who ran them, and when
+	)
+	withBarrier := func(c *Config) {
+		c.Partitions = partitions
+		name := c.Name
+		c.Barrier = func(ps []int32) {
+			start := time.Now()
+			// A barrier that takes a while: long enough that a new owner starting early would show.
+			time.Sleep(200 * time.Millisecond)
+			mu.Lock()
+			for _, p := range ps {
+				barriers[p] = append(barriers[p], interval{name, start, time.Now()})
+			}
+			mu.Unlock()
+		}
+	}
+	cs := startContenders(t, b, "spread", 3, withBarrier)
+	s := startSampler(t, cs...)
+	before := waitForBalance(t, 20*time.Second, partitions, 2, 3, cs...)
+	t.Logf("3 contenders: %v", before)
+
+	cs = append(cs, startContender(t, b, "spread", "c3", withBarrier))
+	s.mu.Lock()
+	s.contenders = cs
+	s.mu.Unlock()
+	after := waitForBalance(t, 20*time.Second, partitions, 2, 2, cs...)
+	if n := moved(before, after); n > 3 {
+		t.Errorf("a fourth contender moved %d partitions, want at most 3 (2 is the fewest): %v -> %v", n, before, after)
+	}
+	t.Logf("4 contenders: %v", after)
+
+	leaving := cs[0]
+	leaving.stop(t)
+	rest := cs[1:]
+	s.mu.Lock()
+	s.contenders = rest
+	s.mu.Unlock()
+	final := waitForBalance(t, 20*time.Second, partitions, 2, 3, rest...)
+	for p, owner := range after {
+		if owner != leaving.name && final[p] != owner {
+			t.Errorf("partition %d moved from %s to %s although its owner stayed", p, owner, final[p])
+		}
+	}
+	s.stop(t)
+
+	// No contender acquires a partition while another is still in its barrier for it.
+	for _, c := range append(rest, leaving) {
+		checkEventOrder(t, c)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, c := range cs {
+		for _, te := range c.eventLog() {
+			acq, ok := te.ev.(Acquired)
+			if !ok {
+				continue
+			}
+			for _, p := range acq.Partitions {
+				for _, b := range barriers[p] {
+					if b.who != c.name && !te.at.Before(b.start) && !te.at.After(b.end) {
+						t.Errorf("%s acquired partition %d at %v, while %s was in its barrier for it (%v to %v)", c.name, p,
+							te.at.Format("15:04:05.000"), b.who, b.start.Format("15:04:05.000"), b.end.Format("15:04:05.000"))
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestLeaderTopicGrowsToThePartitionsConfigured(t *testing.T) {
+	b := kafkatest.Start(t, kafkatest.WithTopics(1, "grow.leader"))
+	c := startContender(t, b, "grow", "c0", func(c *Config) { c.Partitions = 4 })
+	owners := waitForBalance(t, 20*time.Second, 4, 4, 4, c)
+	if got := slices.Sorted(maps.Keys(owners)); !slices.Equal(got, []int32{0, 1, 2, 3}) {
+		t.Fatalf("leads %v, want partitions 0-3", got)
+	}
+}
+
+func TestMorePartitionsThanConfiguredIsAnError(t *testing.T) {
+	b := kafkatest.Start(t, kafkatest.WithTopics(4, "shrink.leader"))
+	n, err := New(Config{
+		KafkaConfig:   map[string]any{"bootstrap.servers": b.Addr()},
+		LeaderTopic:   "shrink.leader",
+		LeaderGroupID: "shrink",
+		Name:          "c0",
+		Partitions:    2,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close(t.Context())
+	_, err = n.Pulse(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "has 4 partitions, more than the 2 configured") {
+		t.Fatalf("Pulse returned %v, want an error about the partition count", err)
+	}
+}
