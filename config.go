@@ -119,6 +119,14 @@ type Config struct {
 	// once) carries the same id, so consumers can drop repeats. Default: "" (no such header).
 	IDHeader string `yaml:"idHeader"`
 
+	// Shards splits the outbox by key into this many shards, each published by one harvester at a
+	// time, so that several harvesters publish at once (see README, Scaling out). A record's shard
+	// is outbox.Shard of its key; the leader topic gets one partition per shard, and each shard has
+	// a transactional ID of its own. Every harvester of the group must have the same value. With
+	// more than one, the outbox needs the index outbox.ShardIndexDDL makes. Default 1 (range 1 to
+	// outbox.MaxShards): one harvester publishes, the others stand by.
+	Shards int `yaml:"shards"`
+
 	// Limits tunes timing and throughput.
 	Limits Limits `yaml:"limits"`
 
@@ -313,6 +321,9 @@ func (c Config) WithDefaults() Config {
 	if c.MetricsRegisterer == nil {
 		c.MetricsRegisterer = prometheus.DefaultRegisterer
 	}
+	if c.Shards == 0 {
+		c.Shards = 1
+	}
 	if c.LeaderGroupID == "" {
 		c.LeaderGroupID = topicSafe(filepath.Base(os.Args[0]))
 		c.Logger.Warn("leaderGroupID not set; defaulting to the executable's name, which every harvester of this outbox must share and nothing else may use",
@@ -486,6 +497,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := pgname.QuoteTable(c.OutboxTable); err != nil {
 		bad("OutboxTable", "outboxTable", "%v", err)
+	}
+	if c.Shards < 1 || c.Shards > outbox.MaxShards {
+		bad("Shards", "shards", "%d is out of range [1, %d]", c.Shards, outbox.MaxShards)
 	}
 	if c.IDHeader != "" && (strings.TrimSpace(c.IDHeader) != c.IDHeader || !utf8.ValidString(c.IDHeader) || strings.ContainsRune(c.IDHeader, 0)) {
 		bad("IDHeader", "idHeader", "%q: a header name must be valid UTF-8 without NUL bytes or surrounding blanks; or empty for no id header", c.IDHeader)

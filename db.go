@@ -87,6 +87,14 @@ type Listener interface {
 
 // ErrNotificationsLost says that a Listener's LISTEN succeeded but notifications do not reach
 // it, as behind a connection pooler in transaction mode.
+// Sharder is implemented by bindings that can publish an outbox in shards (Config.Shards > 1).
+type Sharder interface {
+	// Shard returns a binding whose Mark (and MarkExcept, for a HeldRowBinding) returns only the
+	// rows whose key is in shard of shards (outbox.Shard), and whose Backlog, for a
+	// BacklogSampler, counts only those. Its Dispose must leave the parent usable.
+	Shard(shard, shards int) DatabaseBinding
+}
+
 var ErrNotificationsLost = errors.New("notifications do not arrive")
 
 // The Postgres binding offers every optional capability; checked here, so that renaming a method
@@ -98,6 +106,7 @@ var (
 	_ Pinger          = (*PostgresBinding)(nil)
 	_ BacklogSampler  = (*PostgresBinding)(nil)
 	_ HeldRowBinding  = (*PostgresBinding)(nil)
+	_ Sharder         = (*PostgresBinding)(nil)
 	_ Elector         = (*neli.Neli)(nil)
 	_ Pinger          = (*neli.Neli)(nil)
 	_ KafkaProducer   = (*confluentProducer)(nil)

@@ -19,19 +19,25 @@ type Event interface {
 type EventHandler func(Event)
 
 // LeaderAcquired: this harvester became the leader and starts publishing under LeaderID.
-type LeaderAcquired struct{ LeaderID uuid.UUID }
+type LeaderAcquired struct {
+	Shard    int // the shard led; always 0 unless Config.Shards > 1
+	LeaderID uuid.UUID
+}
 
 // LeaderRefreshed: the leader moved to a new leader ID, so that records whose delivery failed
 // (or whose fate is unknown after a database error) are marked and published again.
-type LeaderRefreshed struct{ LeaderID uuid.UUID }
+type LeaderRefreshed struct {
+	Shard    int // the shard led; always 0 unless Config.Shards > 1
+	LeaderID uuid.UUID
+}
 
 // LeaderRevoked: Kafka gave leadership to another harvester (or this one is stopping). In-flight
 // records were awaited, within MaxPollInterval, before the handover.
-type LeaderRevoked struct{}
+type LeaderRevoked struct{ Shard int }
 
 // LeaderFenced: the leader lost contact with Kafka and stopped publishing, assuming another
 // harvester may be elected.
-type LeaderFenced struct{}
+type LeaderFenced struct{ Shard int }
 
 // MeterRead carries a throughput reading: records published and purged.
 type MeterRead struct{ Stats metric.MeterStats }

@@ -655,7 +655,7 @@ func (k *fakeKafka) checkOrder(t *testing.T, want []int64, keyOf func(int64) str
 type fakeElector struct {
 	mu            sync.Mutex
 	state         neli.State
-	barrier       func()
+	barrier       func([]int32)
 	revokePending bool
 	pulses        int
 	closed        bool
@@ -682,9 +682,17 @@ func (e *fakeElector) Pulse(ctx context.Context) (bool, error) {
 	e.revokePending = false
 	e.mu.Unlock()
 	if revoke {
-		e.barrier()
+		e.barrier([]int32{0})
 	}
 	return e.State() == neli.Leader, nil
+}
+
+// Partitions: the fake leads the one shard while it is the leader.
+func (e *fakeElector) Partitions() []int32 {
+	if e.State() == neli.Leader {
+		return []int32{0}
+	}
+	return nil
 }
 
 func (e *fakeElector) State() neli.State {

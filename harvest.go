@@ -25,6 +25,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,22 +79,23 @@ type Harvest struct {
 	lastPulse      atomic.Int64 // Unix nanoseconds of the owner loop's latest pulse
 	failures       *failureMemo // held records' failures, across epochs
 
-	mu       sync.Mutex // guards the fields below
-	state    State
-	handler  EventHandler
-	events   *dispatch.Dispatcher[Event]
-	db       DatabaseBinding
-	elector  Elector
-	pipeline *pipeline // the current epoch; nil while not leading
+	// shards are the outbox's shards (one unless Config.Shards > 1), each with its own epochs;
+	// the slice is fixed by Start.
+	shards []*shard
+	// wake is signalled (without blocking) when an epoch start finishes or an epoch asks for a
+	// remark, so that the owner loop looks at its shards at once.
+	wake chan struct{}
+
+	mu      sync.Mutex // guards the fields below, and each shard's pipeline
+	state   State
+	handler EventHandler
+	events  *dispatch.Dispatcher[Event]
+	db      DatabaseBinding
+	elector Elector
 	// schemaProblem is the last schema mismatch reported by an epoch start, "" when the table fits:
 	// the elected leader cannot publish meanwhile, which Ready says.
 	schemaProblem string
 	err           error // what stopped the harvester
-
-	// Owned by the owner goroutine (run):
-	starting   *epochStart     // an epoch being prepared, if any
-	prevClosed <-chan struct{} // closed once the last epoch's producer has closed
-	unpurged   []int64         // records the last epoch published and could not purge
 
 	stopOnce sync.Once
 	stopCh   chan struct{}
@@ -133,7 +135,7 @@ func New(config Config) (*Harvest, error) {
 		"enable.idempotence":  true,
 		"acks":                "all",
 		"go.delivery.reports": true,
-		"transactional.id":    TransactionalIDPrefix + cfg.LeaderGroupID,
+		"transactional.id":    TransactionalID(cfg.LeaderGroupID, 0, cfg.Shards),
 	})
 	h := &Harvest{
 		cfg:            cfg,
@@ -143,8 +145,10 @@ func New(config Config) (*Harvest, error) {
 		stopCh:         make(chan struct{}),
 		done:           make(chan struct{}),
 		failures:       &failureMemo{},
+		wake:           make(chan struct{}, 1),
 	}
 	h.metrics = newMetrics(cfg.Name, h.inFlight, h.heldStats)
+	h.metrics.shards = newShardCollector(cfg.Name, h)
 	quiet := 3*cfg.Limits.IOErrorBackoff + time.Second
 	h.dbTrouble = &episode{what: "database", failures: h.metrics.errors.WithLabelValues(errorKindDatabase),
 		repeat: outageLogInterval, quiet: quiet}
@@ -179,10 +183,17 @@ func (h *Harvest) Start() error {
 		h.metrics.unregister(h.cfg.MetricsRegisterer)
 		return fmt.Errorf("harvest: open outbox: %w", err)
 	}
+	shards, err := h.newShards(db)
+	if err != nil {
+		db.Dispose()
+		h.metrics.unregister(h.cfg.MetricsRegisterer)
+		return err
+	}
 	elector, err := h.cfg.NeliProvider(neli.Config{
 		KafkaConfig:      h.cfg.BaseKafkaConfig,
 		LeaderTopic:      h.cfg.LeaderTopic,
 		LeaderGroupID:    h.cfg.LeaderGroupID,
+		Partitions:       h.cfg.Shards,
 		Name:             h.cfg.Name,
 		HeartbeatTimeout: h.cfg.Limits.HeartbeatTimeout,
 		PollDuration:     h.cfg.Limits.PollDuration,
@@ -205,13 +216,10 @@ func (h *Harvest) Start() error {
 		return fmt.Errorf("harvest: producer config: %w", err)
 	}
 	probe.Close()
-	h.db, h.elector = db, elector
+	h.db, h.elector, h.shards = db, elector, shards
 	h.events = dispatch.New(h.handler)
 	h.meter = metric.NewMeter("throughput", h.cfg.Limits.MinMetricsInterval)
 	h.state = Running
-	closed := make(chan struct{})
-	close(closed)
-	h.prevClosed = closed
 	h.lastPulse.Store(time.Now().UnixNano())
 	go h.run()
 	go h.sampleBacklog()
@@ -263,19 +271,45 @@ func (h *Harvest) State() State {
 	return h.state
 }
 
-// IsLeader reports whether this harvester is publishing now.
+// IsLeader reports whether this harvester is publishing now (any shard, with Config.Shards > 1).
 func (h *Harvest) IsLeader() bool { return h.LeaderID() != nil }
 
 // LeaderID returns the ID under which this harvester is marking records, or nil when it is not
-// the leader. It changes on every remark.
+// the leader. It changes on every remark. With Config.Shards > 1 it is that of the lowest shard
+// this harvester leads; LeadShards gives them all.
 func (h *Harvest) LeaderID() *uuid.UUID {
+	if ps := h.epochs(); len(ps) > 0 {
+		id := ps[0].leaderID
+		return &id
+	}
+	return nil
+}
+
+// LeadShards returns the shards this harvester is publishing now, in order, with the leader ID
+// of each (see Config.Shards; with one shard, shard 0 while this harvester leads).
+func (h *Harvest) LeadShards() map[int]uuid.UUID {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.pipeline == nil {
-		return nil
+	led := map[int]uuid.UUID{}
+	for _, s := range h.shards {
+		if s.pipeline != nil {
+			led[s.id] = s.pipeline.leaderID
+		}
 	}
-	id := h.pipeline.leaderID
-	return &id
+	return led
+}
+
+// epochs returns the epochs running now, in shard order.
+func (h *Harvest) epochs() []*pipeline {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var ps []*pipeline
+	for _, s := range h.shards {
+		if s.pipeline != nil {
+			ps = append(ps, s.pipeline)
+		}
+	}
+	return ps
 }
 
 // InFlightRecords returns how many records have been sent and not yet acknowledged and purged
@@ -292,21 +326,89 @@ func (h *Harvest) InFlightRecordKeys() []string {
 }
 
 func (h *Harvest) inFlight() ([]string, int) {
-	h.mu.Lock()
-	p := h.pipeline
-	h.mu.Unlock()
-	if p == nil {
-		return nil, 0
+	var (
+		keys []string
+		n    int
+	)
+	// A key belongs to one shard, so the shards' keys never repeat one another.
+	for _, p := range h.epochs() {
+		k, m := p.inFlight()
+		keys, n = append(keys, k...), n+m
 	}
-	return p.inFlight()
+	return keys, n
 }
 
 func (h *Harvest) emit(e Event) { h.events.Emit(e) }
 
-// run is the owner loop: it pulses the election and starts and ends leader epochs. Every epoch
-// change happens on this goroutine (leadershipLost runs inside Pulse), so epochs never overlap.
-// Starting an epoch talks to the database and to Kafka, which may be slow; it runs on a goroutine
-// of its own (see epochStart) while this loop keeps pulsing, so that the group never waits on it.
+// TransactionalID is the transactional ID of a shard's producers, which every harvester of the
+// outbox shares for that shard: goharvest.<group>, or goharvest.<group>.<shard> when the outbox
+// has more than one shard. Kafka lets one producer at a time use it, which is what fences an
+// earlier leader of the shard.
+func TransactionalID(leaderGroupID string, shard, shards int) string {
+	if shards <= 1 {
+		return TransactionalIDPrefix + leaderGroupID
+	}
+	return TransactionalIDPrefix + leaderGroupID + "." + strconv.Itoa(shard)
+}
+
+// shard is one shard of the outbox and the epochs of this harvester that publish it: an epoch
+// runs while this harvester leads the shard's partition of the leader topic.
+type shard struct {
+	id             int
+	db             DatabaseBinding // marks only this shard's rows
+	producerConfig KafkaConfigMap  // with the shard's transactional ID
+
+	// pipeline is the current epoch, nil while this harvester does not publish the shard. Set by
+	// the owner goroutine, guarded by Harvest.mu, so that other goroutines may read it.
+	pipeline *pipeline
+
+	// Owned by the owner goroutine (run):
+	starting    *epochStart     // an epoch being prepared, if any
+	prevClosed  <-chan struct{} // closed once the last epoch's producer has closed
+	unpurged    []int64         // records the last epoch published and could not purge
+	acquired    bool            // the current leadership of the shard has had an epoch already
+	nextEpochAt time.Time       // after an error, the next epoch waits for IOErrorBackoff
+	ended       chan struct{}   // closed when the current epoch ends, to release its watcher
+
+	backlog atomic.Int64 // the shard's latest backlog sample, -1 when none; written by sampleBacklog
+}
+
+// newShards makes the shards of the outbox, with a view of the binding for each.
+func (h *Harvest) newShards(db DatabaseBinding) ([]*shard, error) {
+	sharder, ok := db.(Sharder)
+	if h.cfg.Shards > 1 && !ok {
+		return nil, fmt.Errorf("harvest: Shards is %d, but the database binding (%T) cannot mark by shard", h.cfg.Shards, db)
+	}
+	closed := make(chan struct{})
+	close(closed)
+	shards := make([]*shard, h.cfg.Shards)
+	for i := range shards {
+		s := &shard{id: i, db: db, producerConfig: h.producerConfig, prevClosed: closed}
+		s.backlog.Store(-1)
+		if h.cfg.Shards > 1 {
+			s.db = sharder.Shard(i, h.cfg.Shards)
+			s.producerConfig = maps.Clone(h.producerConfig)
+			s.producerConfig["transactional.id"] = TransactionalID(h.cfg.LeaderGroupID, i, h.cfg.Shards)
+		}
+		shards[i] = s
+	}
+	return shards, nil
+}
+
+// signal wakes the owner loop, without waiting: one pending wake-up serves any number of reasons,
+// since the loop looks at every shard each time.
+func (h *Harvest) signal() {
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run is the owner loop: it pulses the election and starts and ends each shard's epochs. Every
+// epoch change happens on this goroutine (leadershipLost runs inside Pulse), so a shard's epochs
+// never overlap. Starting an epoch talks to the database and to Kafka, which may be slow; it runs
+// on a goroutine of its own (see epochStart) while this loop keeps pulsing, so that the group
+// never waits on it.
 func (h *Harvest) run() {
 	defer close(h.done)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -314,68 +416,77 @@ func (h *Harvest) run() {
 	ticker := time.NewTicker(h.cfg.Limits.MinPollInterval)
 	defer ticker.Stop()
 
-	var (
-		acquired    bool      // the current leadership has had an epoch already
-		nextEpochAt time.Time // after an error, the next epoch waits for IOErrorBackoff
-		err         error
-	)
+	var err error
 loop:
 	for {
-		var leading bool
 		h.lastPulse.Store(time.Now().UnixNano())
-		leading, err = h.elector.Pulse(ctx)
-		if err != nil {
+		if _, err = h.elector.Pulse(ctx); err != nil {
 			break
 		}
-		if !leading {
-			acquired = false
-			h.abandonStart()
-			if h.current() != nil {
-				// The clock fenced us between pulses (neli's barrier follows when it notices).
-				h.endEpoch(h.lossEvent())
-			}
-		} else if h.current() == nil && h.starting == nil && !time.Now().Before(nextEpochAt) {
-			h.starting = h.beginEpoch(ctx)
-		}
-		var remark, started <-chan struct{}
-		if p := h.current(); p != nil {
-			remark = p.remark()
-		}
-		if h.starting != nil {
-			started = h.starting.done
+		if err = h.tend(ctx); err != nil {
+			break
 		}
 		select {
 		case <-h.stopCh:
-		case <-remark:
-			p := h.current()
-			h.endEpoch(nil)
-			if p.remarkErr.Load() {
-				nextEpochAt = time.Now().Add(h.cfg.Limits.IOErrorBackoff)
-			}
-			continue
-		case <-started:
-			s := h.starting
-			h.starting = nil
-			switch {
-			case s.err != nil:
-				err = s.err
-				break loop
-			case s.producer == nil:
-				nextEpochAt = time.Now().Add(h.cfg.Limits.IOErrorBackoff)
-			case h.stopping() || h.elector.State() != neli.Leader:
-				// Stop was called, or the clock fenced us, while the start ran.
-				s.producer.Close()
-			default:
-				h.launchEpoch(s.producer, acquired)
-				acquired = true
-			}
-			continue
+			break loop
+		case <-h.wake:
 		case <-ticker.C:
-			continue
 		}
-		break
 	}
 	h.shutdown(err)
+}
+
+// tend brings every shard in line with the election: it ends the epochs of shards no longer led
+// (the clock fenced us between pulses; neli's barrier follows when it notices), finishes the
+// starts that are done, ends the epochs that asked for a remark, and begins epochs for the shards
+// led that have none. It returns an error that stops the harvester.
+func (h *Harvest) tend(ctx context.Context) error {
+	led := h.elector.Partitions()
+	var lost []*shard
+	for _, s := range h.shards {
+		if !slices.Contains(led, int32(s.id)) {
+			s.acquired = false
+			lost = append(lost, s)
+		}
+	}
+	h.endShards(lost, func(s *shard) Event { return h.lossEvent(s.id) })
+	for _, s := range h.shards {
+		if p := h.epochOf(s); p != nil {
+			select {
+			case <-p.remark():
+				h.endEpoch(s, nil)
+				if p.remarkErr.Load() {
+					s.nextEpochAt = time.Now().Add(h.cfg.Limits.IOErrorBackoff)
+				}
+			default:
+			}
+		}
+		if st := s.starting; st != nil {
+			select {
+			case <-st.done:
+			default:
+				continue
+			}
+			s.starting = nil
+			switch {
+			case st.err != nil:
+				return st.err
+			case st.producer == nil:
+				s.nextEpochAt = time.Now().Add(h.cfg.Limits.IOErrorBackoff)
+			case h.stopping() || !slices.Contains(h.elector.Partitions(), int32(s.id)):
+				// Stop was called, or the clock fenced us, while the start ran.
+				st.producer.Close()
+			default:
+				h.launchEpoch(s, st.producer)
+				s.acquired = true
+			}
+		}
+		if slices.Contains(led, int32(s.id)) && h.epochOf(s) == nil && s.starting == nil &&
+			!time.Now().Before(s.nextEpochAt) && !h.stopping() {
+			s.starting = h.beginEpoch(ctx, s)
+		}
+	}
+	return nil
 }
 
 // stopping reports whether Stop has been called.
@@ -388,15 +499,24 @@ func (h *Harvest) stopping() bool {
 	}
 }
 
+// current returns the epoch of the lowest shard this harvester publishes, nil if none.
 func (h *Harvest) current() *pipeline {
+	if ps := h.epochs(); len(ps) > 0 {
+		return ps[0]
+	}
+	return nil
+}
+
+func (h *Harvest) epochOf(s *shard) *pipeline {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.pipeline
+	return s.pipeline
 }
 
 // epochStart is an epoch being prepared on a goroutine of its own: the schema check, a new
-// producer whose InitTransactions fences the producers of every earlier epoch, and the purge of
-// records earlier epochs published and did not purge. It belongs to the owner goroutine.
+// producer whose InitTransactions fences the producers of every earlier epoch of the shard, and
+// the purge of records earlier epochs published and did not purge. It belongs to the owner
+// goroutine.
 type epochStart struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the fields below are set
@@ -407,30 +527,31 @@ type epochStart struct {
 	err error
 }
 
-// beginEpoch starts preparing an epoch. Every step that cannot be cancelled (librdkafka's
-// InitTransactions honours only a deadline) is bounded by MaxPollInterval, so that abandonStart,
-// which a handover waits for, returns within that bound.
-func (h *Harvest) beginEpoch(ctx context.Context) *epochStart {
+// beginEpoch starts preparing an epoch of a shard. Every step that cannot be cancelled
+// (librdkafka's InitTransactions honours only a deadline) is bounded by MaxPollInterval, so that
+// abandonStart, which a handover waits for, returns within that bound.
+func (h *Harvest) beginEpoch(ctx context.Context, s *shard) *epochStart {
 	ctx, cancel := context.WithCancel(ctx)
-	s := &epochStart{cancel: cancel, done: make(chan struct{})}
-	prevClosed, unpurged := h.prevClosed, h.unpurged
+	st := &epochStart{cancel: cancel, done: make(chan struct{})}
+	prevClosed, unpurged := s.prevClosed, s.unpurged
 	go func() {
-		defer close(s.done)
+		defer h.signal()
+		defer close(st.done)
 		// The previous epoch's producer closes in the background; the next one waits for it, so
-		// that one process never has two.
+		// that one process never has two for a shard.
 		select {
 		case <-prevClosed:
 		case <-ctx.Done():
 			return
 		}
-		s.producer, s.err = h.prepareEpoch(ctx, unpurged)
+		st.producer, st.err = h.prepareEpoch(ctx, s, unpurged)
 	}()
-	return s
+	return st
 }
 
 // prepareEpoch runs the steps of an epoch's start and returns its producer, or nil when a step
 // failed and should be retried after IOErrorBackoff.
-func (h *Harvest) prepareEpoch(ctx context.Context, unpurged []int64) (KafkaProducer, error) {
+func (h *Harvest) prepareEpoch(ctx context.Context, s *shard, unpurged []int64) (KafkaProducer, error) {
 	// Each step first checks that the start has not been abandoned: above all InitTransactions,
 	// which would otherwise fence a leader elected meanwhile.
 	if ctx.Err() != nil || !h.schemaReady(ctx) {
@@ -442,12 +563,12 @@ func (h *Harvest) prepareEpoch(ctx context.Context, unpurged []int64) (KafkaProd
 		if !h.purgeIDs(ctx, "purge records the last epoch published", unpurged) {
 			return nil, nil
 		}
-		h.log.Info("purged records the last epoch published and could not purge", "records", len(unpurged))
+		h.log.Info("purged records the last epoch published and could not purge", "records", len(unpurged), "shard", s.id)
 	}
 	if ctx.Err() != nil {
 		return nil, nil
 	}
-	producer, err := h.cfg.KafkaProducerProvider(h.producerConfig)
+	producer, err := h.cfg.KafkaProducerProvider(s.producerConfig)
 	if err != nil {
 		return nil, fmt.Errorf("harvest: create producer: %w", err)
 	}
@@ -468,12 +589,12 @@ func (h *Harvest) prepareEpoch(ctx context.Context, unpurged []int64) (KafkaProd
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			h.kafkaTrouble.fail(h.log, "init transactions", err)
+			h.kafkaTrouble.fail(h.log, "init transactions", err, "shard", s.id)
 		}
 		producer.Close()
 		return nil, nil
 	}
-	if ctx.Err() != nil || !h.purgeNoted(ctx, producer) {
+	if ctx.Err() != nil || !h.purgeNoted(ctx, s, producer) {
 		producer.Close()
 		return nil, nil
 	}
@@ -485,74 +606,83 @@ func (h *Harvest) prepareEpoch(ctx context.Context, unpurged []int64) (KafkaProd
 	return producer, nil
 }
 
-// abandonStart cancels an epoch start under way and waits for it, closing its producer if it
-// got one. It returns within about MaxPollInterval (see beginEpoch).
-func (h *Harvest) abandonStart() {
-	s := h.starting
-	if s == nil {
+// abandonStart cancels a shard's epoch start under way and waits for it, closing its producer if
+// it got one. It returns within about MaxPollInterval (see beginEpoch).
+func (h *Harvest) abandonStart(s *shard) {
+	st := s.starting
+	if st == nil {
 		return
 	}
-	h.starting = nil
-	s.cancel()
-	<-s.done
-	if s.producer != nil {
-		s.producer.Close()
+	s.starting = nil
+	st.cancel()
+	<-st.done
+	if st.producer != nil {
+		st.producer.Close()
 	}
 }
 
-// launchEpoch begins publishing under a new leader ID through a prepared producer.
-func (h *Harvest) launchEpoch(producer KafkaProducer, refresh bool) {
-	h.unpurged = nil
+// launchEpoch begins publishing a shard under a new leader ID through a prepared producer.
+func (h *Harvest) launchEpoch(s *shard, producer KafkaProducer) {
+	s.unpurged = nil
 	leaderID := uuid.New()
 	p := startPipeline(pipelineDeps{
 		leaderID:  leaderID,
 		limits:    h.cfg.Limits,
-		db:        h.db,
+		db:        s.db,
 		producer:  producer,
-		log:       h.log,
+		log:       h.log.With("shard", s.id),
 		emit:      h.emit,
 		meter:     h.meter,
 		dbTrouble: h.dbTrouble,
 		notify:    h.notifyTrouble,
 		metrics:   h.metrics,
 		tracer:    h.tracer(),
-		leading:   func() bool { return h.elector.State() == neli.Leader },
-		notes:     h.notePlace(),
+		leading:   func() bool { return slices.Contains(h.elector.Partitions(), int32(s.id)) },
+		notes:     h.notePlace(s.id),
 		idHeader:  h.cfg.IDHeader,
 		failures:  h.failures,
 	})
 	h.mu.Lock()
-	h.pipeline = p
+	s.pipeline = p
 	h.mu.Unlock()
-	h.metrics.leader.Set(1)
-	if refresh {
+	// The owner loop learns of a remark through its wake-up; the watcher ends with the epoch.
+	s.ended = make(chan struct{})
+	go func(ended <-chan struct{}) {
+		select {
+		case <-p.remark():
+			h.signal()
+		case <-ended:
+		}
+	}(s.ended)
+	h.metrics.leader.Set(float64(len(h.epochs())))
+	if s.acquired {
 		h.metrics.remarks.Inc()
-		h.log.Info("leader refreshed", "leaderID", leaderID)
-		h.emit(LeaderRefreshed{LeaderID: leaderID})
+		h.log.Info("leader refreshed", "leaderID", leaderID, "shard", s.id)
+		h.emit(LeaderRefreshed{Shard: s.id, LeaderID: leaderID})
 	} else {
 		h.metrics.elections.Inc()
-		h.log.Info("leader acquired", "leaderID", leaderID)
-		h.emit(LeaderAcquired{LeaderID: leaderID})
+		h.log.Info("leader acquired", "leaderID", leaderID, "shard", s.id)
+		h.emit(LeaderAcquired{Shard: s.id, LeaderID: leaderID})
 	}
 }
 
-// notePlace is where this outbox's transactions leave their notes (see note.go).
-func (h *Harvest) notePlace() NotePlace {
-	return NotePlace{Group: h.cfg.LeaderGroupID + NoteGroupSuffix, Topic: h.cfg.LeaderTopic}
+// notePlace is where a shard's transactions leave their notes (see note.go).
+func (h *Harvest) notePlace(shard int) NotePlace {
+	return NotePlace{Group: h.cfg.LeaderGroupID + NoteGroupSuffix, Topic: h.cfg.LeaderTopic, Partition: int32(shard)}
 }
 
-// purgeNoted purges the records that the latest committed note lists: an earlier epoch
+// purgeNoted purges the records that the shard's latest committed note lists: an earlier epoch
 // published them and may have stopped before purging them. InitTransactions has settled every
-// earlier transaction, so the note read is final. It reports false, to be retried, when Kafka or
-// the database fails.
-func (h *Harvest) purgeNoted(ctx context.Context, producer KafkaProducer) bool {
-	place := h.notePlace()
+// earlier transaction of the shard, so the note read is final. It reports false, to be retried,
+// when Kafka or the database fails.
+func (h *Harvest) purgeNoted(ctx context.Context, s *shard, producer KafkaProducer) bool {
+	place := h.notePlace(s.id)
 	readCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.MaxPollInterval)
 	note, err := producer.ReadNote(readCtx, place)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
-			h.kafkaTrouble.fail(h.log, "read note", err)
+			h.kafkaTrouble.fail(h.log, "read note", err, "shard", s.id)
 		}
 		return false
 	}
@@ -560,7 +690,7 @@ func (h *Harvest) purgeNoted(ctx context.Context, producer KafkaProducer) bool {
 	if err != nil {
 		// Not ours to interpret: someone else wrote to the group. Publishing on would risk a run
 		// going out again whole, so wait for an operator.
-		h.kafkaTrouble.fail(h.log, "read note of group "+place.Group, err)
+		h.kafkaTrouble.fail(h.log, "read note of group "+place.Group, err, "shard", s.id)
 		return false
 	}
 	if len(ids) == 0 {
@@ -630,67 +760,85 @@ func (h *Harvest) schemaReady(ctx context.Context) bool {
 	return true
 }
 
-// endEpoch drains and closes the current epoch, within about MaxPollInterval, then reports why
-// it ended (nil for a remark, which LeaderRefreshed reports when the next epoch
-// starts).
-func (h *Harvest) endEpoch(why Event) {
-	h.mu.Lock()
-	p := h.pipeline
-	h.mu.Unlock()
-	if p != nil {
-		h.metrics.leader.Set(0)
+// endEpoch drains and closes a shard's epoch, within about MaxPollInterval, then reports why it
+// ended (nil for a remark, which LeaderRefreshed reports when the next epoch starts).
+func (h *Harvest) endEpoch(s *shard, why Event) {
+	if p := h.epochOf(s); p != nil {
 		unpurged, closed := p.stop(h.cfg.Limits.MaxPollInterval)
-		h.unpurged = append(h.unpurged, unpurged...)
-		h.prevClosed = closed
+		s.unpurged = append(s.unpurged, unpurged...)
+		s.prevClosed = closed
+		close(s.ended)
 		h.mu.Lock()
-		h.pipeline = nil
+		s.pipeline = nil
 		h.mu.Unlock()
-	}
-	if _, fenced := why.(LeaderFenced); fenced {
-		h.metrics.fences.Inc()
+		h.metrics.leader.Set(float64(len(h.epochs())))
+		if _, fenced := why.(LeaderFenced); fenced {
+			h.metrics.fences.Inc()
+		}
+	} else if why != nil {
+		return // nothing was published: no leadership to report lost
 	}
 	if why != nil {
-		h.log.Info(why.String())
+		h.log.Info(why.String(), "shard", s.id)
 		h.emit(why)
 	}
 }
 
-// leadershipLost is neli's Barrier: it runs on the owner goroutine, inside Pulse, when
-// leadership is revoked or fenced, and the handover waits for it.
-func (h *Harvest) leadershipLost() {
-	h.abandonStart()
-	if h.current() != nil {
-		h.endEpoch(h.lossEvent())
+// endShards abandons the starts and ends the epochs of the shards given, all at once, so that
+// losing many shards takes no longer than losing one: about MaxPollInterval.
+func (h *Harvest) endShards(shards []*shard, why func(*shard) Event) {
+	var wg sync.WaitGroup
+	for _, s := range shards {
+		if s.starting == nil && h.epochOf(s) == nil {
+			continue
+		}
+		wg.Go(func() {
+			h.abandonStart(s)
+			h.endEpoch(s, why(s))
+		})
 	}
+	wg.Wait()
 }
 
-// lossEvent says how leadership was lost.
-func (h *Harvest) lossEvent() Event {
+// leadershipLost is neli's Barrier: it runs on the owner goroutine, inside Pulse, when shards
+// are revoked or fenced, and the handover waits for it.
+func (h *Harvest) leadershipLost(partitions []int32) {
+	var lost []*shard
+	for _, s := range h.shards {
+		if slices.Contains(partitions, int32(s.id)) {
+			s.acquired = false
+			lost = append(lost, s)
+		}
+	}
+	h.endShards(lost, func(s *shard) Event { return h.lossEvent(s.id) })
+}
+
+// lossEvent says how leadership of a shard was lost.
+func (h *Harvest) lossEvent(shard int) Event {
 	if h.elector.State() == neli.Fenced {
-		return LeaderFenced{}
+		return LeaderFenced{Shard: shard}
 	}
-	return LeaderRevoked{}
+	return LeaderRevoked{Shard: shard}
 }
 
-// shutdown ends the epoch, leaves the election and releases everything.
+// shutdown ends the epochs, leaves the election and releases everything.
 func (h *Harvest) shutdown(cause error) {
 	h.mu.Lock()
 	h.state = Stopping
 	h.mu.Unlock()
 	h.log.Info("stopping", "error", cause)
-	h.abandonStart()
-	if h.current() != nil {
-		h.endEpoch(LeaderRevoked{})
-	}
+	h.endShards(h.shards, func(s *shard) Event { return LeaderRevoked{Shard: s.id} })
 	closeCtx, cancel := context.WithTimeout(context.Background(), 2*h.cfg.Limits.HeartbeatTimeout)
 	defer cancel()
 	if err := h.elector.Close(closeCtx); err != nil {
 		h.log.Warn("leave the leader election", "error", err)
 	}
-	select {
-	case <-h.prevClosed:
-	case <-closeCtx.Done():
-		h.log.Warn("the last epoch's producer is still closing at shutdown")
+	for _, s := range h.shards {
+		select {
+		case <-s.prevClosed:
+		case <-closeCtx.Done():
+			h.log.Warn("the last epoch's producer is still closing at shutdown", "shard", s.id)
+		}
 	}
 	h.db.Dispose()
 	h.metrics.unregister(h.cfg.MetricsRegisterer)
@@ -779,7 +927,8 @@ type BacklogSampler interface {
 	Backlog(ctx context.Context, limit int) (int, time.Time, error)
 }
 
-// sampleBacklog keeps the backlog metrics current while this harvester leads.
+// sampleBacklog keeps the backlog metrics current while this harvester leads: the whole outbox's,
+// and with Config.Shards > 1 each led shard's.
 func (h *Harvest) sampleBacklog() {
 	sampler, ok := h.db.(BacklogSampler)
 	if !ok {
@@ -793,21 +942,35 @@ func (h *Harvest) sampleBacklog() {
 			return
 		case <-tick.C:
 		}
-		if !h.IsLeader() {
+		led := h.LeadShards()
+		if len(led) == 0 {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), h.cfg.Limits.BacklogSampleInterval)
 		n, oldest, err := sampler.Backlog(ctx, backlogLimit)
+		if err == nil { // else the database's trouble is counted and logged where it matters
+			h.metrics.backlog.Set(float64(n))
+			if oldest.IsZero() {
+				h.metrics.oldestAge.Set(0)
+			} else {
+				h.metrics.oldestAge.Set(time.Since(oldest).Seconds())
+			}
+		}
+		for _, s := range h.shards {
+			shardSampler, ok := s.db.(BacklogSampler)
+			if _, leads := led[s.id]; !leads || !ok {
+				s.backlog.Store(-1)
+				continue
+			}
+			if h.cfg.Shards == 1 {
+				if err == nil {
+					s.backlog.Store(int64(n))
+				}
+			} else if n, _, err := shardSampler.Backlog(ctx, backlogLimit); err == nil {
+				s.backlog.Store(int64(n))
+			}
+		}
 		cancel()
-		if err != nil {
-			continue // the database's trouble is counted and logged where it matters
-		}
-		h.metrics.backlog.Set(float64(n))
-		if oldest.IsZero() {
-			h.metrics.oldestAge.Set(0)
-		} else {
-			h.metrics.oldestAge.Set(time.Since(oldest).Seconds())
-		}
 	}
 }
 

@@ -678,19 +678,17 @@ func (p *pipeline) purgeChecked(batch []*flight) []*flight {
 // HeldRecords returns the records that hold back their keys now, oldest first; empty when this
 // harvester does not lead.
 func (h *Harvest) HeldRecords() []HeldRecord {
-	if p := h.current(); p != nil {
-		return p.held.list()
+	list := []HeldRecord{}
+	for _, p := range h.epochs() {
+		list = append(list, p.held.list()...)
 	}
-	return []HeldRecord{}
+	slices.SortStableFunc(list, func(a, b HeldRecord) int { return a.Since.Compare(b.Since) })
+	return list
 }
 
 // heldStats returns how many records are held and when the oldest first failed.
 func (h *Harvest) heldStats() (int, time.Time) {
-	p := h.current()
-	if p == nil {
-		return 0, time.Time{}
-	}
-	list := p.held.list()
+	list := h.HeldRecords()
 	if len(list) == 0 {
 		return 0, time.Time{}
 	}

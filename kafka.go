@@ -99,13 +99,15 @@ type KafkaProducer interface {
 }
 
 // NotePlace is where transactions leave their notes: the committed offset metadata of partition
-// 0 of Topic in the consumer group Group, a group without members that exists only for this.
+// Partition (the shard; 0 unless Config.Shards > 1) of Topic in the consumer group Group, a group
+// without members that exists only for this.
 // Committing offsets within a transaction is how Kafka makes a consumer's progress atomic with
 // what it produces; goharvest uses the same mechanism to make "these records are published"
 // atomic with publishing them.
 type NotePlace struct {
-	Group string
-	Topic string
+	Group     string
+	Topic     string
+	Partition int32
 }
 
 // KafkaProducerProvider creates a producer from librdkafka properties.
@@ -115,6 +117,9 @@ type KafkaProducerProvider func(config KafkaConfigMap) (KafkaProducer, error)
 type Elector interface {
 	Pulse(ctx context.Context) (bool, error)
 	State() neli.State
+	// Partitions returns the partitions of the leader topic, which are the shards, that this
+	// harvester leads now: none unless State is Leader.
+	Partitions() []int32
 	Close(ctx context.Context) error
 }
 
@@ -341,7 +346,7 @@ func (c *confluentProducer) WriteNote(ctx context.Context, place NotePlace, note
 		return fmt.Errorf("note group %q: %w", place.Group, err)
 	}
 	topic := place.Topic
-	offsets := []kafka.TopicPartition{{Topic: &topic, Partition: 0, Offset: 0, Metadata: &note}}
+	offsets := []kafka.TopicPartition{{Topic: &topic, Partition: place.Partition, Offset: 0, Metadata: &note}}
 	return txnError(c.p.SendOffsetsToTransaction(ctx, offsets, group))
 }
 
@@ -355,7 +360,7 @@ func (c *confluentProducer) ReadNote(ctx context.Context, place NotePlace) (stri
 	defer admin.Close()
 	topic := place.Topic
 	res, err := admin.ListConsumerGroupOffsets(ctx, []kafka.ConsumerGroupTopicPartitions{{
-		Group: place.Group, Partitions: []kafka.TopicPartition{{Topic: &topic, Partition: 0}},
+		Group: place.Group, Partitions: []kafka.TopicPartition{{Topic: &topic, Partition: place.Partition}},
 	}}, kafka.SetAdminRequireStableOffsets(true))
 	var kerr kafka.Error
 	if errors.As(err, &kerr) && kerr.Code() == kafka.ErrGroupIDNotFound {

@@ -2,6 +2,7 @@ package goharvest
 
 import (
 	"errors"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +22,7 @@ type metrics struct {
 	inFlightRecords, inFlightKeysGauge prometheus.GaugeFunc
 	deadLettered, heldDeleted          prometheus.Counter
 	heldRecords, heldOldestAge         prometheus.GaugeFunc
+	shards                             prometheus.Collector // per shard; set by New
 }
 
 // Error kinds counted by goharvest_errors_total.
@@ -85,7 +87,7 @@ func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.leader, m.marked, m.published, m.purged, m.reset, m.failed,
 		m.markedAgain, m.elections, m.fences, m.remarks, m.errors, m.markSeconds, m.purgeSeconds, m.commitSeconds,
 		m.backlog, m.oldestAge, m.inFlightRecords, m.inFlightKeysGauge,
-		m.deadLettered, m.heldDeleted, m.heldRecords, m.heldOldestAge}
+		m.deadLettered, m.heldDeleted, m.heldRecords, m.heldOldestAge, m.shards}
 }
 
 // register adds every metric to r. A metric registered already (by a harvester of the same
@@ -102,5 +104,55 @@ func (m *metrics) register(r prometheus.Registerer) error {
 func (m *metrics) unregister(r prometheus.Registerer) {
 	for _, c := range m.collectors() {
 		r.Unregister(c)
+	}
+}
+
+// shardCollector reports, for each shard this harvester publishes, its in-flight records and
+// its backlog, labelled by shard, and goharvest_shard_leader for every shard (1 where this
+// harvester publishes it): read at collection time from the shards' owners, so never stale.
+type shardCollector struct {
+	h                         *Harvest
+	leader, inFlight, backlog *prometheus.Desc
+}
+
+func newShardCollector(name string, h *Harvest) *shardCollector {
+	labels := prometheus.Labels{"harvest": name}
+	desc := func(metric, help string) *prometheus.Desc {
+		return prometheus.NewDesc("goharvest_shard_"+metric, help, []string{"shard"}, labels)
+	}
+	return &shardCollector{
+		h:        h,
+		leader:   desc("leader", "1 while this harvester publishes the shard, else 0."),
+		inFlight: desc("in_flight_records", "The shard's records in flight (see goharvest_in_flight_records), where this harvester publishes it."),
+		backlog:  desc("outbox_backlog_records", "The shard's records in the outbox (counted up to 1,000,000), sampled where this harvester publishes it."),
+	}
+}
+
+func (c *shardCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.leader
+	ch <- c.inFlight
+	ch <- c.backlog
+}
+
+func (c *shardCollector) Collect(ch chan<- prometheus.Metric) {
+	c.h.mu.Lock()
+	shards := c.h.shards
+	epochs := make([]*pipeline, len(shards))
+	for i, s := range shards {
+		epochs[i] = s.pipeline
+	}
+	c.h.mu.Unlock()
+	for i, s := range shards {
+		label := strconv.Itoa(s.id)
+		led := 0.0
+		if p := epochs[i]; p != nil {
+			led = 1
+			_, n := p.inFlight()
+			ch <- prometheus.MustNewConstMetric(c.inFlight, prometheus.GaugeValue, float64(n), label)
+			if b := s.backlog.Load(); b >= 0 {
+				ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, float64(b), label)
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(c.leader, prometheus.GaugeValue, led, label)
 	}
 }

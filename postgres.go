@@ -69,6 +69,34 @@ type PostgresBinding struct {
 	purgeSQL string
 	resetSQL string
 	held     heldSQL
+	// shard is the condition that limits a shard's view (see Shard) to its rows, "" for the whole
+	// table. A view shares its parent's pool, which only the parent disposes.
+	shard string
+}
+
+// markStatement marks the oldest records not marked by this leader, of the rows where holds. The
+// subquery walks the primary key from the head of the table (or, for a shard, the shard index
+// from the head of the shard); RETURNING gives the rows in no particular order, so Mark sorts them.
+func markStatement(table, where string) string {
+	return `UPDATE ` + table + ` SET leader_id = $1
+WHERE id IN (
+  SELECT id FROM ` + table + `
+  WHERE (leader_id IS NULL OR leader_id <> $1)` + where + `
+  ORDER BY id
+  LIMIT $2
+)
+RETURNING ` + outboxSelect
+}
+
+// Shard returns a view of the binding that marks only the rows of one shard of shards (see
+// Config.Shards); purges, resets and re-reads work by id and are the same. The view's Dispose
+// does nothing: the binding's pool is shared.
+func (b *PostgresBinding) Shard(shard, shards int) DatabaseBinding {
+	v := *b
+	v.shard = fmt.Sprintf(" AND %s = %d", outbox.ShardSQL("kafka_key", shards), shard)
+	v.markSQL = markStatement(b.table, v.shard)
+	v.held.markExcept = markStatement(b.table, v.shard+` AND kafka_key <> ALL($3)`)
+	return &v
 }
 
 // outboxSelect lists the columns the harvester reads, in scanRecord's order.
@@ -230,16 +258,7 @@ func NewPostgresBinding(dataSource, outboxTable string, options ...PostgresOptio
 		probe:   opts.probe,
 		channel: NotifyChannel(outboxTable),
 		table:   table,
-		// The subquery walks the primary key from the head of the table; RETURNING gives the rows
-		// in no particular order, so Mark sorts them.
-		markSQL: `UPDATE ` + table + ` SET leader_id = $1
-WHERE id IN (
-  SELECT id FROM ` + table + `
-  WHERE leader_id IS NULL OR leader_id <> $1
-  ORDER BY id
-  LIMIT $2
-)
-RETURNING ` + outboxSelect,
+		markSQL: markStatement(table, ""),
 		purgeSQL: `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
 		resetSQL: `UPDATE ` + table + ` SET leader_id = NULL WHERE id = ANY($1) AND leader_id = $2`,
 		held:     newHeldSQL(outboxTable),
@@ -430,7 +449,11 @@ func describeConn(c *pgx.ConnConfig) string {
 }
 
 // Dispose implements DatabaseBinding.
-func (b *PostgresBinding) Dispose() { b.pool.Close() }
+func (b *PostgresBinding) Dispose() {
+	if b.shard == "" {
+		b.pool.Close()
+	}
+}
 
 // Ping checks that the database answers.
 func (b *PostgresBinding) Ping(ctx context.Context) error { return b.pool.Ping(ctx) }
@@ -442,8 +465,12 @@ func (b *PostgresBinding) Backlog(ctx context.Context, limit int) (int, time.Tim
 		n      int
 		oldest pgtype.Timestamptz
 	)
-	err := b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM (SELECT 1 FROM `+b.table+` LIMIT $1) AS s),
-		(SELECT create_time FROM `+b.table+` ORDER BY id LIMIT 1)`, limit).Scan(&n, &oldest)
+	where := ""
+	if b.shard != "" {
+		where = " WHERE true" + b.shard
+	}
+	err := b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM (SELECT 1 FROM `+b.table+where+` LIMIT $1) AS s),
+		(SELECT create_time FROM `+b.table+where+` ORDER BY id LIMIT 1)`, limit).Scan(&n, &oldest)
 	if err != nil {
 		return 0, time.Time{}, fmt.Errorf("sample outbox backlog: %w", err)
 	}

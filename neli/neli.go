@@ -235,7 +235,7 @@ func (n *Neli) Pulse(ctx context.Context) (bool, error) {
 	if n.closed {
 		return false, ErrClosed
 	}
-	if !n.subscribed {
+	if !n.subscribed && !n.holdsAny() {
 		if err := n.subscribe(ctx); err != nil {
 			return false, err
 		}
@@ -263,6 +263,7 @@ func (n *Neli) Pulse(ctx context.Context) (bool, error) {
 			return false, err
 		}
 	}
+	n.releaseIfLeft()
 	n.fenceIfSilent()
 	if n.State() == Leader && time.Since(n.lastSent) >= n.heartbeatEvery {
 		n.sendHeartbeat()
@@ -498,7 +499,30 @@ func (n *Neli) fenceIfSilent() {
 	if err := n.consumer.Unsubscribe(); err != nil {
 		n.log.Warn("leave group after fencing", "error", err)
 	}
-	n.subscribed = false // the next Pulse rejoins, after this one has served the revoke
+	n.subscribed = false // a later Pulse rejoins, once the revoke has been served (see releaseIfLeft)
+}
+
+func (n *Neli) holdsAny() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.assigned) > 0
+}
+
+// releaseIfLeft completes the departure of a contender that fenced itself: its partitions are
+// let go once the consumer's assignment is empty. Usually the revoke callback, served by Poll, has
+// done that already; the check covers a consumer that dropped its assignment without one.
+// Rejoining waits for this: subscribing again while librdkafka still counts the partitions as
+// owned would rejoin the cooperative group claiming them, and keep them from everyone.
+func (n *Neli) releaseIfLeft() {
+	if n.subscribed || !n.holdsAny() {
+		return
+	}
+	if parts, err := n.consumer.Assignment(); err == nil && len(parts) == 0 {
+		n.mu.Lock()
+		held := slices.Clone(n.assigned)
+		n.mu.Unlock()
+		n.revoke(held)
+	}
 }
 
 func (n *Neli) barrier(ps []int32) {

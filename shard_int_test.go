@@ -1,0 +1,138 @@
+package goharvest_test
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/goharvest/goharvest"
+	outboxpkg "github.com/goharvest/goharvest/outbox"
+)
+
+// shardIndex creates the index a sharded outbox needs (see Config.Shards).
+func (r *intRig) shardIndex(shards int) {
+	r.t.Helper()
+	if _, err := r.pool.Exec(context.Background(),
+		"CREATE INDEX outbox_shard ON outbox ("+outboxpkg.ShardSQL("kafka_key", shards)+", id)"); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// shardedRun is a group of harvesters publishing one sharded outbox.
+type shardedRun struct {
+	r      *intRig
+	shards int
+	mu     sync.Mutex
+	live   map[string]*runningHarvester
+}
+
+type runningHarvester struct {
+	h      *goharvest.Harvest
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (sr *shardedRun) start(name string) {
+	sr.r.t.Helper()
+	h := sr.r.harvesterWith("sharded", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil,
+		func(c *goharvest.Config) { c.Shards = sr.shards; c.Name = name })
+	ctx, cancel := context.WithCancel(context.Background())
+	rh := &runningHarvester{h: h, cancel: cancel, done: make(chan error, 1)}
+	go func() { rh.done <- h.Run(ctx) }()
+	sr.mu.Lock()
+	sr.live[name] = rh
+	sr.mu.Unlock()
+}
+
+func (sr *shardedRun) stop(name string) {
+	sr.r.t.Helper()
+	sr.mu.Lock()
+	rh := sr.live[name]
+	delete(sr.live, name)
+	sr.mu.Unlock()
+	rh.cancel()
+	if err := <-rh.done; err != nil {
+		sr.r.t.Errorf("%s: %v", name, err)
+	}
+}
+
+// leaders returns who publishes each shard now; a shard two harvesters publish at once fails
+// the test.
+func (sr *shardedRun) leaders() map[int]string {
+	sr.mu.Lock()
+	defer sr.mu.Unlock()
+	owners := map[int]string{}
+	for name, rh := range sr.live {
+		for shard := range rh.h.LeadShards() {
+			if other, ok := owners[shard]; ok {
+				sr.r.t.Errorf("shard %d published by %s and %s at once", shard, other, name)
+			}
+			owners[shard] = name
+		}
+	}
+	return owners
+}
+
+// waitBalanced waits until every shard is published and each harvester publishes lo to hi.
+func (sr *shardedRun) waitBalanced(within time.Duration, lo, hi int) map[int]string {
+	sr.r.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		owners := sr.leaders()
+		counts := map[string]int{}
+		for _, name := range owners {
+			counts[name]++
+		}
+		ok := len(owners) == sr.shards
+		sr.mu.Lock()
+		for name := range sr.live {
+			ok = ok && counts[name] >= lo && counts[name] <= hi
+		}
+		sr.mu.Unlock()
+		if ok {
+			return owners
+		}
+		if time.Now().After(deadline) {
+			sr.r.t.Fatalf("shards not spread within %v: %v", within, owners)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Three harvesters publish eight shards at once, two or three each; while they drain a backlog,
+// one stops and another joins. Every record arrives, no key goes backwards.
+func TestShardedHarvestersShareTheOutboxAndHandOver(t *testing.T) {
+	const shards, keys, perKey = 8, 400, 50
+	r := newIntRig(t)
+	r.shardIndex(shards)
+	expected := r.load(keys, perKey)
+	v := r.verifier()
+	sr := &shardedRun{r: r, shards: shards, live: map[string]*runningHarvester{}}
+	for _, name := range []string{"h0", "h1", "h2"} {
+		sr.start(name)
+	}
+	before := sr.waitBalanced(30*time.Second, 2, 3)
+	t.Logf("3 harvesters: %v", before)
+	if r.outboxRows() == 0 {
+		t.Log("the backlog drained before the handover; the handover is tested without load")
+	}
+	sr.stop("h0")
+	sr.start("h3")
+	after := sr.waitBalanced(30*time.Second, 2, 3)
+	t.Logf("after h0 left and h3 joined: %v", after)
+	for shard, owner := range before {
+		if owner != "h0" && after[shard] != owner {
+			t.Logf("shard %d moved from %s to %s", shard, owner, after[shard])
+		}
+	}
+	r.waitEmpty(2 * time.Minute)
+	v.WaitDistinct(t, keys*perKey, time.Minute)
+	for _, name := range slices.Sorted(maps.Keys(sr.live)) {
+		sr.stop(name)
+	}
+	dups := checkDelivered(t, v, expected)
+	t.Logf("%d records over %d shards, %d duplicates", keys*perKey, shards, dups)
+}
