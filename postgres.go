@@ -253,12 +253,12 @@ func NewPostgresBinding(dataSource, outboxTable string, options ...PostgresOptio
 		return nil, fmt.Errorf("connect: %w", err)
 	}
 	return &PostgresBinding{
-		pool:    pool,
-		listen:  listen,
-		probe:   opts.probe,
-		channel: NotifyChannel(outboxTable),
-		table:   table,
-		markSQL: markStatement(table, ""),
+		pool:     pool,
+		listen:   listen,
+		probe:    opts.probe,
+		channel:  NotifyChannel(outboxTable),
+		table:    table,
+		markSQL:  markStatement(table, ""),
 		purgeSQL: `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
 		resetSQL: `UPDATE ` + table + ` SET leader_id = NULL WHERE id = ANY($1) AND leader_id = $2`,
 		held:     newHeldSQL(outboxTable),
