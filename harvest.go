@@ -299,6 +299,9 @@ func (h *Harvest) LeadShards() map[int]uuid.UUID {
 	return led
 }
 
+// ShardCount returns how many shards the outbox has (Config.Shards, after defaults).
+func (h *Harvest) ShardCount() int { return h.cfg.Shards }
+
 // epochs returns the epochs running now, in shard order.
 func (h *Harvest) epochs() []*pipeline {
 	h.mu.Lock()

@@ -286,6 +286,13 @@ func (n *Neli) subscribe(ctx context.Context) error {
 		n.topicChecked = true
 	}
 	topic := n.cfg.LeaderTopic
+	// Assigned a partition of a topic its metadata does not know yet (one just created),
+	// librdkafka starts fetching only at its next metadata refresh, which can come after the first
+	// heartbeat timeout has passed. Asking for the topic's metadata first fills that in.
+	if _, err := n.beats.GetMetadata(&topic, false, int(n.cfg.HeartbeatTimeout.Milliseconds())); err != nil {
+		n.trouble("cannot read the leader topic's metadata yet; will retry", err)
+		return nil
+	}
 	if err := n.beats.Assign([]kafka.TopicPartition{{Topic: &topic, Partition: heartbeatPartition, Offset: kafka.OffsetEnd}}); err != nil {
 		return fmt.Errorf("neli: read heartbeats from %s: %w", topic, err)
 	}

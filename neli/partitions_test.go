@@ -114,9 +114,15 @@ func TestPartitionsSpreadEvenlyAndMoveLittle(t *testing.T) {
 	}
 	s.stop(t)
 
-	// No contender acquires a partition while another is still in its barrier for it.
+	// No contender acquires a partition while another is still in its barrier for it, and none
+	// fences itself: nothing here keeps heartbeats from coming back.
 	for _, c := range append(rest, leaving) {
 		checkEventOrder(t, c)
+		for _, te := range c.eventLog() {
+			if _, fenced := te.ev.(SelfFenced); fenced {
+				t.Errorf("%s fenced itself at %v without a fault", c.name, te.at.Format("15:04:05.000"))
+			}
+		}
 	}
 	mu.Lock()
 	defer mu.Unlock()

@@ -100,7 +100,12 @@ admin:
 	eventually(t, "readyz 200", 15*time.Second, status("/readyz", 200))
 	eventually(t, "metrics", 15*time.Second, func() (bool, string) {
 		code, body := get(base + "/metrics")
-		return code == 200 && strings.Contains(body, `goharvest_leader{harvest=`) && strings.Contains(body, "go_goroutines"), body[:min(200, len(body))]
+		return code == 200 && strings.Contains(body, `goharvest_leader{harvest=`) && strings.Contains(body, "go_goroutines") &&
+			strings.Contains(body, `goharvest_shard_leader{harvest="`) && strings.Contains(body, `shard="0"} 1`), body[:min(200, len(body))]
+	})
+	eventually(t, "shards: leads shard 0 of 1", 15*time.Second, func() (bool, string) {
+		code, body := get(base + reaper.ShardsPath)
+		return code == 200 && strings.Contains(body, `"shards":1`) && strings.Contains(body, `"leads":[{"shard":0,"leaderID":"`), body
 	})
 
 	if err := pg.Halt(); err != nil {

@@ -314,10 +314,12 @@ const (
 	HealthzPath   = "/healthz"
 	ReadyzPath    = "/readyz"
 	HeldPath      = "/held"
+	ShardsPath    = "/shards"
 	ReadyzTimeout = 3 * time.Second
 )
 
-// adminHandler serves the metrics, the health probes and the held records (HeldPath, JSON). A
+// adminHandler serves the metrics, the health probes, the held records (HeldPath, JSON) and the
+// shards this reaper publishes (ShardsPath, JSON). A
 // probe answers 200 with "ok", or 503 with what is wrong.
 func adminHandler(h *goharvest.Harvest, registry *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
@@ -336,12 +338,33 @@ func adminHandler(h *goharvest.Harvest, registry *prometheus.Registry) http.Hand
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(heldReport{Leader: h.IsLeader(), Records: h.HeldRecords()})
 	})
+	mux.HandleFunc(ShardsPath, func(w http.ResponseWriter, r *http.Request) {
+		report := shardsReport{Shards: h.ShardCount(), Leads: []ledShard{}}
+		led := h.LeadShards()
+		for _, shard := range slices.Sorted(maps.Keys(led)) {
+			report.Leads = append(report.Leads, ledShard{Shard: shard, LeaderID: led[shard].String()})
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(report)
+	})
 	mux.Handle(ReadyzPath, probe(func(r *http.Request) error {
 		ctx, cancel := context.WithTimeout(r.Context(), ReadyzTimeout)
 		defer cancel()
 		return h.Ready(ctx)
 	}))
 	return mux
+}
+
+// shardsReport is what /shards serves: how many shards the outbox has, and which of them this
+// reaper publishes now, each under its current leader ID.
+type shardsReport struct {
+	Shards int        `json:"shards"`
+	Leads  []ledShard `json:"leads"`
+}
+
+type ledShard struct {
+	Shard    int    `json:"shard"`
+	LeaderID string `json:"leaderID"`
 }
 
 // SignalContext returns a context that ends on SIGINT or SIGTERM.
