@@ -171,3 +171,37 @@ func TestMorePartitionsThanConfiguredIsAnError(t *testing.T) {
 		t.Fatalf("Pulse returned %v, want an error about the partition count", err)
 	}
 }
+
+// A contender whose loop stalls past the session timeout fences itself off all its partitions;
+// the others take them only after that; when it resumes it gives them up, rejoins, and the
+// partitions are spread over all three again.
+func TestStalledContenderFencesAllItsPartitionsAndRejoins(t *testing.T) {
+	b := kafkatest.Start(t)
+	const partitions = 8
+	cs := startContenders(t, b, "stallmany", 3, func(c *Config) { c.Partitions = partitions })
+	s := startSampler(t, cs...)
+	before := waitForBalance(t, 20*time.Second, partitions, 2, 3, cs...)
+	stalled := cs[0]
+	var held []int32
+	for p, owner := range before {
+		if owner == stalled.name {
+			held = append(held, p)
+		}
+	}
+	stalled.paused.Store(true)
+	stalledAt := time.Now()
+	// The others take every partition, and none while the stalled one still counts itself leader
+	// (the sampler checks that throughout).
+	waitForBalance(t, 10*time.Second, partitions, 4, 4, cs[1:]...)
+	t.Logf("%s stalled holding %v; the others lead all %d after %v", stalled.name, held, partitions, time.Since(stalledAt))
+	if stalled.n.IsLeader() {
+		t.Fatal("the stalled contender still counts itself leader")
+	}
+	stalled.paused.Store(false)
+	after := waitForBalance(t, 20*time.Second, partitions, 2, 3, cs...)
+	t.Logf("after it resumed: %v", after)
+	s.stop(t)
+	for _, c := range cs {
+		checkEventOrder(t, c)
+	}
+}
