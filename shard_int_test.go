@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/goharvest/goharvest"
 	outboxpkg "github.com/goharvest/goharvest/outbox"
 )
@@ -64,18 +66,32 @@ func (sr *shardedRun) stop(name string) {
 // leaders returns who publishes each shard now; a shard two harvesters publish at once fails
 // the test.
 func (sr *shardedRun) leaders() map[int]string {
-	sr.mu.Lock()
-	defer sr.mu.Unlock()
 	owners := map[int]string{}
-	for name, rh := range sr.live {
-		for shard := range rh.h.LeadShards() {
-			if other, ok := owners[shard]; ok {
-				sr.r.t.Errorf("shard %d published by %s and %s at once", shard, other, name)
-			}
-			owners[shard] = name
-		}
+	for shard, e := range sr.epochs() {
+		owners[shard] = e.owner
 	}
 	return owners
+}
+
+type epoch struct {
+	owner    string
+	leaderID uuid.UUID
+}
+
+// epochs returns each published shard's owner and leader ID.
+func (sr *shardedRun) epochs() map[int]epoch {
+	sr.mu.Lock()
+	defer sr.mu.Unlock()
+	epochs := map[int]epoch{}
+	for name, rh := range sr.live {
+		for shard, id := range rh.h.LeadShards() {
+			if other, ok := epochs[shard]; ok {
+				sr.r.t.Errorf("shard %d published by %s and %s at once", shard, other.owner, name)
+			}
+			epochs[shard] = epoch{name, id}
+		}
+	}
+	return epochs
 }
 
 // waitBalanced waits until every shard is published and each harvester publishes lo to hi.
@@ -121,13 +137,15 @@ func TestShardedHarvestersShareTheOutboxAndHandOver(t *testing.T) {
 	if r.outboxRows() == 0 {
 		t.Log("the backlog drained before the handover; the handover is tested without load")
 	}
+	epochs := sr.epochs()
 	sr.stop("h0")
 	sr.start("h3")
 	after := sr.waitBalanced(30*time.Second, 2, 3)
 	t.Logf("after h0 left and h3 joined: %v", after)
-	for shard, owner := range before {
-		if owner != "h0" && after[shard] != owner {
-			t.Logf("shard %d moved from %s to %s", shard, owner, after[shard])
+	// A shard that stayed with its owner kept its epoch through both rebalances: same leader ID.
+	for shard, e := range sr.epochs() {
+		if old := epochs[shard]; old.owner == e.owner && old.leaderID != e.leaderID {
+			t.Errorf("shard %d stayed with %s but its epoch was restarted by the rebalance", shard, e.owner)
 		}
 	}
 	r.waitEmpty(2 * time.Minute)
