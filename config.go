@@ -86,7 +86,8 @@ type Config struct {
 	// always on and cannot be disabled.
 	ProducerKafkaConfig KafkaConfigMap `yaml:"producerKafkaConfig"`
 
-	// LeaderTopic is the topic whose partition 0 decides leadership. All harvesters of one
+	// LeaderTopic is the topic whose partitions decide leadership, one per shard (partition 0
+	// alone with one shard). All harvesters of one
 	// outbox must share it, and nothing else may. Default: DefaultLeaderTopicPrefix followed by
 	// LeaderGroupID. A warning is logged when the default is used.
 	LeaderTopic string `yaml:"leaderTopic"`
@@ -193,9 +194,9 @@ type Limits struct {
 	MaxPollInterval time.Duration `yaml:"maxPollInterval"`
 
 	// HeartbeatTimeout is how long a leader may go without receiving its own heartbeat before it
-	// assumes it has lost partition 0 and fences itself. The Kafka session timeout is derived
+	// assumes it has lost its partitions and fences itself. The Kafka session timeout is derived
 	// from it (twice this value), so that a leader always fences itself before the group can
-	// hand partition 0 to another member; the broker's group.min.session.timeout.ms (6s by
+	// hand its partitions to another member; the broker's group.min.session.timeout.ms (6s by
 	// default in Kafka) therefore requires at least 3s against a default broker.
 	// Default: DefaultHeartbeatTimeout. Range: 100ms to 10m.
 	HeartbeatTimeout time.Duration `yaml:"heartbeatTimeout"`
