@@ -15,6 +15,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/goharvest/goharvest/internal/dispatch"
+	"github.com/goharvest/goharvest/internal/outage"
 	"github.com/goharvest/goharvest/internal/rdlog"
 )
 
@@ -94,7 +95,7 @@ type Neli struct {
 	sent           map[uint64]time.Time // heartbeats not yet read back, by sequence
 	lastSent       time.Time
 	heartbeatEvery time.Duration
-	kafkaTrouble   string // the last Kafka error logged, so an outage is logged once
+	kafkaTrouble   *outage.Logger
 
 	// mu guards the leadership view read by IsLeader.
 	mu            sync.Mutex
@@ -128,6 +129,7 @@ func New(cfg Config) (*Neli, error) {
 		producer:       producer,
 		events:         dispatch.New(cfg.OnEvent),
 		heartbeatEvery: max(cfg.MinPollInterval, cfg.HeartbeatTimeout/10),
+		kafkaTrouble:   &outage.Logger{What: "Kafka", Repeat: outage.LogInterval},
 	}
 	rdlog.Forward(consumer.Logs(), n.log)
 	rdlog.Forward(producer.Logs(), n.log)
@@ -227,7 +229,7 @@ func (n *Neli) subscribe(ctx context.Context) error {
 			return fatal.err
 		}
 		if err != nil {
-			n.trouble("cannot check the leader topic yet; will retry", err)
+			n.kafkaTrouble.Fail(n.log, "check the leader topic", err)
 			return nil
 		}
 		n.topicChecked = true
@@ -309,17 +311,9 @@ func (n *Neli) handle(ev kafka.Event) error {
 			n.log.Debug("leader topic not in metadata yet", "error", e)
 			return nil
 		}
-		n.trouble("Kafka error", e)
+		n.kafkaTrouble.Fail(n.log, "poll", e)
 	}
 	return nil
-}
-
-// trouble logs a problem once per kind, so an outage does not flood the log.
-func (n *Neli) trouble(msg string, err error) {
-	if s := err.Error(); s != n.kafkaTrouble {
-		n.kafkaTrouble = s
-		n.log.Warn(msg, "error", err)
-	}
 }
 
 // onRebalance runs inside Poll (or Close) when the group changes. Only partition 0 matters.
@@ -358,7 +352,7 @@ func (n *Neli) acquire() {
 	// The coordinator has just vouched for us: our session outlives a heartbeat timeout from now.
 	n.lastHeartbeat = time.Now()
 	n.mu.Unlock()
-	n.kafkaTrouble = ""
+	n.kafkaTrouble.OK(n.log)
 	n.log.Info("acquired leadership")
 	n.events.Emit(LeaderAcquired{})
 	n.sendHeartbeat()
@@ -419,7 +413,7 @@ func (n *Neli) sendHeartbeat() {
 		Value:          []byte(n.cfg.Name + "|" + n.tenure + "|" + strconv.FormatUint(n.seq, 10)),
 	}, nil)
 	if err != nil {
-		n.trouble("publish heartbeat", err)
+		n.kafkaTrouble.Fail(n.log, "publish heartbeat", err)
 	}
 }
 
@@ -450,7 +444,7 @@ func (n *Neli) onHeartbeat(m *kafka.Message) {
 		n.lastHeartbeat = sentAt
 	}
 	n.mu.Unlock()
-	n.kafkaTrouble = ""
+	n.kafkaTrouble.OK(n.log)
 }
 
 func newTenure() string {
