@@ -532,7 +532,7 @@ func (l Limits) validate() []error {
 	}
 	between("IOErrorBackoff", "ioErrorBackoff", l.IOErrorBackoff, time.Millisecond, 10*time.Minute, "")
 	for _, p := range l.election().Problems() {
-		errs = append(errs, fmt.Errorf("Limits.%s (limits.%s): %s", p.Field, lowerFirst(p.Field), p.Reason))
+		errs = append(errs, fmt.Errorf("Limits.%s (limits.%s): %v is %s", p.Field, lowerFirst(p.Field), p.Value, p.Reason))
 	}
 	// A leader that loses leadership waits up to MaxPollInterval for its in-flight records; a
 	// fenced one must be done before the group can elect another, which takes at least 1.9

@@ -121,7 +121,7 @@ func (c Config) Validate() error {
 		bad("Name: required")
 	}
 	for _, p := range c.election().Problems() {
-		bad("%s: %s", p.Field, p.Reason)
+		bad("%s %v: %s", p.Field, p.Value, p.Reason)
 	}
 	if c.Logger == nil {
 		bad("Logger: required")

@@ -56,9 +56,11 @@ func MaxMinPollInterval(heartbeatTimeout time.Duration) time.Duration {
 	return heartbeatTimeout/2 - time.Millisecond
 }
 
-// Problem is one duration out of its range: the field, as Election names it, and why.
+// Problem is one duration out of its range: the field, as Election names it, its value, and the
+// range with the reason for it ("out of range [1ms, 2.499s]: must be ...").
 type Problem struct {
 	Field  string
+	Value  time.Duration
 	Reason string
 }
 
@@ -67,11 +69,11 @@ func (e Election) Problems() []Problem {
 	var problems []Problem
 	between := func(field string, v, lo, hi time.Duration, why string) {
 		if v < lo || v > hi {
-			reason := fmt.Sprintf("%v is out of range [%v, %v]", v, lo, hi)
+			reason := fmt.Sprintf("out of range [%v, %v]", lo, hi)
 			if why != "" {
 				reason += ": " + why
 			}
-			problems = append(problems, Problem{Field: field, Reason: reason})
+			problems = append(problems, Problem{Field: field, Value: v, Reason: reason})
 		}
 	}
 	between("HeartbeatTimeout", e.HeartbeatTimeout, HeartbeatTimeout.Min, HeartbeatTimeout.Max, "")
