@@ -108,7 +108,11 @@ func (r *rig) start() {
 
 func (r *rig) waitFor(what string, within time.Duration, cond func() bool) {
 	r.t.Helper()
-	testwait.For(r.t, within, what, cond)
+	// Every 2ms: the fakes move in milliseconds, and some tests must act (Stop, a fault) while a
+	// run is still under way.
+	if !testwait.UntilEvery(within, 2*time.Millisecond, cond) {
+		r.t.Fatalf("timed out after %v waiting for %s", within, what)
+	}
 }
 
 // runUntilEmpty starts the harvester, waits for the outbox to empty and stops it.
