@@ -172,7 +172,9 @@ type Limits struct {
 	PollDuration time.Duration `yaml:"pollDuration"`
 
 	// MinPollInterval is the shortest time between two polls of the leader-election consumer.
-	// Default: DefaultMinPollInterval. Range: PollDuration to MaxPollInterval.
+	// The leader sends a heartbeat on each, so several must fit within a heartbeat timeout; and
+	// MaxPollInterval must be at least this. Default: DefaultMinPollInterval.
+	// Range: PollDuration to below HeartbeatTimeout / 2.
 	MinPollInterval time.Duration `yaml:"minPollInterval"`
 
 	// MaxPollInterval is the longest the harvester may go without polling the leader-election

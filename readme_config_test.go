@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"log/slog"
 	"os"
@@ -18,7 +21,8 @@ import (
 
 // README's configuration tables are what users read; these tests hold them to the code: every
 // field of Config and Limits is listed under its YAML key, each default is what WithDefaults
-// gives, and each range is what Validate accepts (checked at both bounds and just outside).
+// gives, and each range is what Validate accepts (checked at both bounds and just outside) and
+// what the field's doc comment states.
 
 // readmeTable returns the cells of the rows of the Markdown table in README.md whose header row
 // is header, each row's cells trimmed.
@@ -154,6 +158,7 @@ func TestReadmeLimitsTableMatchesLimits(t *testing.T) {
 	declared := structFields(reflect.TypeFor[Limits]())
 	compareFields(t, "Limits", documented, declared)
 
+	docRanges := limitsDocRanges(t)
 	defaults := Limits{}.WithDefaults()
 	for _, row := range rows {
 		for name := range readmeFields(t, row[0]) {
@@ -168,6 +173,16 @@ func TestReadmeLimitsTableMatchesLimits(t *testing.T) {
 					t.Errorf("README says the default is %s (%s); WithDefaults gives %s", row[1], e.format(want), e.format(got))
 				}
 				checkRange(t, e, name, key, row[2])
+				doc, ok := docRanges[name]
+				if !ok {
+					t.Fatalf("Limits.%s's doc comment states no range", name)
+				}
+				// Evaluated on the defaults, the doc comment's bounds must be README's.
+				dlo, dhi, dzero := e.bounds(doc, " to ")
+				rlo, rhi, rzero := e.bounds(row[2], "–")
+				if dlo != rlo || dhi != rhi || dzero != rzero {
+					t.Errorf("the doc comment gives the range %q, README %q", doc, row[2])
+				}
 			})
 		}
 	}
@@ -177,21 +192,10 @@ func TestReadmeLimitsTableMatchesLimits(t *testing.T) {
 // against Validate: a value at each bound is accepted, one just outside is refused. A bound that
 // names another field is a rule between the two, which Validate may report on either.
 func checkRange(t *testing.T, e limitsExpr, name, key, cell string) {
-	zeroAllowed := false
-	if rest, ok := strings.CutPrefix(cell, "0, or "); ok {
-		zeroAllowed, cell = true, rest
-	}
-	loExpr, hiExpr, ok := strings.Cut(cell, "–")
-	if !ok {
-		t.Fatalf("range %q: want lo–hi", cell)
-	}
+	lo, hi, zeroAllowed := e.bounds(cell, "–")
+	loExpr, hiExpr, _ := strings.Cut(strings.TrimPrefix(cell, "0, or "), "–")
+	below := strings.HasPrefix(hiExpr, "below ")
 	unit := int64(1) // just outside a bound: the smallest step of the field's type
-	lo := e.eval(loExpr)
-	hiExpr, below := strings.CutPrefix(hiExpr, "below ")
-	hi := e.eval(hiExpr)
-	if below {
-		hi -= int64(time.Millisecond) // Validate works in librdkafka's milliseconds
-	}
 	check := func(v int64, accept bool, bound string) {
 		l := e.l
 		e.set(&l, name, v)
@@ -226,6 +230,52 @@ func checkRange(t *testing.T, e limitsExpr, name, key, cell string) {
 	}
 }
 
+// bounds evaluates a range, "lo<sep>hi", "0, or lo<sep>hi", or with "below X" as its upper bound:
+// the lowest and highest values allowed, and whether 0 is allowed besides.
+func (e limitsExpr) bounds(cell, sep string) (lo, hi int64, zeroAllowed bool) {
+	e.t.Helper()
+	if rest, ok := strings.CutPrefix(cell, "0, or "); ok {
+		zeroAllowed, cell = true, rest
+	}
+	loExpr, hiExpr, ok := strings.Cut(cell, sep)
+	if !ok {
+		e.t.Fatalf("range %q: want lo%shi", cell, sep)
+	}
+	lo = e.eval(loExpr)
+	hiExpr, below := strings.CutPrefix(hiExpr, "below ")
+	hi = e.eval(hiExpr)
+	if below {
+		hi -= int64(time.Millisecond) // Validate works in librdkafka's milliseconds
+	}
+	return lo, hi, zeroAllowed
+}
+
+// limitsDocRanges returns the range each Limits field's doc comment in config.go states
+// ("Range: 1ms to 10m."), by field.
+func limitsDocRanges(t *testing.T) map[string]string {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), "config.go", nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rangeRE := regexp.MustCompile(`Range: (.*?)\.(?: |$)`)
+	ranges := map[string]string{}
+	ast.Inspect(f, func(n ast.Node) bool {
+		spec, ok := n.(*ast.TypeSpec)
+		if !ok || spec.Name.Name != "Limits" {
+			return true
+		}
+		for _, field := range spec.Type.(*ast.StructType).Fields.List {
+			doc := strings.Join(strings.Fields(field.Doc.Text()), " ")
+			if m := rangeRE.FindStringSubmatch(doc); m != nil {
+				ranges[field.Names[0].Name] = m[1]
+			}
+		}
+		return false
+	})
+	return ranges
+}
+
 // limitsExpr evaluates the expressions README's Limits table uses for defaults and bounds:
 // literals ("500ms", "1,000,000"), another field by YAML key ("`heartbeatTimeout`"), halves
 // ("`heartbeatTimeout`/2") and min(a, b), over the values of l.
@@ -246,7 +296,7 @@ func (e limitsExpr) eval(expr string) int64 {
 		return min(e.eval(a), e.eval(b))
 	}
 	if x, n, ok := strings.Cut(expr, "/"); ok {
-		d, err := strconv.ParseInt(n, 10, 64)
+		d, err := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
 		if err != nil {
 			e.t.Fatalf("expression %q: %v", expr, err)
 		}
@@ -259,6 +309,9 @@ func (e limitsExpr) eval(expr string) int64 {
 			}
 		}
 		e.t.Fatalf("expression %q: no such field", expr)
+	}
+	if _, ok := reflect.TypeFor[Limits]().FieldByName(expr); ok { // as doc comments name fields
+		return e.get(e.l, expr)
 	}
 	lit := strings.ReplaceAll(expr, ",", "")
 	if reflect.ValueOf(e.l).FieldByName(e.field).Type() == reflect.TypeFor[time.Duration]() {
