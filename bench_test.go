@@ -26,6 +26,7 @@ import (
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgbouncer"
 	"github.com/goharvest/goharvest/internal/pgcluster"
+	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/internal/verifytest"
 	"github.com/goharvest/goharvest/stasher"
@@ -85,16 +86,13 @@ func BenchmarkDrainPastHeldKey(b *testing.B) {
 		b.ResetTimer()
 		m := rig.measure()
 		run.startHarvester()
-		for {
+		testwait.For(b, 10*time.Minute, "every key but the held one to drain", func() bool {
 			var others bool
 			if err := run.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM outbox WHERE kafka_key <> 'held')").Scan(&others); err != nil {
 				b.Fatal(err)
 			}
-			if !others {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return !others
+		})
 		m.stop(b, records)
 		b.StopTimer()
 		if n := run.backlog(); n != behind+1 {
@@ -114,9 +112,7 @@ func benchDrain(b *testing.B, records, keys, maxKeyRun int) {
 		b.ResetTimer()
 		m := rig.measure()
 		run.startHarvester()
-		for !run.empty() {
-			time.Sleep(20 * time.Millisecond)
-		}
+		testwait.For(b, 10*time.Minute, "the outbox to drain", run.empty)
 		m.stop(b, records)
 		b.StopTimer()
 		run.reportStatements()
@@ -242,7 +238,7 @@ func benchMarkLatency(b *testing.B, dsnSuffix, poolMode string) {
 					for pause.Load() {
 						pausedWriters.Add(1)
 						for pause.Load() {
-							time.Sleep(time.Millisecond)
+							time.Sleep(time.Millisecond) // a writer's pause: its loop must not spin
 						}
 						pausedWriters.Add(-1)
 					}
@@ -274,7 +270,7 @@ func benchMarkLatency(b *testing.B, dsnSuffix, poolMode string) {
 		timed := func() float64 {
 			pause.Store(true)
 			for written.Load() < target && pausedWriters.Load() < writers {
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // until the writers pause; measured, so no deadline
 			}
 			var took []time.Duration
 			for range 50 {
@@ -345,12 +341,12 @@ func BenchmarkIdle(b *testing.B) {
 		m := rig.measure()
 		statements := run.statements()
 		const idle = 10 * time.Second
-		time.Sleep(idle)
+		time.Sleep(idle)                             // the idle stretch whose queries are counted
 		queries := run.statements() - statements - 1 // less the first count's own statement
 		m.stopIdle(b, queries)
 		w := run.writers(1, 1, 50, 0)
 		for range 50 {
-			time.Sleep(time.Duration(100+rand.IntN(200)) * time.Millisecond)
+			time.Sleep(time.Duration(100+rand.IntN(200)) * time.Millisecond) // a trickle: one record now and then
 			w.writeOne(0)
 		}
 		b.StopTimer()
@@ -433,9 +429,7 @@ func (r *benchRun) startHarvester() {
 		r.b.Fatal(err)
 	}
 	r.h = h
-	for !h.IsLeader() {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.For(r.b, time.Minute, "leadership", h.IsLeader)
 }
 
 func (r *benchRun) close() {
@@ -578,7 +572,7 @@ func (w *benchWriters) runFor(d time.Duration) <-chan struct{} {
 				w.writeOne(i)
 				if interval > 0 {
 					next = next.Add(interval)
-					time.Sleep(time.Until(next))
+					time.Sleep(time.Until(next)) // paces the load at the rate asked
 				}
 			}
 		})
@@ -675,16 +669,11 @@ func (r *benchRun) startConsumer() *benchConsumer {
 // await waits until every record written has arrived, for at most a minute.
 func (c *benchConsumer) await(w *benchWriters) {
 	want := w.total()
-	deadline := time.Now().Add(time.Minute)
-	for time.Now().Before(deadline) {
+	testwait.Until(time.Minute, func() bool {
 		c.mu.Lock()
-		n := len(c.arrived)
-		c.mu.Unlock()
-		if n >= want {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		defer c.mu.Unlock()
+		return len(c.arrived) >= want
+	})
 }
 
 // report checks that every record arrived in per-key order and reports the commit-to-arrival

@@ -18,6 +18,7 @@ import (
 
 	"github.com/goharvest/goharvest/internal/pgname"
 	"github.com/goharvest/goharvest/internal/strictyaml"
+	"github.com/goharvest/goharvest/internal/timing"
 	"github.com/goharvest/goharvest/neli"
 	"github.com/goharvest/goharvest/outbox"
 )
@@ -51,9 +52,9 @@ const (
 // Defaults of Limits. A zero field takes its default.
 const (
 	DefaultIOErrorBackoff        = 500 * time.Millisecond
-	DefaultPollDuration          = time.Millisecond
-	DefaultMinPollInterval       = 100 * time.Millisecond
-	DefaultHeartbeatTimeout      = 5 * time.Second
+	DefaultPollDuration          = timing.DefaultPollDuration
+	DefaultMinPollInterval       = timing.DefaultMinPollInterval
+	DefaultHeartbeatTimeout      = timing.DefaultHeartbeatTimeout
 	DefaultQueueTimeout          = 30 * time.Second
 	DefaultMarkBackoff           = 10 * time.Millisecond
 	DefaultMaxMarkBackoff        = time.Second
@@ -180,7 +181,9 @@ type Limits struct {
 	PollDuration time.Duration `yaml:"pollDuration"`
 
 	// MinPollInterval is the shortest time between two polls of the leader-election consumer.
-	// Default: DefaultMinPollInterval. Range: PollDuration to MaxPollInterval.
+	// The leader sends a heartbeat on each, so several must fit within a heartbeat timeout; and
+	// MaxPollInterval must be at least this. Default: DefaultMinPollInterval.
+	// Range: PollDuration to below HeartbeatTimeout / 2.
 	MinPollInterval time.Duration `yaml:"minPollInterval"`
 
 	// MaxPollInterval is the longest the harvester may go without polling the leader-election
@@ -357,9 +360,8 @@ func (c Config) WithDefaults() Config {
 // WithDefaults returns a copy of l in which every zero field holds its default.
 func (l Limits) WithDefaults() Limits {
 	setDefault(&l.IOErrorBackoff, DefaultIOErrorBackoff)
-	setDefault(&l.PollDuration, DefaultPollDuration)
-	setDefault(&l.MinPollInterval, DefaultMinPollInterval)
-	setDefault(&l.HeartbeatTimeout, DefaultHeartbeatTimeout)
+	election := l.election().WithDefaults()
+	l.HeartbeatTimeout, l.PollDuration, l.MinPollInterval = election.HeartbeatTimeout, election.PollDuration, election.MinPollInterval
 	setDefault(&l.MaxPollInterval, l.HeartbeatTimeout/2)
 	setDefault(&l.QueueTimeout, DefaultQueueTimeout)
 	setDefault(&l.DrainInterval, min(l.MaxPollInterval, l.QueueTimeout))
@@ -374,6 +376,12 @@ func (l Limits) WithDefaults() Limits {
 	setDefault(&l.BacklogSampleInterval, DefaultBacklogSampleInterval)
 	setDefault(&l.HeldCheckInterval, DefaultHeldCheckInterval)
 	return l
+}
+
+// election returns the durations l shares with package neli, whose defaults and ranges package
+// timing holds.
+func (l Limits) election() timing.Election {
+	return timing.Election{HeartbeatTimeout: l.HeartbeatTimeout, PollDuration: l.PollDuration, MinPollInterval: l.MinPollInterval}
 }
 
 func setDefault[T comparable](field *T, def T) {
@@ -540,15 +548,14 @@ func (l Limits) validate() []error {
 		}
 	}
 	between("IOErrorBackoff", "ioErrorBackoff", l.IOErrorBackoff, time.Millisecond, 10*time.Minute, "")
-	between("HeartbeatTimeout", "heartbeatTimeout", l.HeartbeatTimeout, 100*time.Millisecond, 10*time.Minute, "")
+	for _, p := range l.election().Problems() {
+		errs = append(errs, fmt.Errorf("Limits.%s (limits.%s): %v is %s", p.Field, lowerFirst(p.Field), p.Value, p.Reason))
+	}
 	// A leader that loses leadership waits up to MaxPollInterval for its in-flight records; a
 	// fenced one must be done before the group can elect another, which takes at least 1.9
 	// heartbeat timeouts (see package neli), so half a timeout leaves a safe margin.
 	between("MaxPollInterval", "maxPollInterval", l.MaxPollInterval, l.MinPollInterval, l.HeartbeatTimeout/2,
 		"must be at least minPollInterval and at most half of heartbeatTimeout, so that a fenced leader has finished before another can be elected")
-	between("MinPollInterval", "minPollInterval", l.MinPollInterval, l.PollDuration, l.HeartbeatTimeout/2-time.Millisecond,
-		"must be at least pollDuration and below half of heartbeatTimeout, so that several heartbeats go out within each timeout")
-	between("PollDuration", "pollDuration", l.PollDuration, time.Millisecond, 10*time.Minute, "")
 	// A wait for a drain must end in time for the next poll.
 	between("DrainInterval", "drainInterval", l.DrainInterval, time.Millisecond, l.MaxPollInterval,
 		"a single wait for in-flight records must end in time for the next poll (maxPollInterval)")
@@ -571,4 +578,9 @@ func (l Limits) validate() []error {
 		between("DeadLetterAfter", "deadLetterAfter", l.DeadLetterAfter, time.Second, 8760*time.Hour, "or 0 for no dead letters")
 	}
 	return errs
+}
+
+// lowerFirst turns a Limits field's name into its YAML key.
+func lowerFirst(field string) string {
+	return strings.ToLower(field[:1]) + field[1:]
 }

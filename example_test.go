@@ -143,7 +143,7 @@ func ExampleHarvest_Run() {
 		if rows == 0 {
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // an example for users, so it polls as their code would
 	}
 	fmt.Println("published")
 	cancel()

@@ -165,7 +165,7 @@ func (d *fakeDB) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, 
 }
 
 func (d *fakeDB) Purge(ctx context.Context, ids []int64) (int, error) {
-	time.Sleep(d.purgeDelay)
+	time.Sleep(d.purgeDelay) // a purge's latency, as a test sets it
 	if err := d.wait(ctx); err != nil {
 		return 0, err
 	}
@@ -402,7 +402,7 @@ var errErroneousState = errors.New("Local: Erroneous state")
 // calls honour) and returns librdkafka's retriable timeout.
 func waitOut(ctx context.Context) error {
 	if deadline, ok := ctx.Deadline(); ok {
-		time.Sleep(time.Until(deadline))
+		time.Sleep(time.Until(deadline)) // librdkafka's call times out only at the deadline
 	} else {
 		panic("a transactional call without a deadline would wait forever in librdkafka")
 	}
@@ -592,7 +592,7 @@ func (p *fakeProducer) Produce(msg Message) error {
 	}
 
 	p.wg.Go(func() {
-		time.Sleep(delay)
+		time.Sleep(delay) // the broker's latency, as a test sets it
 		p.deliveries <- Delivery{Opaque: msg.Opaque, Err: m.err}
 	})
 	return nil

@@ -18,7 +18,6 @@
 package goharvest
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,10 +30,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goharvest/goharvest/internal/dispatch"
+	"github.com/goharvest/goharvest/internal/outage"
 	"github.com/goharvest/goharvest/metric"
 	"github.com/goharvest/goharvest/neli"
 )
@@ -150,12 +149,12 @@ func New(config Config) (*Harvest, error) {
 	h.metrics = newMetrics(cfg.Name, h.inFlight, h.heldStats)
 	h.metrics.shards = newShardCollector(cfg.Name, h)
 	quiet := 3*cfg.Limits.IOErrorBackoff + time.Second
-	h.dbTrouble = &episode{what: "database", failures: h.metrics.errors.WithLabelValues(errorKindDatabase),
-		repeat: outageLogInterval, quiet: quiet}
-	h.kafkaTrouble = &episode{what: "Kafka transactions", failures: h.metrics.errors.WithLabelValues(errorKindKafka),
-		repeat: outageLogInterval, quiet: quiet}
+	h.dbTrouble = &episode{what: "database", log: outage.Logger{
+		Failures: h.metrics.errors.WithLabelValues(errorKindDatabase), Repeat: outage.LogInterval, Quiet: quiet}}
+	h.kafkaTrouble = &episode{what: "Kafka transactions", log: outage.Logger{
+		Failures: h.metrics.errors.WithLabelValues(errorKindKafka), Repeat: outage.LogInterval, Quiet: quiet}}
 	// Notifications only speed things up: their loss is said once, not repeated.
-	h.notifyTrouble = &episode{what: "notifications of new records", meanwhile: "polling instead"}
+	h.notifyTrouble = &episode{what: "notifications of new records", log: outage.Logger{Meanwhile: "polling instead"}}
 	return h, nil
 }
 
@@ -981,92 +980,26 @@ func (h *Harvest) sampleBacklog() {
 // cheap however large the backlog grows.
 const backlogLimit = 1_000_000
 
-// outageLogInterval is how often an outage that persists is logged again, with its count of
-// failures and its latest error, so that a log read at any time shows it is still going on.
-const outageLogInterval = 30 * time.Second
-
-// flapWindow is how far back Ready looks for failures that keep coming back: a leader whose
-// pre-epoch checks succeed and whose marks then fail ends its outage at each check and starts
-// another at the next mark, and publishes nothing all the while.
-const flapWindow = 10 * time.Second
-
-// episode follows an outage: it logs when one begins, again every repeat while it persists (if
-// repeat is set), and when it ends, however many operations fail in between; and it tells Ready
-// whether one is going on.
+// episode is the harvester's outage logger (package outage), shaped for the pipeline's files,
+// which build one with only its name (&episode{what: ...}) and call fail and ok. When they use
+// *outage.Logger directly, this adapter goes.
 type episode struct {
-	what      string
-	meanwhile string             // what goes on during an outage; default "retrying"
-	failures  prometheus.Counter // counts every failure; may be nil
-	repeat    time.Duration      // zero: log only when an outage begins and ends
-	// quiet is how long after its last failure a flapping outage (see flapWindow) still counts
-	// for Ready: longer than a retry's backoff.
-	quiet time.Duration
+	what string
+	log  outage.Logger // What is taken from what on first use
 
-	mu       sync.Mutex
-	failing  bool
-	since    time.Time
-	logged   time.Time // when the outage was last logged
-	count    int
-	lastOp   string
-	lastErr  error
-	failedAt []time.Time // the failures of the last flapWindow, outages or not
+	named sync.Once
+}
+
+func (e *episode) logger() *outage.Logger {
+	e.named.Do(func() { e.log.What = e.what })
+	return &e.log
 }
 
 func (e *episode) fail(log *slog.Logger, op string, err error, attrs ...any) {
-	if e.failures != nil {
-		e.failures.Inc()
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.count++
-	e.lastOp, e.lastErr = op, err
-	now := time.Now()
-	e.failedAt = append(e.recentFailures(now), now)
-	meanwhile := cmp.Or(e.meanwhile, "retrying")
-	switch {
-	case !e.failing:
-		e.failing, e.since, e.logged = true, now, now
-		log.Warn(e.what+" unavailable; "+meanwhile, append([]any{"op", op, "error", err}, attrs...)...)
-	case e.repeat > 0 && now.Sub(e.logged) >= e.repeat:
-		e.logged = now
-		log.Warn(e.what+" still unavailable; "+meanwhile, append([]any{"for", now.Sub(e.since).Round(time.Second),
-			"failures", e.count, "op", op, "error", err}, attrs...)...)
-	}
+	e.logger().Fail(log, op, err, attrs...)
 }
 
-func (e *episode) ok(log *slog.Logger) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.failing {
-		log.Info(e.what+" available again", "after", time.Since(e.since).Round(time.Millisecond), "failures", e.count)
-		e.failing, e.count = false, 0
-	}
-}
+func (e *episode) ok(log *slog.Logger) { e.logger().OK(log) }
 
-// recentFailures returns the failures of the last flapWindow (e.mu held).
-func (e *episode) recentFailures(now time.Time) []time.Time {
-	i := 0
-	for i < len(e.failedAt) && now.Sub(e.failedAt[i]) > flapWindow {
-		i++
-	}
-	return e.failedAt[i:]
-}
-
-// outage describes the outage going on, or returns nil when there is none. One failure, retried
-// at once, is not yet an outage; two in a row are, and so are failures that keep coming back
-// between successes (three within flapWindow, the last within quiet).
-func (e *episode) outage() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	now := time.Now()
-	recent := e.recentFailures(now)
-	switch {
-	case e.failing && e.count >= 2:
-		return fmt.Errorf("%s unavailable for %v (%d failures; last: %s: %w)",
-			e.what, now.Sub(e.since).Round(time.Millisecond), e.count, e.lastOp, e.lastErr)
-	case len(recent) >= 3 && now.Sub(recent[len(recent)-1]) < e.quiet:
-		return fmt.Errorf("%s failing again and again (%d failures in the last %v; last: %s: %w)",
-			e.what, len(recent), flapWindow, e.lastOp, e.lastErr)
-	}
-	return nil
-}
+// outage describes the outage going on, or returns nil when there is none (see outage.Logger.Err).
+func (e *episode) outage() error { return e.logger().Err() }

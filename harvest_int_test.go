@@ -23,6 +23,7 @@ import (
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/internal/verifytest"
 	"github.com/goharvest/goharvest/stasher"
@@ -112,12 +113,8 @@ func (r *intRig) harvesterWith(group string, limits goharvest.Limits, registry p
 
 func (r *intRig) waitEmpty(within time.Duration) {
 	r.t.Helper()
-	deadline := time.Now().Add(within)
-	for r.outboxRows() > 0 {
-		if time.Now().After(deadline) {
-			r.t.Fatalf("%d rows still in the outbox after %v", r.outboxRows(), within)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testwait.Until(within, func() bool { return r.outboxRows() == 0 }) {
+		r.t.Fatalf("%d rows still in the outbox after %v", r.outboxRows(), within)
 	}
 }
 
@@ -269,10 +266,8 @@ func TestHarvestNextEpochPurgesNotedRecords(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- first.Run(ctx) }()
-	for deadline := time.Now().Add(30 * time.Second); !binding.failing.Load(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no purge carried a run within 30s (%d records purged one per key)", binding.purged.Load())
-		}
+	if !testwait.Until(30*time.Second, binding.failing.Load) {
+		t.Fatalf("no purge carried a run within 30s (%d records purged one per key)", binding.purged.Load())
 	}
 	cancel()
 	if err := <-done; err != nil {
@@ -301,9 +296,7 @@ func TestHarvestStopMidRunThenStartAgain(t *testing.T) {
 	if err := first.Start(); err != nil {
 		t.Fatal(err)
 	}
-	for r.outboxRows() > keys*perKey*2/3 {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testwait.For(t, time.Minute, "a third of the outbox to drain", func() bool { return r.outboxRows() <= keys*perKey*2/3 })
 	first.Stop()
 	if err := first.Await(); err != nil {
 		t.Fatal(err)
@@ -404,7 +397,8 @@ func TestMetricsMatchDeliveries(t *testing.T) {
 	defer func() { h.Stop(); h.Await() }()
 	r.waitEmpty(time.Minute)
 	v.WaitDistinct(t, keys*perKey, time.Minute)
-	time.Sleep(300 * time.Millisecond) // a backlog sample after the drain
+	// A backlog sample after the drain; should none come, the comparison below says so.
+	testwait.Until(5*time.Second, func() bool { return gathered(t, registry, "goharvest_outbox_backlog_records") == 0 })
 	values := map[string]float64{}
 	families, err := registry.Gather()
 	if err != nil {
@@ -450,10 +444,10 @@ func TestNotificationWakesIdleHarvester(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { h.Stop(); h.Await() }()
-	for !h.IsLeader() {
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(500 * time.Millisecond) // past the first empty mark: the marker now sleeps a minute
+	testwait.For(t, 30*time.Second, "leadership", h.IsLeader)
+	// Past the first empty mark: the marker now sleeps a minute. Nothing signals that it has
+	// started that sleep, so the test leaves it time.
+	time.Sleep(500 * time.Millisecond)
 
 	r.load(1, 1)
 	r.waitEmpty(5 * time.Second)
@@ -462,7 +456,7 @@ func TestNotificationWakesIdleHarvester(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.load(1, 1)
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // a stretch in which, without a notification, the record must wait
 	if n := r.outboxRows(); n != 1 {
 		t.Fatalf("%d rows in the outbox without a notification; want the record still waiting", n)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/goharvest/goharvest/internal/syncbuf"
+	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/neli"
 )
 
@@ -107,12 +108,10 @@ func (r *rig) start() {
 
 func (r *rig) waitFor(what string, within time.Duration, cond func() bool) {
 	r.t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			r.t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(2 * time.Millisecond)
+	// Every 2ms: the fakes move in milliseconds, and some tests must act (Stop, a fault) while a
+	// run is still under way.
+	if !testwait.UntilEvery(within, 2*time.Millisecond, cond) {
+		r.t.Fatalf("timed out after %v waiting for %s", within, what)
 	}
 }
 
@@ -388,7 +387,7 @@ func TestMalformedRecordIsHeldAndReported(t *testing.T) {
 	others := r.load(10, 10)
 	r.start()
 	r.waitFor("other keys to drain", 10*time.Second, func() bool { return r.db.len() == 2 })
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // a gap in which the held key's records must not go out
 	r.stop()
 	r.checkOrder(others)
 	if !r.db.exists(bad) || !r.db.exists(after) {
@@ -432,7 +431,7 @@ func TestDatabaseOutage(t *testing.T) {
 	r.start()
 	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids) })
 	r.db.setDown(true)
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // an outage several retries long
 	r.db.setDown(false)
 	r.waitEmpty(20 * time.Second)
 	logs := r.logs.String()
@@ -447,7 +446,7 @@ func TestDatabaseOutage(t *testing.T) {
 	// Stop during a second outage.
 	r.load(5, 2)
 	r.db.setDown(true)
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // long enough for the loops to be retrying when Stop comes
 	start := time.Now()
 	r.stop()
 	if took := time.Since(start); took > 3*time.Second {
@@ -499,7 +498,7 @@ func TestIdleOutboxBacksOff(t *testing.T) {
 	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
 	time.Sleep(time.Second) // the backoff climbs to its bound
 	before := r.db.markCount()
-	time.Sleep(3 * time.Second)
+	time.Sleep(3 * time.Second) // the window the marks are counted over
 	perSecond := float64(r.db.markCount()-before) / 3
 	if perSecond > 1.4 {
 		t.Fatalf("an idle outbox was marked %.1f times a second; the bound (maxMarkBackoff 1s) allows 1", perSecond)
@@ -528,7 +527,7 @@ func TestRecordsMarkedAgainMidEpochAreNotQueuedTwice(t *testing.T) {
 		if len(marked) == 0 {
 			t.Fatal("nothing was left to mark again")
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(20 * time.Millisecond) // paces the deposed leader's marks, as its loop would
 	}
 	r.waitEmpty(20 * time.Second)
 	r.stop()

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/goharvest/goharvest/internal/testwait"
 )
 
 func (k *fakeKafka) setReject(id int64, n int) {
@@ -25,12 +27,8 @@ func (r *rig) waitBudgetEmpty() {
 	if p == nil {
 		r.t.Fatal("not leading")
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for p.queued.Load() != 0 {
-		if time.Now().After(deadline) {
-			r.t.Fatalf("%d records still counted in flight with the outbox empty", p.queued.Load())
-		}
-		time.Sleep(2 * time.Millisecond)
+	if !testwait.Until(5*time.Second, func() bool { return p.queued.Load() == 0 }) {
+		r.t.Fatalf("%d records still counted in flight with the outbox empty", p.queued.Load())
 	}
 }
 

@@ -21,7 +21,7 @@ func (r *rig) pulsesWithin(d time.Duration) int {
 	r.elector.mu.Lock()
 	before := r.elector.pulses
 	r.elector.mu.Unlock()
-	time.Sleep(d)
+	time.Sleep(d) // the window the pulses are counted over
 	r.elector.mu.Lock()
 	defer r.elector.mu.Unlock()
 	return r.elector.pulses - before
@@ -78,7 +78,7 @@ func TestElectionPulsesWhileEpochStartHangs(t *testing.T) {
 
 			// Leadership returns, the fault clears, and everything is published.
 			r.elector.set(neli.Leader)
-			time.Sleep(100 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // time for an epoch start to begin, and hang, before the fault clears
 			r.kafka.mu.Lock()
 			r.kafka.initHang = false
 			r.kafka.mu.Unlock()
@@ -91,7 +91,7 @@ func TestElectionPulsesWhileEpochStartHangs(t *testing.T) {
 			r.waitFor("the revoke", 5*time.Second, func() bool { return !r.h.IsLeader() })
 			c.hang(r)
 			r.elector.set(neli.Leader)
-			time.Sleep(200 * time.Millisecond)
+			time.Sleep(200 * time.Millisecond) // time for the epoch start to begin and hang before Stop
 			if took := r.timeStop(); took > 2*limits.HeartbeatTimeout {
 				t.Errorf("Stop took %v while the epoch start hung", took)
 			}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/stasher"
 )
 
@@ -464,16 +465,13 @@ func TestDebeziumStyleTableThroughView(t *testing.T) {
 
 func waitTableEmpty(t *testing.T, r *intRig, table string, within time.Duration) {
 	t.Helper()
-	for deadline := time.Now().Add(within); ; time.Sleep(20 * time.Millisecond) {
-		var n int
+	var n int
+	if !testwait.Until(within, func() bool {
 		if err := r.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d rows still in %s after %v", n, table, within)
-		}
+		return n == 0
+	}) {
+		t.Fatalf("%d rows still in %s after %v", n, table, within)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/pgbouncer"
 	"github.com/goharvest/goharvest/internal/syncbuf"
+	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/stasher"
 )
@@ -21,11 +22,7 @@ func slogTo(w io.Writer) *slog.Logger { return slog.New(slog.NewTextHandler(w, n
 
 func waitLeader(t *testing.T, h *goharvest.Harvest) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !h.IsLeader(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("not elected within 30s")
-		}
-	}
+	testwait.For(t, 30*time.Second, "election", h.IsLeader)
 }
 
 // startBouncer runs PgBouncer in front of the rig's database for the test. It fails the test
@@ -114,7 +111,9 @@ func TestNotificationsBehindPgBouncer(t *testing.T) {
 		}
 		defer func() { h.Stop(); h.Await() }()
 		waitLeader(t, h)
-		time.Sleep(500 * time.Millisecond) // past the first empty marks: the marker now sleeps a minute
+		// Past the first empty marks: the marker now sleeps a minute. Nothing signals that it has
+		// started that sleep, so the test leaves it time.
+		time.Sleep(500 * time.Millisecond)
 		r.load(1, 1)
 		r.waitEmpty(5 * time.Second)
 		if strings.Contains(logs.String(), "notifications of new records unavailable") {
@@ -135,7 +134,7 @@ func TestNotificationsBehindPgBouncer(t *testing.T) {
 		}
 		defer func() { h.Stop(); h.Await() }()
 		waitLeader(t, h)
-		time.Sleep(500 * time.Millisecond)
+		time.Sleep(500 * time.Millisecond) // past the first empty marks, as above
 		r.load(1, 1)
 		r.waitEmpty(5 * time.Second)
 		if strings.Contains(logs.String(), "notifications of new records unavailable") {
@@ -155,12 +154,10 @@ func TestNotificationsBehindPgBouncer(t *testing.T) {
 		}
 		defer func() { h.Stop(); h.Await() }()
 		waitLeader(t, h)
-		deadline := time.Now().Add(20 * time.Second)
-		for !strings.Contains(logs.String(), "notifications of new records unavailable; polling instead") {
-			if time.Now().After(deadline) {
-				t.Fatalf("lost notifications never reported:\n%s", logs)
-			}
-			time.Sleep(50 * time.Millisecond)
+		if !testwait.Until(20*time.Second, func() bool {
+			return strings.Contains(logs.String(), "notifications of new records unavailable; polling instead")
+		}) {
+			t.Fatalf("lost notifications never reported:\n%s", logs)
 		}
 		line := logs.String()
 		if !strings.Contains(line, "pollInterval=200ms") || !strings.Contains(line, "transaction mode") {
@@ -241,12 +238,8 @@ func TestReadinessDuringPoolerStall(t *testing.T) {
 	}
 	paused = false
 	r.waitEmpty(30 * time.Second)
-	deadline = time.Now().Add(30 * time.Second)
-	for err = ready(); err != nil || gathered(t, registry, "goharvest_leader") != 1; err = ready() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after RESUME: Ready %v, goharvest_leader %v", err, gathered(t, registry, "goharvest_leader"))
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testwait.Until(30*time.Second, func() bool { err = ready(); return err == nil && gathered(t, registry, "goharvest_leader") == 1 }) {
+		t.Fatalf("after RESUME: Ready %v, goharvest_leader %v", err, gathered(t, registry, "goharvest_leader"))
 	}
 	v.WaitDistinct(t, 200, time.Minute)
 	checkDelivered(t, v, expected)

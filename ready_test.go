@@ -1,15 +1,11 @@
 package goharvest
 
 import (
-	"errors"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/goharvest/goharvest/internal/syncbuf"
 )
 
 // A leader whose marks keep failing while its database still answers pings (as behind a pooler
@@ -66,45 +62,5 @@ func TestReadyIgnoresOutageOfStandby(t *testing.T) {
 	r.elector.set(0) // neli's first state: not the leader
 	if err := r.h.Ready(t.Context()); err != nil && strings.Contains(err.Error(), "cannot publish") {
 		t.Fatalf("a standby reports %v", err)
-	}
-}
-
-// An outage that persists is logged when it starts, again every repeat with its count of
-// failures and its last error, and when it ends; a single failure does not make it an outage
-// for Ready.
-func TestEpisodeLogsPersistingOutageAgain(t *testing.T) {
-	logs := &syncbuf.Buffer{}
-	log := slog.New(slog.NewTextHandler(logs, nil))
-	e := &episode{what: "database", repeat: 50 * time.Millisecond}
-	e.fail(log, "mark", errors.New("first"))
-	if err := e.outage(); err != nil {
-		t.Errorf("one failure is already an outage: %v", err)
-	}
-	deadline := time.Now().Add(300 * time.Millisecond)
-	for i := 0; time.Now().Before(deadline); i++ {
-		e.fail(log, "purge", errors.New("boom"))
-		time.Sleep(5 * time.Millisecond)
-	}
-	out := logs.String()
-	if n := strings.Count(out, "database unavailable; retrying"); n != 1 {
-		t.Errorf("start logged %d times, want once:\n%s", n, out)
-	}
-	again := strings.Count(out, "database still unavailable; retrying")
-	if again < 3 || again > 7 {
-		t.Errorf("logged again %d times in 300ms at a 50ms interval, want about 5:\n%s", again, out)
-	}
-	if !strings.Contains(out, "failures=") || !strings.Contains(out, "error=boom") || !strings.Contains(out, "op=purge") {
-		t.Errorf("the repeated lines lack the count or the last error:\n%s", out)
-	}
-	err := e.outage()
-	if err == nil || !strings.Contains(err.Error(), "purge: boom") {
-		t.Errorf("outage() = %v; want the last operation and error", err)
-	}
-	e.ok(log)
-	if err := e.outage(); err != nil {
-		t.Errorf("outage() after recovery = %v", err)
-	}
-	if !strings.Contains(logs.String(), "database available again") {
-		t.Errorf("the recovery was not logged")
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/goharvest/goharvest/internal/testwait"
 )
 
 // Rows that cannot be published are reported by id, hold back only their own keys, and stay in
@@ -53,10 +55,7 @@ func TestBadInput(t *testing.T) {
 		total += n
 	}
 	r.v.WaitDistinct(t, total, 2*time.Minute)
-	deadline := time.Now().Add(time.Minute)
-	for r.rows() != held && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.Until(time.Minute, func() bool { return r.rows() == held })
 	if n := r.rows(); n != held {
 		t.Fatalf("%d rows left in the outbox; want the %d bad rows and the %d held behind them", n, len(bad), held-len(bad))
 	}
@@ -83,9 +82,7 @@ func TestLoad(t *testing.T) {
 	p := r.startReaper("a")
 	start := time.Now()
 	r.v.WaitDistinct(t, int64(records), 20*time.Minute)
-	for r.rows() != 0 {
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.For(t, 20*time.Minute, "the outbox to empty", func() bool { return r.rows() == 0 })
 	elapsed := time.Since(start)
 	peak := peakRSS(t, p.cmd.Process.Pid)
 	report := r.v.Report(r.preloaded)

@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/goharvest/goharvest/internal/testwait"
 )
 
 // Three reapers on one outbox; the leader is killed (SIGKILL) and stopped (SIGTERM) in turn,
@@ -46,11 +48,7 @@ func failover(t *testing.T, scenario string, o rigOptions, keys, rounds int) {
 		successor := waitLeader(t, 30*time.Second, reapers...)
 		acquired := successor.lastAcquired()
 		var first time.Time
-		deadline := time.Now().Add(30 * time.Second)
-		for first.IsZero() && time.Now().Before(deadline) {
-			first = r.v.FirstArrivalAfter(acquired)
-			time.Sleep(5 * time.Millisecond)
-		}
+		testwait.Until(30*time.Second, func() bool { first = r.v.FirstArrivalAfter(acquired); return !first.IsZero() })
 		if first.IsZero() {
 			t.Fatalf("round %d: nothing published after %s took over", round, successor.name)
 		}

@@ -75,7 +75,7 @@ func (r *rig) lockTable(ctx context.Context, d time.Duration) {
 		if _, err := tx.Exec(ctx, "LOCK TABLE outbox IN ACCESS EXCLUSIVE MODE"); err != nil {
 			return err
 		}
-		time.Sleep(d)
+		time.Sleep(d) // how long the lock is held
 		return nil
 	})
 	if err != nil {

@@ -28,13 +28,15 @@ import (
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/buildtest"
 	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/leakcheck"
 	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/internal/verifytest"
 	"github.com/goharvest/goharvest/stasher"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+func TestMain(m *testing.M) { os.Exit(leakcheck.After(pgtest.Run(m))) }
 
 // long reports whether the long variants run (make chaos).
 func long() bool { return os.Getenv("GOHARVEST_CHAOS") != "" }
@@ -148,14 +150,11 @@ func (r *rig) finish(within time.Duration) verify.Report {
 		total += n
 	}
 	r.v.WaitDistinct(r.t, total, within)
-	deadline := time.Now().Add(within)
-	for r.rows() != 0 {
-		if time.Now().After(deadline) {
-			r.t.Fatalf("%d rows still in the outbox after %v", r.rows(), within)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testwait.Until(within, func() bool { return r.rows() == 0 }) {
+		r.t.Fatalf("%d rows still in the outbox after %v", r.rows(), within)
 	}
-	time.Sleep(500 * time.Millisecond) // let stragglers (repeats, reversals) arrive
+	// Let stragglers (repeats, reversals) arrive: nothing announces the last of them.
+	time.Sleep(500 * time.Millisecond)
 	report := r.v.Report(expected)
 	if !report.OK() {
 		r.t.Errorf("delivery check failed:\n%s", report)
@@ -220,7 +219,7 @@ func (r *rig) startWriters(n, keys int, perSecond int) {
 						next[rec.KafkaKey]--
 					}
 					j -= len(batch)
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(50 * time.Millisecond) // a writer's backoff after a failed insert
 					continue
 				}
 				w.mu.Lock()
@@ -229,7 +228,7 @@ func (r *rig) startWriters(n, keys int, perSecond int) {
 				}
 				w.mu.Unlock()
 				if pause > 0 {
-					time.Sleep(pause)
+					time.Sleep(pause) // paces the load at the rate asked
 				}
 			}
 		})
@@ -379,8 +378,9 @@ func (p *reaper) waitExit(t *testing.T, within time.Duration) int {
 // waitLeader waits until exactly one of ps leads and returns it.
 func waitLeader(t *testing.T, within time.Duration, ps ...*reaper) *reaper {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
+	var leader *reaper
+	// Every 5ms: the chaos figures time elections by it.
+	if !testwait.UntilEvery(within, 5*time.Millisecond, func() bool {
 		var leaders []*reaper
 		for _, p := range ps {
 			if p.isLeading() {
@@ -388,12 +388,13 @@ func waitLeader(t *testing.T, within time.Duration, ps ...*reaper) *reaper {
 			}
 		}
 		if len(leaders) == 1 {
-			return leaders[0]
+			leader = leaders[0]
 		}
-		time.Sleep(5 * time.Millisecond)
+		return len(leaders) == 1
+	}) {
+		t.Fatalf("no single leader among %d reapers within %v", len(ps), within)
 	}
-	t.Fatalf("no single leader among %d reapers within %v", len(ps), within)
-	return nil
+	return leader
 }
 
 // waitProgress waits until at least n more records have been published.

@@ -10,6 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/internal/verify"
 )
 
@@ -85,12 +86,8 @@ func TestHeldRowsFixDeleteAndLateTopic(t *testing.T) {
 	// create it.
 	time.Sleep(time.Second)
 	createTopic(t, r.broker.Addr(), late)
-	deadline := time.Now().Add(2 * time.Minute)
-	for r.rows() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d rows left in the outbox", r.rows())
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testwait.Until(2*time.Minute, func() bool { return r.rows() == 0 }) {
+		t.Fatalf("%d rows left in the outbox", r.rows())
 	}
 	report := r.v.Report(expected)
 	if !report.OK() {

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/testwait"
 )
 
 // The broker holds some transaction commits (EndTxn) for longer than the heartbeat timeout. The
@@ -33,7 +34,7 @@ func TestSlowTransactionCommits(t *testing.T) {
 		r.broker.KeepControl()
 		if end, ok := req.(*kmsg.EndTxnRequest); ok && end.Commit && slow.Load() && commits.Add(1)%5 == 1 {
 			delayed.Add(1)
-			r.broker.SleepControl(func() { time.Sleep(hold) })
+			r.broker.SleepControl(func() { time.Sleep(hold) }) // the slow commit being simulated
 		}
 		return nil, nil, false
 	})
@@ -95,25 +96,28 @@ func TestDatabaseHangsDuringEpochStart(t *testing.T) {
 		leader.waitExit(t, 10*time.Second)
 		reapers = slices.DeleteFunc(reapers, func(p *reaper) bool { return p == leader })
 		killed := time.Now()
-		for deadline := killed.Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		var successor *reaper
+		if !testwait.Until(15*time.Second, func() bool {
 			for _, p := range reapers {
 				p.mu.Lock()
 				elected := p.elected.After(killed)
 				p.mu.Unlock()
 				if elected {
-					return p
+					successor = p
 				}
 			}
+			return successor != nil
+		}) {
+			t.Fatalf("round %d: no reaper was elected after %s was killed", round, leader.name)
 		}
-		t.Fatalf("round %d: no reaper was elected after %s was killed", round, leader.name)
-		return nil
+		return successor
 	}
 
 	for round := range rounds {
 		thaw := freeze()
 		successor := killLeader(round)
 		_, lostBefore := successor.counts()
-		time.Sleep(hung)
+		time.Sleep(hung) // how long the database stays frozen
 		thaw()
 		waitLeader(t, 30*time.Second, successor)
 		r.waitProgress(1000, time.Minute)

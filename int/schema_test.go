@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/internal/verify"
 )
 
@@ -35,16 +36,14 @@ func TestUnknownColumnType(t *testing.T) {
 		}
 	}
 	p := r.startReaper("a")
-	deadline := time.Now().Add(30 * time.Second)
 	var log []byte
-	for !strings.Contains(string(log), "column kafka_value has type xml") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the unreadable column was not reported; log:\n%s", log)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if !testwait.Until(30*time.Second, func() bool {
 		log, _ = os.ReadFile(p.log.Name())
+		return strings.Contains(string(log), "column kafka_value has type xml")
+	}) {
+		t.Fatalf("the unreadable column was not reported; log:\n%s", log)
 	}
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // a stretch in which nothing may be published from the unreadable table
 	if n := r.rows(); n != records || r.distinct() != 0 {
 		t.Fatalf("%d rows left and %d published while the table could not be read", n, r.distinct())
 	}
@@ -53,9 +52,7 @@ func TestUnknownColumnType(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.v.WaitDistinct(t, records, time.Minute)
-	for r.rows() != 0 {
-		time.Sleep(50 * time.Millisecond)
-	}
+	testwait.For(t, time.Minute, "the outbox to empty", func() bool { return r.rows() == 0 })
 	if report := r.v.Report(expected); !report.OK() {
 		t.Fatalf("after the fix:\n%s", report)
 	}

@@ -45,7 +45,7 @@ func TestMeterIsSafeForConcurrentUse(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	time.Sleep(time.Millisecond)
+	time.Sleep(time.Millisecond) // past the interval, so that the last Read reports
 	s, ok := m.Read()
 	if !ok || s.Total != 8000 {
 		t.Fatalf("total %d, want 8000", s.Total)

@@ -12,14 +12,15 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/goharvest/goharvest/internal/rdlog"
+	"github.com/goharvest/goharvest/internal/timing"
 	"github.com/goharvest/goharvest/outbox"
 )
 
 // Defaults of Config. A zero field takes its default.
 const (
-	DefaultHeartbeatTimeout = 5 * time.Second
-	DefaultPollDuration     = time.Millisecond
-	DefaultMinPollInterval  = 100 * time.Millisecond
+	DefaultHeartbeatTimeout = timing.DefaultHeartbeatTimeout
+	DefaultPollDuration     = timing.DefaultPollDuration
+	DefaultMinPollInterval  = timing.DefaultMinPollInterval
 )
 
 // MaxPartitions bounds Config.Partitions.
@@ -97,15 +98,8 @@ var OwnedProperties = map[string]string{
 // copied.
 func (c Config) WithDefaults() Config {
 	c.KafkaConfig = maps.Clone(c.KafkaConfig)
-	if c.HeartbeatTimeout == 0 {
-		c.HeartbeatTimeout = DefaultHeartbeatTimeout
-	}
-	if c.PollDuration == 0 {
-		c.PollDuration = DefaultPollDuration
-	}
-	if c.MinPollInterval == 0 {
-		c.MinPollInterval = DefaultMinPollInterval
-	}
+	election := c.election().WithDefaults()
+	c.HeartbeatTimeout, c.PollDuration, c.MinPollInterval = election.HeartbeatTimeout, election.PollDuration, election.MinPollInterval
 	if c.Partitions == 0 {
 		c.Partitions = 1
 	}
@@ -140,20 +134,19 @@ func (c Config) Validate() error {
 	if c.Partitions < 1 || c.Partitions > MaxPartitions {
 		bad("Partitions %d: out of range [1, %d]", c.Partitions, MaxPartitions)
 	}
-	if c.HeartbeatTimeout < 100*time.Millisecond || c.HeartbeatTimeout > 10*time.Minute {
-		bad("HeartbeatTimeout %v: out of range [100ms, 10m]", c.HeartbeatTimeout)
-	}
-	if c.PollDuration < time.Millisecond || c.PollDuration > c.MinPollInterval {
-		bad("PollDuration %v: out of range [1ms, MinPollInterval (%v)]", c.PollDuration, c.MinPollInterval)
-	}
-	// A leader must publish and read back several heartbeats within each timeout.
-	if c.MinPollInterval >= c.HeartbeatTimeout/2 {
-		bad("MinPollInterval %v: must be below half the heartbeat timeout (%v)", c.MinPollInterval, c.HeartbeatTimeout/2)
+	for _, p := range c.election().Problems() {
+		bad("%s %v: %s", p.Field, p.Value, p.Reason)
 	}
 	if c.Logger == nil {
 		bad("Logger: required")
 	}
 	return errors.Join(errs...)
+}
+
+// election returns the durations c shares with goharvest's Limits, whose defaults and ranges
+// package timing holds.
+func (c Config) election() timing.Election {
+	return timing.Election{HeartbeatTimeout: c.HeartbeatTimeout, PollDuration: c.PollDuration, MinPollInterval: c.MinPollInterval}
 }
 
 // timeouts are the consumer-group timings derived from the heartbeat timeout.

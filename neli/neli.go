@@ -16,6 +16,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/goharvest/goharvest/internal/dispatch"
+	"github.com/goharvest/goharvest/internal/outage"
 	"github.com/goharvest/goharvest/internal/rdlog"
 )
 
@@ -109,8 +110,8 @@ type Neli struct {
 	sent           map[uint64]time.Time // heartbeats not yet read back, by sequence
 	lastSent       time.Time
 	heartbeatEvery time.Duration
-	kafkaTrouble   string // the last Kafka error logged, so an outage is logged once
-	fatal          error  // a problem found inside a rebalance callback, returned by Pulse
+	kafkaTrouble   *outage.Logger
+	fatal          error // a problem found inside a rebalance callback, returned by Pulse
 
 	// mu guards the leadership view read by IsLeader and Partitions.
 	mu            sync.Mutex
@@ -152,6 +153,7 @@ func New(cfg Config) (*Neli, error) {
 		producer:       producer,
 		events:         dispatch.New(cfg.OnEvent),
 		heartbeatEvery: max(cfg.MinPollInterval, cfg.HeartbeatTimeout/10),
+		kafkaTrouble:   &outage.Logger{What: "Kafka", Repeat: outage.LogInterval},
 	}
 	rdlog.Forward(consumer.Logs(), n.log)
 	rdlog.Forward(beats.Logs(), n.log)
@@ -280,7 +282,7 @@ func (n *Neli) subscribe(ctx context.Context) error {
 			return fatal.err
 		}
 		if err != nil {
-			n.trouble("cannot check the leader topic yet; will retry", err)
+			n.kafkaTrouble.Fail(n.log, "check the leader topic", err)
 			return nil
 		}
 		n.topicChecked = true
@@ -290,7 +292,7 @@ func (n *Neli) subscribe(ctx context.Context) error {
 	// librdkafka starts fetching only at its next metadata refresh, which can come after the first
 	// heartbeat timeout has passed. Asking for the topic's metadata first fills that in.
 	if _, err := n.beats.GetMetadata(&topic, false, int(n.cfg.HeartbeatTimeout.Milliseconds())); err != nil {
-		n.trouble("cannot read the leader topic's metadata yet; will retry", err)
+		n.kafkaTrouble.Fail(n.log, "read the leader topic's metadata", err)
 		return nil
 	}
 	if err := n.beats.Assign([]kafka.TopicPartition{{Topic: &topic, Partition: heartbeatPartition, Offset: kafka.OffsetEnd}}); err != nil {
@@ -387,17 +389,9 @@ func (n *Neli) handle(ev kafka.Event) error {
 			n.log.Debug("leader topic not in metadata yet", "error", e)
 			return nil
 		}
-		n.trouble("Kafka error", e)
+		n.kafkaTrouble.Fail(n.log, "poll", e)
 	}
 	return nil
-}
-
-// trouble logs a problem once per kind, so an outage does not flood the log.
-func (n *Neli) trouble(msg string, err error) {
-	if s := err.Error(); s != n.kafkaTrouble {
-		n.kafkaTrouble = s
-		n.log.Warn(msg, "error", err)
-	}
 }
 
 // onRebalance runs inside Poll (or Close) when the group changes. The group uses the cooperative
@@ -450,7 +444,7 @@ func (n *Neli) acquire(ps []int32) {
 		n.seq = 0
 		n.sent = map[uint64]time.Time{}
 	}
-	n.kafkaTrouble = ""
+	n.kafkaTrouble.OK(n.log)
 	n.log.Info("acquired leadership", "partitions", partitionList(ps))
 	n.events.Emit(Acquired{Partitions: ps})
 	if beginning {
@@ -560,7 +554,7 @@ func (n *Neli) sendHeartbeat() {
 		Value:          []byte(n.cfg.Name + "|" + n.tenure + "|" + strconv.FormatUint(n.seq, 10)),
 	}, nil)
 	if err != nil {
-		n.trouble("publish heartbeat", err)
+		n.kafkaTrouble.Fail(n.log, "publish heartbeat", err)
 	}
 }
 
@@ -588,7 +582,7 @@ func (n *Neli) onHeartbeat(m *kafka.Message) {
 		n.lastHeartbeat = sentAt
 	}
 	n.mu.Unlock()
-	n.kafkaTrouble = ""
+	n.kafkaTrouble.OK(n.log)
 }
 
 func newTenure() string {

@@ -16,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/testwait"
 )
 
 // Short timings keep the tests quick: a leader fences itself after one second of silence, and
@@ -79,7 +80,7 @@ func startContender(t *testing.T, b *kafkatest.Broker, group, name string, modif
 					return
 				}
 			}
-			time.Sleep(testPollInterval)
+			time.Sleep(testPollInterval) // paces the pulses, as Run's ticker does
 		}
 		closeCtx, cancelClose := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancelClose()
@@ -210,8 +211,8 @@ func (s *sampler) stop(t *testing.T) {
 // waitForLeader waits until exactly one of cs leads, and returns it.
 func waitForLeader(t *testing.T, within time.Duration, cs ...*contender) *contender {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
+	var leader *contender
+	testwait.For(t, within, fmt.Sprintf("a single leader among %d contenders", len(cs)), func() bool {
 		var leaders []*contender
 		for _, c := range cs {
 			if c.n.IsLeader() {
@@ -219,12 +220,11 @@ func waitForLeader(t *testing.T, within time.Duration, cs ...*contender) *conten
 			}
 		}
 		if len(leaders) == 1 {
-			return leaders[0]
+			leader = leaders[0]
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("no single leader among %d contenders within %v", len(cs), within)
-	return nil
+		return len(leaders) == 1
+	})
+	return leader
 }
 
 func others(all []*contender, not *contender) []*contender {
@@ -247,9 +247,10 @@ func TestThreeContendersElectExactlyOneLeader(t *testing.T) {
 
 	// Members joining after the first election may move partition 0; once all have joined, the
 	// same leader must hold steady, its heartbeats keeping it unfenced.
+	// Nothing signals that the last member has joined, so the test gives them a heartbeat timeout.
 	time.Sleep(testHeartbeatTimeout)
 	leader := waitForLeader(t, 5*time.Second, cs...)
-	time.Sleep(3 * testHeartbeatTimeout)
+	time.Sleep(3 * testHeartbeatTimeout) // a steady stretch in which leadership must hold
 	if !leader.n.IsLeader() {
 		t.Fatalf("%s lost leadership in a steady group; events %v", leader.name, leader.eventLog())
 	}
@@ -292,7 +293,7 @@ func TestStalledLeaderIsFencedBeforeAnotherIsElected(t *testing.T) {
 	cs := startContenders(t, b, "stall", 3)
 	s := startSampler(t, cs...)
 	waitForLeader(t, 15*time.Second, cs...)
-	time.Sleep(testHeartbeatTimeout)
+	time.Sleep(testHeartbeatTimeout) // let the group settle (see TestThreeContendersElectExactlyOneLeader)
 	leader := waitForLeader(t, 5*time.Second, cs...)
 
 	leader.paused.Store(true)
@@ -318,7 +319,7 @@ func TestStalledLeaderIsFencedBeforeAnotherIsElected(t *testing.T) {
 				next, electedAt = c, now
 			}
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // samples both sides each millisecond: the order is what is measured
 	}
 	t.Logf("stalled %s fenced after %v; %s elected after %v", leader.name, fencedAt.Sub(stalledAt), next.name, electedAt.Sub(stalledAt))
 	if fencedAt.IsZero() || electedAt.Before(fencedAt) {
@@ -327,7 +328,7 @@ func TestStalledLeaderIsFencedBeforeAnotherIsElected(t *testing.T) {
 
 	// When the stalled loop resumes it learns it was revoked, and never leads alongside.
 	leader.paused.Store(false)
-	time.Sleep(2 * testHeartbeatTimeout)
+	time.Sleep(2 * testHeartbeatTimeout) // the resumed loop gets every chance to lead alongside
 	if leader.n.IsLeader() && next.n.IsLeader() {
 		t.Fatal("both lead after the stalled loop resumed")
 	}
@@ -343,7 +344,7 @@ func TestBrokerRestartFencesLeaderAndLeadershipResumes(t *testing.T) {
 	cs := []*contender{startContender(t, b, "restart", "c0"), startContender(t, b, "restart", "c1")}
 	s := startSampler(t, cs...)
 	waitForLeader(t, 15*time.Second, cs...)
-	time.Sleep(testHeartbeatTimeout)
+	time.Sleep(testHeartbeatTimeout) // let the group settle (see TestThreeContendersElectExactlyOneLeader)
 	leader := waitForLeader(t, 5*time.Second, cs...)
 
 	if err := b.Restart(2 * testHeartbeatTimeout); err != nil {
@@ -398,7 +399,7 @@ func TestBlockingEventHandlerDoesNotBlockTheLoop(t *testing.T) {
 		t.Fatal("no event")
 	}
 	// The handler is stuck in Acquired; the loop must go on heartbeating regardless.
-	time.Sleep(3 * testHeartbeatTimeout)
+	time.Sleep(3 * testHeartbeatTimeout) // long enough that a stalled loop would have been fenced
 	if !n.IsLeader() {
 		t.Fatalf("the leader lost leadership while its event handler blocked (state %v)", n.State())
 	}
@@ -462,16 +463,18 @@ func TestConfigRejectsOwnedPropertiesAndBadValues(t *testing.T) {
 	}
 	cases := map[string]func(*Config){
 		`KafkaConfig["session.timeout.ms"]: NELI sets this property itself`: func(c *Config) { c.KafkaConfig["session.timeout.ms"] = 1000 },
-		`KafkaConfig["group.id"]`:                func(c *Config) { c.KafkaConfig["group.id"] = "x" },
-		`KafkaConfig["enable.auto.commit"]`:      func(c *Config) { c.KafkaConfig["enable.auto.commit"] = true },
-		`KafkaConfig["max.poll.interval.ms"]`:    func(c *Config) { c.KafkaConfig["max.poll.interval.ms"] = 1 },
-		`KafkaConfig["bootstrap.servers"]`:       func(c *Config) { delete(c.KafkaConfig, "bootstrap.servers") },
-		`LeaderTopic "a b"`:                      func(c *Config) { c.LeaderTopic = "a b" },
-		"LeaderGroupID":                          func(c *Config) { c.LeaderGroupID = "" },
-		"Name: required":                         func(c *Config) { c.Name = "" },
-		"HeartbeatTimeout 10ms":                  func(c *Config) { c.HeartbeatTimeout = 10 * time.Millisecond },
-		"MinPollInterval 3s: must be below half": func(c *Config) { c.MinPollInterval = 3 * time.Second },
-		"PollDuration 200ms: out of range":       func(c *Config) { c.PollDuration = 200 * time.Millisecond },
+		`KafkaConfig["group.id"]`:             func(c *Config) { c.KafkaConfig["group.id"] = "x" },
+		`KafkaConfig["enable.auto.commit"]`:   func(c *Config) { c.KafkaConfig["enable.auto.commit"] = true },
+		`KafkaConfig["max.poll.interval.ms"]`: func(c *Config) { c.KafkaConfig["max.poll.interval.ms"] = 1 },
+		`KafkaConfig["bootstrap.servers"]`:    func(c *Config) { delete(c.KafkaConfig, "bootstrap.servers") },
+		`LeaderTopic "a b"`:                   func(c *Config) { c.LeaderTopic = "a b" },
+		"LeaderGroupID":                       func(c *Config) { c.LeaderGroupID = "" },
+		"Name: required":                      func(c *Config) { c.Name = "" },
+		"HeartbeatTimeout 10ms":               func(c *Config) { c.HeartbeatTimeout = 10 * time.Millisecond },
+		// The rules between durations are package timing's, shared with goharvest's Limits, which
+		// reports PollDuration above MinPollInterval on the latter.
+		"MinPollInterval 3s: out of range [1ms, 2.499s]: must be at least pollDuration and below half": func(c *Config) { c.MinPollInterval = 3 * time.Second },
+		"MinPollInterval 100ms: out of range [200ms, 2.499s]":                                          func(c *Config) { c.PollDuration = 200 * time.Millisecond },
 	}
 	for want, modify := range cases {
 		c := base

@@ -15,6 +15,7 @@ import (
 	_ "github.com/lib/pq"              // registers the "postgres" database/sql driver
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/leakcheck"
 	"github.com/goharvest/goharvest/internal/pgtest"
 	"github.com/goharvest/goharvest/stasher"
 )
@@ -23,7 +24,7 @@ import (
 var exampleDataSource string
 
 func TestMain(m *testing.M) {
-	os.Exit(pgtest.RunWithDatabase(m, func(dsn string) error {
+	os.Exit(leakcheck.After(pgtest.RunWithDatabase(m, func(dsn string) error {
 		ctx := context.Background()
 		if err := goharvest.CreateOutboxTable(ctx, dsn, "outbox"); err != nil {
 			return err
@@ -38,7 +39,7 @@ func TestMain(m *testing.M) {
 		}
 		exampleDataSource = dsn
 		return nil
-	}))
+	})))
 }
 
 // readBack marks everything in the outbox and returns it in id order.

@@ -54,7 +54,9 @@ func Start(tb testing.TB, opts ...Option) *Broker {
 	if err := b.start(); err != nil {
 		tb.Fatalf("kafkatest: start broker: %v", err)
 	}
-	tb.Cleanup(b.Close)
+	// Not tb.Cleanup(b.Close): that binds the cluster started here, and after a Restart the
+	// cluster running is another one, which would be left running.
+	tb.Cleanup(func() { b.Cluster.Close() })
 	return b
 }
 

@@ -7,11 +7,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/goharvest/goharvest/internal/leakcheck"
 	"github.com/goharvest/goharvest/internal/pgbouncer"
 	"github.com/goharvest/goharvest/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+func TestMain(m *testing.M) { os.Exit(leakcheck.After(pgtest.Run(m))) }
 
 // Through a session pool a connection keeps its server session; through a transaction pool a
 // session setting made outside a transaction is gone (or belongs to another client) by the next

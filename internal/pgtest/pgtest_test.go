@@ -6,9 +6,11 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/goharvest/goharvest/internal/leakcheck"
 )
 
-func TestMain(m *testing.M) { os.Exit(Run(m)) }
+func TestMain(m *testing.M) { os.Exit(leakcheck.After(Run(m))) }
 
 func TestNewDatabaseIsEmptyAndSeparate(t *testing.T) {
 	ctx := context.Background()

@@ -9,6 +9,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/goharvest/goharvest/internal/syncbuf"
+	"github.com/goharvest/goharvest/internal/testwait"
 )
 
 func TestLevel(t *testing.T) {
@@ -29,10 +30,7 @@ func TestForwardGoesThroughTheLogger(t *testing.T) {
 		t.Fatal(err)
 	}
 	Forward(p.Logs(), slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(buf.String(), "librdkafka=") && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testwait.Until(5*time.Second, func() bool { return strings.Contains(buf.String(), "librdkafka=") })
 	p.Close()
 	if !strings.Contains(buf.String(), "librdkafka=") {
 		t.Fatalf("no librdkafka line reached the logger: %q", buf.String())

@@ -16,6 +16,7 @@ import (
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/reaper"
+	"github.com/goharvest/goharvest/internal/testwait"
 )
 
 func freeAddr(t *testing.T) string {
@@ -40,16 +41,9 @@ func get(url string) (int, string) {
 
 func eventually(t *testing.T, what string, within time.Duration, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		ok, last := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v; last answer: %s", what, within, last)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var last string
+	if !testwait.Until(within, func() (ok bool) { ok, last = cond(); return ok }) {
+		t.Fatalf("%s: not within %v; last answer: %s", what, within, last)
 	}
 }
 

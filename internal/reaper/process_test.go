@@ -16,11 +16,13 @@ import (
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/buildtest"
 	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/leakcheck"
 	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/internal/verifytest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Run(m)) }
+func TestMain(m *testing.M) { os.Exit(leakcheck.After(pgtest.Run(m))) }
 
 func buildReaper(t *testing.T) string {
 	return buildtest.Binary(t, "github.com/goharvest/goharvest/cmd/reaper")
@@ -114,10 +116,10 @@ logging:
 
 	second := startReaper(t, bin, env, "-f", config)
 	v.WaitDistinct(t, keys*perKey, 2*time.Minute)
-	for left > 0 {
+	testwait.For(t, time.Minute, "the second reaper to empty the outbox", func() bool {
 		pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&left)
-		time.Sleep(20 * time.Millisecond)
-	}
+		return left == 0
+	})
 	if code := second.stop(t); code != 0 {
 		t.Fatalf("second reaper exited %d after SIGTERM:\n%s", code, second.stderr)
 	}
