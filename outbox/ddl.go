@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -39,6 +40,9 @@ type TableOptions struct {
 	// is text: VARCHAR key and value, TEXT[] header values. (The harvester reads either, and
 	// json/jsonb values too; see README, Messages.)
 	Bytea bool
+	// Shards, when 2 or more, adds the index that each shard's mark walks (see ShardIndexDDL).
+	// The default, 0, and 1 add none: one harvester walks the primary key.
+	Shards int
 }
 
 // notifyDDLTemplate installs a statement-level trigger that sends a notification on the outbox's
@@ -87,10 +91,67 @@ func TableDDLWith(table string, opts TableOptions) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	var shardIndex string
+	if opts.Shards > 1 || opts.Shards < 0 {
+		if shardIndex, err = ShardIndexDDL(table, opts.Shards); err != nil {
+			return "", err
+		}
+		shardIndex = ";\n" + shardIndex
+	}
 	// The dead-letter table copies the outbox's columns (LIKE), bytea or text alike.
 	return fmt.Sprintf(outboxDDLTemplate, quoted, cols[0], cols[1], cols[2]) + ";\n" +
 		fmt.Sprintf(notifyDDLTemplate, function, quoted, NotifyChannel(table)) + ";\n" +
-		fmt.Sprintf(deadLetterDDLTemplate, dead, quoted), nil
+		fmt.Sprintf(deadLetterDDLTemplate, dead, quoted) + shardIndex, nil
+}
+
+// ShardIndexDDL returns the statement that creates, if it does not exist, the index that each
+// shard's mark walks when the outbox has the given number of shards: an index on
+// ShardSQL("kafka_key", shards) and id, in which each shard's rows lie together in id order. A
+// shard's harvester thus reads its own rows from their head and none of the other shards', when
+// its mark uses ShardMarkClauses. The table and its writers need no change: Postgres computes a
+// row's shard as it inserts it. Changing the number of shards needs only the new index (drop the
+// old one once no harvester uses it): each number of shards has its own index, named
+// <table>_shards<N>. On a large live outbox, run the statement with CONCURRENTLY after CREATE
+// INDEX, on its own, so that writers are not blocked while it builds. SHARD-STORAGE.md has the
+// measurements that chose this design over a shard column, partial indexes and partitions.
+func ShardIndexDDL(table string, shards int) (string, error) {
+	if shards < 2 || shards > MaxShards {
+		return "", fmt.Errorf("shard index for %d shards: an outbox has 2 to %d shards (one needs no index)", shards, MaxShards)
+	}
+	quoted, err := pgname.QuoteTable(table)
+	if err != nil {
+		return "", err
+	}
+	_, name, qualified := strings.Cut(table, ".")
+	if !qualified {
+		name = table
+	}
+	// An index lives in its table's schema, so its name is not qualified. It is cut, as Postgres
+	// would cut it, to 63 bytes, keeping the suffix that tells the indexes apart.
+	suffix := "_shards" + strconv.Itoa(shards)
+	index := pgx.Identifier{name[:min(len(name), 63-len(suffix))] + suffix}.Sanitize()
+	return fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (%s, id)", index, quoted, ShardSQL("kafka_key", shards)), nil
+}
+
+// ShardMarkClauses returns what one shard's mark puts in the subquery that picks the rows to
+// mark, so that Postgres walks the index of ShardIndexDDL: a condition to AND with the
+// subquery's WHERE clause and the ORDER BY list that replaces "id":
+//
+//	WHERE (leader_id IS NULL OR leader_id <> $1) AND <where> ORDER BY <orderBy> LIMIT $2
+//
+// The order is the same as by id, since every row has the one shard. The shard is a range of one
+// value, not "= shard", on purpose: Postgres drops from the order it needs an expression that the
+// WHERE clause holds constant, and then the primary key gives that order too, and Postgres
+// prefers it (it follows the table's order), walking past every other shard's rows from the head
+// of the table. The shard number is written into the text, not passed as a parameter, so that
+// Postgres plans each shard's mark knowing its shard, in a generic plan as in a custom one. With
+// one shard (or none) where is empty and orderBy is "id".
+func ShardMarkClauses(shards, shard int) (where, orderBy string) {
+	if shards <= 1 {
+		return "", "id"
+	}
+	expr := ShardSQL("kafka_key", shards)
+	return fmt.Sprintf("%s BETWEEN %d AND %d", expr, shard, shard), expr + ", id"
 }
 
 // NotifyChannel returns the channel on which a harvester of the outbox table listens:

@@ -26,8 +26,8 @@ func Shard(key []byte, shards int) int {
 }
 
 // ShardSQL is Shard as a Postgres expression over the key column (text or bytea). The harvester
-// filters each shard's mark with exactly this text, so that Postgres uses the index that
-// ShardIndexDDL creates on it.
+// filters each shard's mark with exactly this text (ShardMarkClauses), so that Postgres uses the
+// index that ShardIndexDDL creates on it.
 func ShardSQL(keyColumn string, shards int) string {
 	return fmt.Sprintf(`(('x' || left(md5(%s), 7))::bit(28)::int %% %d)`, keyColumn, shards)
 }
