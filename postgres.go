@@ -71,18 +71,20 @@ type PostgresBinding struct {
 	held     heldSQL
 	// shard is the condition that limits a shard's view (see Shard) to its rows, "" for the whole
 	// table. A view shares its parent's pool, which only the parent disposes.
-	shard string
+	shard      string
+	shardOrder string // the order that walks the shard index, "id" for the whole table
 }
 
 // markStatement marks the oldest records not marked by this leader, of the rows where holds. The
 // subquery walks the primary key from the head of the table (or, for a shard, the shard index
-// from the head of the shard); RETURNING gives the rows in no particular order, so Mark sorts them.
-func markStatement(table, where string) string {
+// from the head of the shard: see outbox.ShardMarkClauses for why its order is spelt out);
+// RETURNING gives the rows in no particular order, so Mark sorts them.
+func markStatement(table, where, orderBy string) string {
 	return `UPDATE ` + table + ` SET leader_id = $1
 WHERE id IN (
   SELECT id FROM ` + table + `
   WHERE (leader_id IS NULL OR leader_id <> $1)` + where + `
-  ORDER BY id
+  ORDER BY ` + orderBy + `
   LIMIT $2
 )
 RETURNING ` + outboxSelect
@@ -93,9 +95,10 @@ RETURNING ` + outboxSelect
 // does nothing: the binding's pool is shared.
 func (b *PostgresBinding) Shard(shard, shards int) DatabaseBinding {
 	v := *b
-	v.shard = fmt.Sprintf(" AND %s = %d", outbox.ShardSQL("kafka_key", shards), shard)
-	v.markSQL = markStatement(b.table, v.shard)
-	v.held.markExcept = markStatement(b.table, v.shard+` AND kafka_key <> ALL($3)`)
+	where, orderBy := outbox.ShardMarkClauses(shards, shard)
+	v.shard, v.shardOrder = " AND "+where, orderBy
+	v.markSQL = markStatement(b.table, v.shard, orderBy)
+	v.held.markExcept = markStatement(b.table, v.shard+` AND kafka_key <> ALL($3)`, orderBy)
 	return &v
 }
 
@@ -258,7 +261,7 @@ func NewPostgresBinding(dataSource, outboxTable string, options ...PostgresOptio
 		probe:    opts.probe,
 		channel:  NotifyChannel(outboxTable),
 		table:    table,
-		markSQL:  markStatement(table, ""),
+		markSQL:  markStatement(table, "", "id"),
 		purgeSQL: `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
 		resetSQL: `UPDATE ` + table + ` SET leader_id = NULL WHERE id = ANY($1) AND leader_id = $2`,
 		held:     newHeldSQL(outboxTable),
@@ -465,12 +468,12 @@ func (b *PostgresBinding) Backlog(ctx context.Context, limit int) (int, time.Tim
 		n      int
 		oldest pgtype.Timestamptz
 	)
-	where := ""
+	where, order := "", "id"
 	if b.shard != "" {
-		where = " WHERE true" + b.shard
+		where, order = " WHERE true"+b.shard, b.shardOrder
 	}
 	err := b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM (SELECT 1 FROM `+b.table+where+` LIMIT $1) AS s),
-		(SELECT create_time FROM `+b.table+where+` ORDER BY id LIMIT 1)`, limit).Scan(&n, &oldest)
+		(SELECT create_time FROM `+b.table+where+` ORDER BY `+order+` LIMIT 1)`, limit).Scan(&n, &oldest)
 	if err != nil {
 		return 0, time.Time{}, fmt.Errorf("sample outbox backlog: %w", err)
 	}

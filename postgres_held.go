@@ -33,7 +33,7 @@ func newHeldSQL(outboxTable string) heldSQL {
 	// xmin), such as the one README's recipe for Debezium-style tables makes.
 	const version = `md5(row(kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)::text)`
 	return heldSQL{
-		markExcept: markStatement(table, ` AND kafka_key <> ALL($3)`),
+		markExcept: markStatement(table, ` AND kafka_key <> ALL($3)`, "id"),
 		reread:     `SELECT ` + version + `, ` + outboxSelect + ` FROM ` + table + ` WHERE id = ANY($1)`,
 		purgeUnchanged: `DELETE FROM ` + table + ` WHERE id = ANY($1)
   AND (id, ` + version + `) IN (SELECT * FROM unnest($1::bigint[], $2::text[])) RETURNING id`,

@@ -17,8 +17,11 @@ import (
 // shardIndex creates the index a sharded outbox needs (see Config.Shards).
 func (r *intRig) shardIndex(shards int) {
 	r.t.Helper()
-	if _, err := r.pool.Exec(context.Background(),
-		"CREATE INDEX outbox_shard ON outbox ("+outboxpkg.ShardSQL("kafka_key", shards)+", id)"); err != nil {
+	ddl, err := outboxpkg.ShardIndexDDL("outbox", shards)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if _, err := r.pool.Exec(context.Background(), ddl); err != nil {
 		r.t.Fatal(err)
 	}
 }

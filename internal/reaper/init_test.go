@@ -43,3 +43,25 @@ func TestInitCreatesTextOrByteaTable(t *testing.T) {
 		})
 	}
 }
+
+// With harvest.shards, reaper init also creates the index each shard's mark walks.
+func TestInitCreatesTheShardIndex(t *testing.T) {
+	dsn := pgtest.NewDatabase(t)
+	code, stdout, stderr := run(t, "harvest:\n  dataSource: "+dsn+"\n  leaderGroupID: g\n  leaderTopic: t\n  shards: 8\n", "init")
+	if code != ExitOK || !strings.Contains(stdout, "index for 8 shards") {
+		t.Fatalf("exit %d: %s%s", code, stdout, stderr)
+	}
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var def string
+	if err := conn.QueryRow(ctx, `SELECT indexdef FROM pg_indexes WHERE tablename = 'outbox' AND indexname = 'outbox_shards8'`).Scan(&def); err != nil {
+		t.Fatalf("no shard index: %v", err)
+	}
+	if !strings.Contains(def, "md5") || !strings.Contains(def, "% 8") {
+		t.Fatalf("shard index %q does not index the shard of 8", def)
+	}
+}

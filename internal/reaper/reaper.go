@@ -188,6 +188,7 @@ func Version() string {
 const usage = `usage:
   reaper [-f reaper.yaml]                 publish the outbox until SIGINT or SIGTERM
   reaper init [-f reaper.yaml]            create the outbox and dead-letter tables if they do not exist
+                                          (and, with harvest.shards > 1, the shard index)
   reaper init -bytea [-f reaper.yaml]     ... with bytea kafka_key, kafka_value, kafka_header_values
   reaper held [-f reaper.yaml]            list the records the running reaper holds back (from admin.address)
   reaper dead-letter ID [-f reaper.yaml]  move outbox record ID into the dead-letter table now
@@ -269,11 +270,15 @@ func Main(args []string, env Env) int {
 	switch command {
 	case "init":
 		h := cfg.Harvest.WithDefaults()
-		opts := outbox.TableOptions{Bytea: *bytea}
+		// With shards, the index each shard's mark walks comes with the table.
+		opts := outbox.TableOptions{Bytea: *bytea, Shards: h.Shards}
 		if err := goharvest.CreateOutboxTableWith(env.Context, h.DataSource, h.OutboxTable, opts); err != nil {
 			return fail(ExitFailed, err)
 		}
 		fmt.Fprintf(env.Stdout, "outbox table %s is ready, with its dead-letter table %s\n", h.OutboxTable, outbox.DeadLetterTable(h.OutboxTable))
+		if h.Shards > 1 {
+			fmt.Fprintf(env.Stdout, "and the index for %d shards\n", h.Shards)
+		}
 		return ExitOK
 	case "held", "dead-letter", "requeue":
 		if err := operate(env, command, id, cfg); err != nil {
