@@ -19,6 +19,7 @@ var (
 
 func TestMain(m *testing.M) {
 	kafkatest.ServeIfChild() // benchmarks run their broker in a child process
+	serveHarvesterIfChild()  // and BenchmarkDrainShards a second harvester
 	os.Exit(pgtest.RunWithDatabase(m, func(dsn string) error {
 		exampleDataSource = dsn
 		broker, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(),
