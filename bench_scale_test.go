@@ -121,7 +121,7 @@ func (r *benchRun) rows(table string) int {
 	return n
 }
 
-// awaitSpread waits, for at most a minute, until this process and each child lead each shards.
+// awaitSpread waits, for at most a minute, until this process and each child lead `each` shards.
 func (r *benchRun) awaitSpread(children []*benchChild, each int) {
 	deadline := time.Now().Add(time.Minute)
 	for {
