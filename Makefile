@@ -27,11 +27,12 @@ lint:
 	for m in $(NESTED_MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 
 ## bench: every benchmark once (about 6 minutes), against a throwaway Postgres and the in-process
-## broker, then one table of their figures (BENCH=Drain runs only those whose names match)
+## broker, then one table of their figures (BENCH=Drain runs only those whose names match; BENCH
+## is taken as written, so that a regular expression's $ is not read as one of make's variables)
 BENCH ?= .
 bench: SHELL := /bin/bash
 bench:
-	set -o pipefail; $(GO) test -run '^$$' -bench '$(BENCH)' -benchtime 1x -count 1 -timeout 60m . \
+	set -o pipefail; $(GO) test -run '^$$' -bench '$(value BENCH)' -benchtime 1x -count 1 -timeout 60m . \
 		| $(GO) run ./internal/benchtable
 
 ## chaos: the long variants of the fault-tolerance suite (int/); prints the figures README reports

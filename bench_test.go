@@ -1,7 +1,6 @@
 package goharvest_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"log/slog"
@@ -385,7 +384,9 @@ type benchRun struct {
 	h         *goharvest.Harvest
 	run       string // stamped on the records, for the consumer
 	consumers []*benchConsumer
-	maxKeyRun int // Limits.MaxKeyRun of the harvester; 0 is the default
+	maxKeyRun int    // Limits.MaxKeyRun of the harvester; 0 is the default
+	shards    int    // Config.Shards of the harvester; 0 is the default
+	group     string // the election group of the run's harvesters, set by startHarvester
 }
 
 func (rig *benchRig) newRun() *benchRun {
@@ -412,16 +413,8 @@ func (rig *benchRig) newRun() *benchRun {
 
 func (r *benchRun) startHarvester() {
 	r.rig.runs++
-	group := fmt.Sprintf("bench-%d-%d", os.Getpid(), r.rig.runs)
-	h, err := goharvest.New(goharvest.Config{
-		BaseKafkaConfig:   goharvest.KafkaConfigMap{"bootstrap.servers": r.rig.broker.Addr},
-		LeaderGroupID:     group,
-		LeaderTopic:       group + ".leader",
-		DataSource:        r.dsn,
-		Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, MaxKeyRun: r.maxKeyRun},
-		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
-		MetricsRegisterer: prometheus.NewRegistry(),
-	})
+	r.group = fmt.Sprintf("bench-%d-%d", os.Getpid(), r.rig.runs)
+	h, err := goharvest.New(r.harvesterConfig().config())
 	if err != nil {
 		r.b.Fatal(err)
 	}
@@ -430,6 +423,30 @@ func (r *benchRun) startHarvester() {
 	}
 	r.h = h
 	testwait.For(r.b, time.Minute, "leadership", h.IsLeader)
+}
+
+// benchHarvesterConfig is what sets a benchmark's harvester apart from the others; it travels as
+// JSON to a harvester in a child process (see bench_scale_test.go).
+type benchHarvesterConfig struct {
+	Broker, DSN, Group string
+	Shards, MaxKeyRun  int
+}
+
+func (r *benchRun) harvesterConfig() benchHarvesterConfig {
+	return benchHarvesterConfig{Broker: r.rig.broker.Addr, DSN: r.dsn, Group: r.group, Shards: r.shards, MaxKeyRun: r.maxKeyRun}
+}
+
+func (c benchHarvesterConfig) config() goharvest.Config {
+	return goharvest.Config{
+		BaseKafkaConfig:   goharvest.KafkaConfigMap{"bootstrap.servers": c.Broker},
+		LeaderGroupID:     c.Group,
+		LeaderTopic:       c.Group + ".leader",
+		DataSource:        c.DSN,
+		Shards:            c.Shards,
+		Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, MaxKeyRun: c.MaxKeyRun},
+		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
+		MetricsRegisterer: prometheus.NewRegistry(),
+	}
 }
 
 func (r *benchRun) close() {
@@ -728,15 +745,16 @@ func resetPeakRSS(b *testing.B) {
 }
 
 // peakRSS is this process's peak resident memory, in bytes, since resetPeakRSS.
-func peakRSS(b *testing.B) int64 {
-	f, err := os.Open("/proc/self/status")
+func peakRSS(b *testing.B) int64 { return procPeakRSS(b, "self") }
+
+// procPeakRSS is the peak resident memory (VmHWM), in bytes, of the process /proc/<proc>.
+func procPeakRSS(b *testing.B, proc string) int64 {
+	status, err := os.ReadFile("/proc/" + proc + "/status")
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer f.Close()
-	s := bufio.NewScanner(f)
-	for s.Scan() {
-		if rest, ok := strings.CutPrefix(s.Text(), "VmHWM:"); ok {
+	for line := range strings.Lines(string(status)) {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
 			kib, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
 			if err != nil {
 				b.Fatal(err)
@@ -744,6 +762,6 @@ func peakRSS(b *testing.B) int64 {
 			return kib << 10
 		}
 	}
-	b.Fatal("no VmHWM in /proc/self/status")
+	b.Fatalf("no VmHWM in /proc/%s/status", proc)
 	return 0
 }

@@ -20,6 +20,7 @@ var (
 
 func TestMain(m *testing.M) {
 	kafkatest.ServeIfChild() // benchmarks run their broker in a child process
+	serveHarvesterIfChild()  // and BenchmarkDrainShards a second harvester
 	var broker *kfake.Cluster
 	code := pgtest.RunWithDatabase(m, func(dsn string) error {
 		exampleDataSource = dsn
