@@ -25,10 +25,11 @@ func (r *rig) waitBudgetEmpty() {
 	if p == nil {
 		r.t.Fatal("not leading")
 	}
+	count := func() int { _, n := p.inFlight(); return n }
 	deadline := time.Now().Add(5 * time.Second)
-	for p.queued.Load() != 0 {
+	for count() != 0 {
 		if time.Now().After(deadline) {
-			r.t.Fatalf("%d records still counted in flight with the outbox empty", p.queued.Load())
+			r.t.Fatalf("%d records still counted in flight with the outbox empty", count())
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
