@@ -278,8 +278,9 @@ func (h *Harvest) LeaderID() *uuid.UUID {
 	return &id
 }
 
-// InFlightRecords returns how many records have been sent and not yet acknowledged and purged
-// (including records held back for a retry).
+// InFlightRecords returns how many records are in flight: marked and not yet purged, except the
+// records of held keys (see HeldRecords) from the held one on. It is the count that
+// Limits.MaxInFlightRecords bounds.
 func (h *Harvest) InFlightRecords() int {
 	_, n := h.inFlight()
 	return n
