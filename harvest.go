@@ -279,8 +279,8 @@ func (h *Harvest) LeaderID() *uuid.UUID {
 }
 
 // InFlightRecords returns how many records are in flight: marked and not yet purged, except the
-// records of held keys (see HeldRecords) from the held one on. It is the count that
-// Limits.MaxInFlightRecords bounds.
+// records of held keys (see HeldRecords) from the held one on, unless it is being sent again. It
+// is the count that Limits.MaxInFlightRecords bounds (see there for how held keys can pass it).
 func (h *Harvest) InFlightRecords() int {
 	_, n := h.inFlight()
 	return n

@@ -9,11 +9,12 @@ import (
 
 // budget is the pipeline's one count of records in flight: records this epoch has marked and not
 // yet purged (or dropped, or found to be marked twice), except a held key's records from the held
-// one on (held.go: so that a key that cannot be published cannot take the budget from the others).
-// MaxInFlightRecords bounds it: the marker marks only into the room left. It can pass the limit
-// for a moment only when a held key is released: that key's records marked before the hold, in
-// memory already, count again at once, and the marker marks nothing until purges bring the count
-// back under the limit. Harvest.InFlightRecords, InFlightRecordKeys and the
+// one on (held.go: so that a key that cannot be published cannot take the budget from the others),
+// but for the held record itself while it is sent again. MaxInFlightRecords bounds it: the marker
+// marks only into the room left. Held keys can take it past the limit, by one for each held
+// record being sent again, and, for a moment, when a key is released: its records marked before
+// the hold, in memory already, count again at once. The marker then marks nothing until purges
+// bring the count back under the limit. Harvest.InFlightRecords, InFlightRecordKeys and the
 // goharvest_in_flight_records and goharvest_in_flight_keys gauges report it.
 type budget struct {
 	mu    sync.Mutex

@@ -28,15 +28,10 @@ type workerMsg struct {
 	stale    *flight     // published, its row changed after it was read, from the committers (held.go)
 }
 
-// wakes reports whether the message can add records to the current transaction (see
-// activity.stalled); the others follow a commit, or concern held records.
-func (m workerMsg) wakes() bool { return m.aborted != nil || m.retry != nil }
-
-// tell posts news to the worker of its record's key.
+// tell posts news to the worker of its record's key. Any news can have the worker send records,
+// so the transaction loop counts it (see activity.stalled) until the worker has acted on it.
 func (w *sendWorker) tell(m workerMsg) {
-	if m.wakes() {
-		w.p.activity.posted(1)
-	}
+	w.p.activity.posted(1)
 	w.box.post(m)
 }
 
@@ -104,10 +99,8 @@ func (w *sendWorker) run() {
 			msgs, _ := w.box.take(0)
 			for _, m := range msgs {
 				w.handle(m)
-				if m.wakes() {
-					w.p.activity.handled(1)
-				}
 			}
+			w.p.activity.handled(len(msgs))
 		}
 	}
 }

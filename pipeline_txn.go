@@ -24,7 +24,7 @@ type activity struct {
 	mu         sync.Mutex
 	unreported int           // messages produced and not yet reported on
 	settled    chan struct{} // closed while unreported is 0
-	backlog    int           // marked records, aborted runs and retries posted to workers and not yet handled
+	backlog    int           // marked records and news posted to workers and not yet handled
 	idle       bool          // the marker waits: for room, or for rows to be written
 	wake       wake          // tells the transaction loop to look at stalled again
 }
