@@ -10,7 +10,8 @@ import (
 // budget is the pipeline's one count of records in flight: records this epoch has marked and not
 // yet purged (or dropped, or found to be marked twice), except a held key's records from the held
 // one on (held.go: so that a key that cannot be published cannot take the budget from the others),
-// but for the held record itself while it is sent again. MaxInFlightRecords bounds it: the marker
+// but for the held record itself while it is sent again (a record counts from its mark until its
+// worker, which knows its key is held, takes it). MaxInFlightRecords bounds it: the marker
 // marks only into the room left. Held keys can take it past the limit, by one for each held
 // record being sent again, and, for a moment, when a key is released: its records marked before
 // the hold, in memory already, count again at once. The marker then marks nothing until purges
