@@ -13,9 +13,9 @@ import (
 // (a marked batch, a run) then share it, even after a quiet spell. It is a one-shot timer per
 // transaction, not a poll. It stands in for the millisecond tick the loop used to poll on, which
 // committed between 0 and 1 ms after that first record. Measured against that tick (Drain
-// benchmarks, interleaved runs on a loaded 2-core machine): records/s after/before between 0.57
-// and 2.9 per run, no benchmark slower in both pairs; DrainHotKeys/maxKeyRun=1, which commits
-// most often, 1.14 and 1.27.
+// benchmarks, three interleaved runs each on a loaded 2-core machine): median records/s
+// after/before 1.11 to 2.7, single runs swinging 0.57 to 4.8 with the load; DrainHotKeys with
+// maxKeyRun=1, which commits most often, 1.12 to 1.27 in every pair.
 const txnGather = time.Millisecond
 
 // activity is what the transaction loop needs to know of the other stages: whether anything can
