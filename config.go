@@ -228,11 +228,17 @@ type Limits struct {
 	// Default: DefaultMaxMarkBackoff. Range: MarkBackoff to 1m.
 	MaxMarkBackoff time.Duration `yaml:"maxMarkBackoff"`
 
-	// MaxInFlightRecords bounds the records sent but not yet acknowledged, and so the memory
-	// the harvester uses, whatever the backlog. The records of a key held back by a record that
-	// cannot be published do not count, so that held keys never take the budget from the others;
+	// MaxInFlightRecords bounds the records in flight: marked by the leader and not yet purged
+	// (or dropped), whether waiting for their key, with Kafka or being purged. It so bounds the
+	// memory the harvester uses, whatever the backlog; Harvest.InFlightRecords and the
+	// goharvest_in_flight_records gauge report the same count. The records of a key held back by
+	// a record that cannot be published, from the held one on, do not count (but for the held
+	// record while it is sent again), so that held keys never take the budget from the others;
 	// each held key keeps in memory only its rows marked before it was held (the marker marks no
-	// more). Default: DefaultMaxInFlightRecords. Range: 1 to 1,000,000.
+	// more). So held keys can take the count past the limit: by one per held record being sent
+	// again, and for a moment when a key is released and its rows count again; the marker then
+	// marks nothing until purges bring it back under. Default: DefaultMaxInFlightRecords.
+	// Range: 1 to 1,000,000.
 	MaxInFlightRecords int `yaml:"maxInFlightRecords"`
 
 	// MaxKeyRun bounds how many records of one key a transaction may carry. A key's records with

@@ -72,9 +72,9 @@ type Harvest struct {
 	log            *slog.Logger
 	meter          *metric.Meter
 	metrics        *metrics
-	dbTrouble      *episode
-	kafkaTrouble   *episode
-	notifyTrouble  *episode
+	dbTrouble      *outage.Logger
+	kafkaTrouble   *outage.Logger
+	notifyTrouble  *outage.Logger
 	lastPulse      atomic.Int64 // Unix nanoseconds of the owner loop's latest pulse
 	failures       *failureMemo // held records' failures, across epochs
 
@@ -149,12 +149,12 @@ func New(config Config) (*Harvest, error) {
 	h.metrics = newMetrics(cfg.Name, h.inFlight, h.heldStats)
 	h.metrics.shards = newShardCollector(cfg.Name, h)
 	quiet := 3*cfg.Limits.IOErrorBackoff + time.Second
-	h.dbTrouble = &episode{what: "database", log: outage.Logger{
-		Failures: h.metrics.errors.WithLabelValues(errorKindDatabase), Repeat: outage.LogInterval, Quiet: quiet}}
-	h.kafkaTrouble = &episode{what: "Kafka transactions", log: outage.Logger{
-		Failures: h.metrics.errors.WithLabelValues(errorKindKafka), Repeat: outage.LogInterval, Quiet: quiet}}
+	h.dbTrouble = &outage.Logger{What: "database",
+		Failures: h.metrics.errors.WithLabelValues(errorKindDatabase), Repeat: outage.LogInterval, Quiet: quiet}
+	h.kafkaTrouble = &outage.Logger{What: "Kafka transactions",
+		Failures: h.metrics.errors.WithLabelValues(errorKindKafka), Repeat: outage.LogInterval, Quiet: quiet}
 	// Notifications only speed things up: their loss is said once, not repeated.
-	h.notifyTrouble = &episode{what: "notifications of new records", log: outage.Logger{Meanwhile: "polling instead"}}
+	h.notifyTrouble = &outage.Logger{What: "notifications of new records", Meanwhile: "polling instead"}
 	return h, nil
 }
 
@@ -314,8 +314,9 @@ func (h *Harvest) epochs() []*pipeline {
 	return ps
 }
 
-// InFlightRecords returns how many records have been sent and not yet acknowledged and purged
-// (including records held back for a retry).
+// InFlightRecords returns how many records are in flight: marked and not yet purged, except the
+// records of held keys (see HeldRecords) from the held one on, unless it is being sent again. It
+// is the count that Limits.MaxInFlightRecords bounds (see there for how held keys can pass it).
 func (h *Harvest) InFlightRecords() int {
 	_, n := h.inFlight()
 	return n
@@ -591,7 +592,7 @@ func (h *Harvest) prepareEpoch(ctx context.Context, s *shard, unpurged []int64) 
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			h.kafkaTrouble.fail(h.log, "init transactions", err, "shard", s.id)
+			h.kafkaTrouble.Fail(h.log, "init transactions", err, "shard", s.id)
 		}
 		producer.Close()
 		return nil, nil
@@ -603,8 +604,8 @@ func (h *Harvest) prepareEpoch(ctx context.Context, s *shard, unpurged []int64) 
 	// Only a start that got through every step ends an outage: a step that succeeds while a later
 	// one keeps failing would otherwise end it and begin it again on every attempt, and the
 	// outage would never count as lasting (for the log and for Ready).
-	h.dbTrouble.ok(h.log)
-	h.kafkaTrouble.ok(h.log)
+	h.dbTrouble.OK(h.log)
+	h.kafkaTrouble.OK(h.log)
 	return producer, nil
 }
 
@@ -684,7 +685,7 @@ func (h *Harvest) purgeNoted(ctx context.Context, s *shard, producer KafkaProduc
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil {
-			h.kafkaTrouble.fail(h.log, "read note", err, "shard", s.id)
+			h.kafkaTrouble.Fail(h.log, "read note", err, "shard", s.id)
 		}
 		return false
 	}
@@ -692,7 +693,7 @@ func (h *Harvest) purgeNoted(ctx context.Context, s *shard, producer KafkaProduc
 	if err != nil {
 		// Not ours to interpret: someone else wrote to the group. Publishing on would risk a run
 		// going out again whole, so wait for an operator.
-		h.kafkaTrouble.fail(h.log, "read note of group "+place.Group, err, "shard", s.id)
+		h.kafkaTrouble.Fail(h.log, "read note of group "+place.Group, err, "shard", s.id)
 		return false
 	}
 	if len(ids) == 0 {
@@ -711,7 +712,7 @@ func (h *Harvest) purgeIDs(ctx context.Context, op string, ids []int64) bool {
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil {
-				h.dbTrouble.fail(h.log, op, err)
+				h.dbTrouble.Fail(h.log, op, err)
 			}
 			return false
 		}
@@ -748,7 +749,7 @@ func (h *Harvest) schemaReady(ctx context.Context) bool {
 		return false
 	case err != nil:
 		if ctx.Err() == nil {
-			h.dbTrouble.fail(h.log, "check schema", err)
+			h.dbTrouble.Fail(h.log, "check schema", err)
 		}
 		return false
 	}
@@ -897,8 +898,8 @@ func (h *Harvest) Ready(ctx context.Context) error {
 	}
 	var errs []error
 	if h.elector.State() == neli.Leader {
-		for _, e := range []*episode{h.dbTrouble, h.kafkaTrouble} {
-			if err := e.outage(); err != nil {
+		for _, e := range []*outage.Logger{h.dbTrouble, h.kafkaTrouble} {
+			if err := e.Err(); err != nil {
 				errs = append(errs, fmt.Errorf("elected leader cannot publish: %w", err))
 			}
 		}
@@ -979,27 +980,3 @@ func (h *Harvest) sampleBacklog() {
 // backlogLimit bounds the count behind goharvest_outbox_backlog_records, so that sampling stays
 // cheap however large the backlog grows.
 const backlogLimit = 1_000_000
-
-// episode is the harvester's outage logger (package outage), shaped for the pipeline's files,
-// which build one with only its name (&episode{what: ...}) and call fail and ok. When they use
-// *outage.Logger directly, this adapter goes.
-type episode struct {
-	what string
-	log  outage.Logger // What is taken from what on first use
-
-	named sync.Once
-}
-
-func (e *episode) logger() *outage.Logger {
-	e.named.Do(func() { e.log.What = e.what })
-	return &e.log
-}
-
-func (e *episode) fail(log *slog.Logger, op string, err error, attrs ...any) {
-	e.logger().Fail(log, op, err, attrs...)
-}
-
-func (e *episode) ok(log *slog.Logger) { e.logger().OK(log) }
-
-// outage describes the outage going on, or returns nil when there is none (see outage.Logger.Err).
-func (e *episode) outage() error { return e.logger().Err() }

@@ -227,7 +227,7 @@ func (q *keyQueue) index(f *flight) int { return slices.Index(q.flights, f) }
 func (w *sendWorker) arrived(q *keyQueue, f *flight) {
 	if q.held != nil {
 		f.free = true
-		w.p.makeRoom(1)
+		w.p.budget.give(f)
 	}
 }
 
@@ -251,15 +251,15 @@ func (w *sendWorker) hold(q *keyQueue, f *flight, err error) {
 	if q.held == nil || q.index(f) < q.index(q.held) {
 		q.held = f
 	}
-	n := 0
+	var freed []*flight
 	for _, g := range q.flights[max(q.index(q.held), 0):] {
 		if !g.free {
 			g.free = true
-			n++
+			freed = append(freed, g)
 		}
 	}
-	if n > 0 {
-		w.p.makeRoom(n)
+	if len(freed) > 0 {
+		w.p.budget.give(freed...)
 	}
 	w.p.held.put(f, q.key(), err, false)
 }
@@ -271,17 +271,19 @@ func (q *keyQueue) key() string { return q.flights[0].rec.KafkaKey }
 // to the next record that failed, if any, which holds the key in turn.
 func (w *sendWorker) release(q *keyQueue) {
 	q.held = nil
-	n := 0
+	var counted []*flight
 	for _, g := range q.flights {
 		if q.held == nil && !g.done && !g.firstFailure.IsZero() {
 			q.held = g
 		}
 		if q.held == nil && g.free {
 			g.free = false
-			n++
+			counted = append(counted, g)
 		}
 	}
-	w.p.queued.Add(int64(n))
+	if len(counted) > 0 {
+		w.p.budget.take(counted...)
+	}
 }
 
 // releaseIfDone releases q's key if its held record has been purged.
@@ -320,7 +322,7 @@ func (w *sendWorker) maySend(q *keyQueue, f *flight) bool {
 	}
 	if f.free {
 		f.free = false
-		w.p.queued.Add(1)
+		w.p.budget.take(f)
 	}
 	return true
 }
@@ -424,12 +426,9 @@ func (w *sendWorker) drop(q *keyQueue, f *flight) {
 	i := q.index(f)
 	q.flights = slices.Delete(q.flights, i, i+1)
 	if !f.free {
-		p.makeRoom(1)
+		p.budget.give(f)
 	}
 	f.free, f.done = true, true
-	if f.tracked {
-		p.untrack(f)
-	}
 	p.held.remove(f.rec.ID)
 	p.failures.forget(f.rec.ID)
 	if q.held == f {
@@ -472,12 +471,7 @@ func sameContent(a, b MarkedRecord) bool {
 		slices.Equal(a.KafkaHeaders, b.KafkaHeaders) && errText(a.Err) == errText(b.Err)
 }
 
-func (p *pipeline) wakeHeldLoop() {
-	select {
-	case p.heldWake <- struct{}{}:
-	default:
-	}
-}
+func (p *pipeline) wakeHeldLoop() { p.heldWake.poke() }
 
 // heldLoop reads the held rows afresh and moves the doomed ones to the dead-letter table: every
 // HeldCheckInterval, and when a worker asks.
@@ -510,13 +504,13 @@ func (p *pipeline) deadLetter(b HeldRowBinding, entries []heldEntry) {
 			FirstFailure: e.Since, LastFailure: e.last})
 		if err != nil {
 			if p.ctx.Err() == nil {
-				p.deadTrouble.fail(p.log, fmt.Sprintf("move record %d (has `reaper init` created the table?)", e.ID), err)
+				p.deadTrouble.Fail(p.log, fmt.Sprintf("move record %d (has `reaper init` created the table?)", e.ID), err)
 			}
 			continue
 		}
-		p.deadTrouble.ok(p.log)
+		p.deadTrouble.OK(p.log)
 		if moved {
-			p.tell(verdict{f: e.f, kind: verdictDeadLettered})
+			p.sendVerdict(verdict{f: e.f, kind: verdictDeadLettered})
 		} // else the row changed or went: the read that follows finds out
 	}
 }
@@ -532,13 +526,13 @@ func (p *pipeline) reread(b HeldRowBinding, entries []heldEntry) {
 		read, err := b.Reread(p.ctx, chunk)
 		if err != nil {
 			if p.ctx.Err() == nil {
-				p.dbTrouble.fail(p.log, "read held records", err)
+				p.dbTrouble.Fail(p.log, "read held records", err)
 			}
 			return
 		}
 		rows = append(rows, read...)
 	}
-	p.dbTrouble.ok(p.log)
+	p.dbTrouble.OK(p.log)
 	found := make(map[int64]RereadRecord, len(rows))
 	for _, r := range rows {
 		found[r.ID] = r
@@ -559,21 +553,17 @@ func (p *pipeline) reread(b HeldRowBinding, entries []heldEntry) {
 		r, ok := found[e.ID]
 		switch {
 		case !ok:
-			p.tell(verdict{f: e.f, kind: verdictDeleted})
+			p.sendVerdict(verdict{f: e.f, kind: verdictDeleted})
 		case r.KafkaKey != e.Key:
-			p.tell(verdict{f: e.f, kind: verdictMoved})
+			p.sendVerdict(verdict{f: e.f, kind: verdictMoved})
 		default:
-			p.tell(verdict{f: e.f, kind: verdictRead, rec: r.MarkedRecord, version: r.Version})
+			p.sendVerdict(verdict{f: e.f, kind: verdictRead, rec: r.MarkedRecord, version: r.Version})
 		}
 	}
 }
 
-func (p *pipeline) tell(v verdict) {
-	select {
-	case v.f.worker.verdicts <- v:
-	case <-p.ctx.Done():
-	}
-}
+// sendVerdict tells the worker of a held record what the held loop found of its row.
+func (p *pipeline) sendVerdict(v verdict) { v.f.worker.tell(workerMsg{verdict: &v}) }
 
 // rereadCheckTimeout bounds the version check before a commit (checkReread).
 const rereadCheckTimeout = time.Second
@@ -600,7 +590,7 @@ func (p *pipeline) checkReread(ctx context.Context, batch []*flight) error {
 		return nil
 	}
 	if deadline, ok := ctx.Deadline(); ok {
-		p.awaitReports(deadline)
+		p.activity.awaitReports(deadline)
 	}
 	ids := make([]int64, 0, len(versions))
 	for id := range versions {
@@ -663,13 +653,10 @@ func (p *pipeline) purgeChecked(batch []*flight) []*flight {
 		}
 		p.log.Warn("outbox record changed after it was read and published; publishing it again", "id", f.rec.ID,
 			"topic", f.rec.KafkaTopic, "key", f.rec.KafkaKey)
-		select {
-		case f.worker.stale <- f:
-		case <-p.ctx.Done():
-		}
+		f.worker.tell(workerMsg{stale: f})
 	}
 	if len(done) > 0 {
-		p.noted.Add(-int64(p.ledger.forget(done)))
+		p.ledger.forget(done)
 		p.finish(done)
 	}
 	return plain

@@ -27,8 +27,9 @@ func (r *rig) waitBudgetEmpty() {
 	if p == nil {
 		r.t.Fatal("not leading")
 	}
-	if !testwait.Until(5*time.Second, func() bool { return p.queued.Load() == 0 }) {
-		r.t.Fatalf("%d records still counted in flight with the outbox empty", p.queued.Load())
+	count := func() int { _, n := p.inFlight(); return n }
+	if !testwait.Until(5*time.Second, func() bool { return count() == 0 }) {
+		r.t.Fatalf("%d records still counted in flight with the outbox empty", count())
 	}
 }
 

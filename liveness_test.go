@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/goharvest/goharvest/internal/outage"
 	"github.com/goharvest/goharvest/metric"
 	"github.com/goharvest/goharvest/neli"
 )
@@ -221,7 +222,7 @@ func TestFinishAfterWorkersStopped(t *testing.T) {
 	}
 	p := startPipeline(pipelineDeps{
 		leaderID: uuid.New(), limits: limits, db: newFakeDB(), producer: producer, log: h.log,
-		emit: func(Event) {}, meter: metric.NewMeter("t", time.Hour), dbTrouble: &episode{what: "database"},
+		emit: func(Event) {}, meter: metric.NewMeter("t", time.Hour), dbTrouble: &outage.Logger{What: "database"},
 		metrics: h.metrics, leading: func() bool { return true },
 	})
 	p.cancel()

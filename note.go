@@ -73,10 +73,30 @@ func decodeNote(note string) ([]int64, error) {
 }
 
 // ledger holds the records that committed notes list and that are not purged yet; each new note
-// lists them again, since it replaces the one before.
+// lists them again, since it replaces the one before. noted counts those and the records the
+// current transaction's note will list, and stays within maxNotedRecords. Both are guarded by mu.
 type ledger struct {
-	mu  sync.Mutex
-	ids map[int64]struct{}
+	mu    sync.Mutex
+	ids   map[int64]struct{}
+	noted int
+}
+
+// reserve counts one more record for the current transaction's note, if the note has room.
+func (l *ledger) reserve() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.noted >= maxNotedRecords {
+		return false
+	}
+	l.noted++
+	return true
+}
+
+// unreserve takes back n records that the current transaction's note will not list after all.
+func (l *ledger) unreserve(n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.noted -= n
 }
 
 func (l *ledger) add(fs []*flight) {
@@ -90,18 +110,16 @@ func (l *ledger) add(fs []*flight) {
 	}
 }
 
-// forget drops the noted records among fs (now purged) and returns how many there were.
-func (l *ledger) forget(fs []*flight) int {
+// forget drops the noted records among fs (now purged), making room in the note.
+func (l *ledger) forget(fs []*flight) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	n := 0
 	for _, f := range fs {
 		if f.noted {
 			delete(l.ids, f.rec.ID)
-			n++
+			l.noted--
 		}
 	}
-	return n
 }
 
 // note returns the note for a transaction that carries the runs' records extra.

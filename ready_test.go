@@ -57,8 +57,8 @@ func TestReadyIgnoresOutageOfStandby(t *testing.T) {
 	r.start()
 	defer r.stop()
 	r.waitFor("leadership", 10*time.Second, func() bool { return r.h.IsLeader() })
-	r.h.dbTrouble.fail(r.h.log, "mark", errDBDown)
-	r.h.dbTrouble.fail(r.h.log, "mark", errDBDown)
+	r.h.dbTrouble.Fail(r.h.log, "mark", errDBDown)
+	r.h.dbTrouble.Fail(r.h.log, "mark", errDBDown)
 	r.elector.set(0) // neli's first state: not the leader
 	if err := r.h.Ready(t.Context()); err != nil && strings.Contains(err.Error(), "cannot publish") {
 		t.Fatalf("a standby reports %v", err)

@@ -1,0 +1,177 @@
+package goharvest
+
+import (
+	"errors"
+	"hash/fnv"
+	"sync"
+	"time"
+)
+
+// budget is the pipeline's one count of records in flight: records this epoch has marked and not
+// yet purged (or dropped, or found to be marked twice), except a held key's records from the held
+// one on (held.go: so that a key that cannot be published cannot take the budget from the others),
+// but for the held record itself while it is sent again (a record counts from its mark until its
+// worker, which knows its key is held, takes it). MaxInFlightRecords bounds it: the marker
+// marks only into the room left. Held keys can take it past the limit, by one for each held
+// record being sent again, and, for a moment, when a key is released: its records marked before
+// the hold, in memory already, count again at once. The marker then marks nothing until purges
+// bring the count back under the limit. Harvest.InFlightRecords, InFlightRecordKeys and the
+// goharvest_in_flight_records and goharvest_in_flight_keys gauges report it.
+type budget struct {
+	mu    sync.Mutex
+	count int            // records in flight (guarded by mu)
+	keys  map[string]int // their keys, with how many records each (guarded by mu)
+	// marks numbers the mark queries (guarded by mu): the marker adds one before each (see
+	// sendWorker.purged).
+	marks uint64
+	room  wake // wakes the marker when records leave the budget
+}
+
+// reserve returns how many records the marker may mark now, at most limit, and when that is
+// more than none, the number of the mark it is about to begin.
+func (b *budget) reserve(max, limit int) (room int, mark uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	room = min(max-b.count, limit)
+	if room <= 0 {
+		return 0, 0
+	}
+	b.marks++
+	return room, b.marks
+}
+
+// marked counts records just marked.
+func (b *budget) marked(records []MarkedRecord) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, r := range records {
+		b.keys[r.KafkaKey]++
+	}
+	b.count += len(records)
+}
+
+// take counts records again that had left the budget (a held key's, once released or sent).
+func (b *budget) take(fs ...*flight) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, f := range fs {
+		b.keys[f.rec.KafkaKey]++
+	}
+	b.count += len(fs)
+}
+
+// give takes records off the count and wakes the marker if it waits for room. It returns the
+// number of the latest mark begun, which therefore began before the records left.
+func (b *budget) give(fs ...*flight) (lastMark uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, f := range fs {
+		if b.keys[f.rec.KafkaKey]--; b.keys[f.rec.KafkaKey] <= 0 {
+			delete(b.keys, f.rec.KafkaKey)
+		}
+	}
+	b.count -= len(fs)
+	b.room.poke()
+	return b.marks
+}
+
+// snapshot returns the keys in flight, each once, and the count.
+func (b *budget) snapshot() (keys []string, records int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for k := range b.keys {
+		keys = append(keys, k)
+	}
+	return keys, b.count
+}
+
+// markLoop marks batches while the pipeline has room, backing off while the outbox is empty. It
+// owns idle, its backoff.
+func (p *pipeline) markLoop() {
+	idle := p.limits.MarkBackoff
+	for p.ctx.Err() == nil {
+		room, seq := p.budget.reserve(p.limits.MaxInFlightRecords, p.limits.MarkQueryRecords)
+		if room <= 0 {
+			p.markerWaits(p.limits.DrainInterval, p.budget.room)
+			continue
+		}
+		began := time.Now()
+		records, err := p.mark(p.ctx, room)
+		p.metrics.markSeconds.Observe(time.Since(began).Seconds())
+		if err != nil {
+			if p.ctx.Err() != nil {
+				return
+			}
+			p.dbTrouble.Fail(p.log, "mark", err)
+			// The update may have committed with its reply lost: those rows would carry this leader
+			// ID and never be marked again under it. Only a new leader ID brings them back.
+			p.requestRemark("mark failed", err)
+			return
+		}
+		p.dbTrouble.OK(p.log)
+		if len(records) == 0 {
+			p.markerWaits(idle, p.written)
+			idle = min(2*idle, p.limits.MaxMarkBackoff)
+			continue
+		}
+		idle = p.limits.MarkBackoff
+		p.metrics.marked.Add(float64(len(records)))
+		p.budget.marked(records)
+		p.activity.posted(len(records))
+		for _, rec := range records {
+			w := p.workers[shardOf(rec.KafkaKey, len(p.workers))]
+			select {
+			case w.in <- &flight{rec: rec, worker: w, markSeq: seq}:
+			case <-p.ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+// markerWaits sleeps like sleep, with the transaction loop told meanwhile that the marker adds
+// nothing (the pipeline is full, or the outbox empty).
+func (p *pipeline) markerWaits(d time.Duration, ch <-chan struct{}) {
+	p.activity.markerIdle(true)
+	p.sleep(d, ch)
+	p.activity.markerIdle(false)
+}
+
+// listenLoop has the binding wake the marker when records are written, and keeps it listening
+// through database outages. While it cannot listen, the marker's polling carries on alone.
+// Notifications that cannot arrive at all (ErrNotificationsLost) are not retried this epoch.
+func (p *pipeline) listenLoop(l Listener) {
+	trouble := p.notify
+	wake := func() {
+		trouble.OK(p.log)
+		p.written.poke()
+	}
+	for {
+		err := l.Listen(p.ctx, wake)
+		if p.ctx.Err() != nil {
+			return
+		}
+		trouble.Fail(p.log, "listen", err, "pollInterval", p.limits.MaxMarkBackoff)
+		if errors.Is(err, ErrNotificationsLost) {
+			return
+		}
+		p.sleep(p.limits.IOErrorBackoff, nil)
+	}
+}
+
+// sleep waits for d, for a wake-up on ch (if not nil), or for the pipeline to stop.
+func (p *pipeline) sleep(d time.Duration, ch <-chan struct{}) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ch:
+	case <-p.ctx.Done():
+	}
+}
+
+func shardOf(key string, n int) int {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int(h.Sum32() % uint32(n))
+}

@@ -1,0 +1,106 @@
+package goharvest
+
+import (
+	"context"
+	"time"
+)
+
+// commitLoop purges acknowledged records and resets failed ones, in batches: it takes what has
+// gathered while the previous statement ran. Only after a purge commits does it release the
+// records' keys, so a key's next record is never sent while this one could still be marked
+// again. The committers share the outcomes mailbox; each owns the batch it takes.
+func (p *pipeline) commitLoop() {
+	for {
+		batch, ok := p.outcomes.wait(maxCommitBatch)
+		if !ok {
+			return
+		}
+		var purge, reset []*flight
+		for _, o := range batch {
+			if o.failed {
+				reset = append(reset, o.f)
+			} else {
+				purge = append(purge, o.f)
+			}
+		}
+		purge = p.purgeChecked(purge)
+		if len(purge) > 0 {
+			began := time.Now()
+			if p.commit("purge", purge, p.db.Purge) {
+				p.metrics.purgeSeconds.Observe(time.Since(began).Seconds())
+				p.ledger.forget(purge)
+				p.finish(purge)
+			}
+		}
+		if len(reset) > 0 && p.commit("reset", reset, func(ctx context.Context, ids []int64) (int, error) {
+			return p.db.Reset(ctx, p.leaderID, ids)
+		}) {
+			p.metrics.reset.Add(float64(len(reset)))
+		}
+	}
+}
+
+// commit runs one batched statement, retrying with backoff while the database is unavailable.
+// It gives up (returning false) only when the epoch's final flush runs out of time: the rows
+// then stay in the outbox and are published again, which duplicates but never reorders.
+func (p *pipeline) commit(op string, batch []*flight, exec func(context.Context, []int64) (int, error)) bool {
+	ids := make([]int64, len(batch))
+	for i, f := range batch {
+		ids[i] = f.rec.ID
+	}
+	ctx := p.flushCtx
+	for {
+		_, err := exec(ctx, ids)
+		if err == nil {
+			p.dbTrouble.OK(p.log)
+			return true
+		}
+		if ctx.Err() != nil {
+			carried := 0
+			if op == "purge" {
+				p.unpurgedMu.Lock()
+				for _, f := range batch {
+					// A record read afresh after it was held is purged only if its row is unchanged
+					// (held.go); by id, the next epoch could delete an operator's correction, so it is
+					// left to be marked and published again instead.
+					if f.version == "" {
+						p.unpurged = append(p.unpurged, f.rec.ID)
+						carried++
+					}
+				}
+				p.unpurgedMu.Unlock()
+			}
+			if carried > 0 {
+				p.log.Warn("gave up on purge at the end of the epoch; the next epoch this harvester leads purges them first",
+					"records", carried, "error", err)
+			}
+			if len(ids) > carried {
+				p.log.Warn("gave up on "+op+" at the end of the epoch; the next epoch marks the records again",
+					"records", len(ids)-carried, "error", err)
+			}
+			return false
+		}
+		p.dbTrouble.Fail(p.log, op, err)
+		select {
+		case <-time.After(p.limits.IOErrorBackoff):
+		case <-ctx.Done():
+		}
+	}
+}
+
+// finish takes purged records off the in-flight budget and hands them back to their workers,
+// which release their keys. A worker that has stopped never reads its mailbox; posting to it
+// costs nothing.
+func (p *pipeline) finish(batch []*flight) {
+	// Any mark that returns these rows again began before the records left the budget.
+	purgedAt := p.budget.give(batch...)
+	for _, f := range batch {
+		f.purgedAt = purgedAt
+		f.worker.tell(workerMsg{finished: f})
+	}
+	p.metrics.purged.Add(float64(len(batch)))
+	p.meter.Add(int64(len(batch)))
+	if stats, ok := p.meter.Read(); ok {
+		p.emit(MeterRead{Stats: stats})
+	}
+}
