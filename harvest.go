@@ -448,7 +448,6 @@ func (h *Harvest) tend(ctx context.Context) error {
 	var lost []*shard
 	for _, s := range h.shards {
 		if !slices.Contains(led, int32(s.id)) {
-			s.acquired = false
 			lost = append(lost, s)
 		}
 	}
@@ -775,11 +774,11 @@ func (h *Harvest) endEpoch(s *shard, why Event) {
 		s.pipeline = nil
 		h.mu.Unlock()
 		h.metrics.leader.Set(float64(len(h.epochs())))
-		if _, fenced := why.(LeaderFenced); fenced {
-			h.metrics.fences.Inc()
-		}
-	} else if why != nil {
-		return // nothing was published: no leadership to report lost
+	} else if !s.acquired {
+		return // no epoch of this leadership has run: no leadership to report lost
+	}
+	if _, fenced := why.(LeaderFenced); fenced {
+		h.metrics.fences.Inc()
 	}
 	if why != nil {
 		h.log.Info(why.String(), "shard", s.id)
@@ -787,12 +786,14 @@ func (h *Harvest) endEpoch(s *shard, why Event) {
 	}
 }
 
-// endShards abandons the starts and ends the epochs of the shards given, all at once, so that
-// losing many shards takes no longer than losing one: about MaxPollInterval.
+// endShards ends this harvester's leadership of the shards given: it abandons their starts and
+// ends their epochs, all at once, so that losing many shards takes no longer than losing one
+// (about MaxPollInterval), and reports the loss of each shard that had an epoch in this
+// leadership, even if it is between two epochs (after a remark) just now.
 func (h *Harvest) endShards(shards []*shard, why func(*shard) Event) {
 	var wg sync.WaitGroup
 	for _, s := range shards {
-		if s.starting == nil && h.epochOf(s) == nil {
+		if s.starting == nil && h.epochOf(s) == nil && !s.acquired {
 			continue
 		}
 		wg.Go(func() {
@@ -801,6 +802,9 @@ func (h *Harvest) endShards(shards []*shard, why func(*shard) Event) {
 		})
 	}
 	wg.Wait()
+	for _, s := range shards {
+		s.acquired = false
+	}
 }
 
 // leadershipLost is neli's Barrier: it runs on the owner goroutine, inside Pulse, when shards
@@ -809,7 +813,6 @@ func (h *Harvest) leadershipLost(partitions []int32) {
 	var lost []*shard
 	for _, s := range h.shards {
 		if slices.Contains(partitions, int32(s.id)) {
-			s.acquired = false
 			lost = append(lost, s)
 		}
 	}

@@ -1,8 +1,10 @@
 package goharvest
 
 import (
+	"errors"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Shards need a binding that can mark by shard; one that cannot is refused at Start, by name,
@@ -27,5 +29,24 @@ func TestShardsNeedAShardingBinding(t *testing.T) {
 	}
 	if h.State() != Created {
 		t.Fatalf("a refused Start left the harvester %v", h.State())
+	}
+}
+
+// Leadership lost while a shard is between two epochs (the last one ended for a remark and the
+// next cannot start yet) is still reported: every LeaderAcquired is followed by a loss.
+func TestLossBetweenEpochsIsReported(t *testing.T) {
+	r := newRig(t, fastLimits())
+	r.start()
+	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
+	r.kafka.mu.Lock()
+	r.kafka.initErr = errors.New("coordinator not available") // the next epoch cannot start
+	r.kafka.produceFatal = true                               // the first produce ends this one
+	r.kafka.mu.Unlock()
+	r.load(1, 1)
+	r.waitFor("the epoch to end for a remark", 5*time.Second, func() bool { return !r.h.IsLeader() })
+	r.elector.revoke()
+	r.waitFor("the loss to be reported", 5*time.Second, func() bool { return countEvents[LeaderRevoked](r.events) > 0 })
+	if acquired, lost := countEvents[LeaderAcquired](r.events), countEvents[LeaderRevoked](r.events); acquired != 1 || lost != 1 {
+		t.Fatalf("%d LeaderAcquired, %d LeaderRevoked; want one of each", acquired, lost)
 	}
 }
