@@ -11,10 +11,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,6 +33,7 @@ import (
 	"github.com/goharvest/goharvest/internal/pgtest"
 	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/internal/verifytest"
+	"github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
 )
 
@@ -57,6 +60,7 @@ type rig struct {
 	pool   *pgxpool.Pool
 	broker *kafkatest.Broker
 	config string // reaper.yaml
+	shards int
 	bin    string
 	v      *verifytest.Verifier
 	w      *writers
@@ -74,6 +78,9 @@ type rigOptions struct {
 	// slowPurge makes every DELETE on the outbox take 50ms longer, so that a leader is more
 	// often killed between a commit and its purge.
 	slowPurge bool
+	// shards splits the outbox into this many shards (harvest.shards), with the index a sharded
+	// outbox needs. Default 1.
+	shards int
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -81,8 +88,11 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	if o.heartbeatTimeout == 0 {
 		o.heartbeatTimeout = time.Second
 	}
+	if o.shards == 0 {
+		o.shards = 1
+	}
 	ctx := context.Background()
-	r := &rig{t: t, run: t.Name() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36), dsn: pgtest.NewOutbox(t), bin: reaperBinary(t)}
+	r := &rig{t: t, shards: o.shards, run: t.Name() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36), dsn: pgtest.NewOutbox(t), bin: reaperBinary(t)}
 	pool, err := pgxpool.New(ctx, r.dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -101,6 +111,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
   leaderTopic: chaos.leader
   leaderGroupID: chaos
   dataSource: ${DATABASE_URL}
+  shards: %d
   limits:
     heartbeatTimeout: %s
     minPollInterval: 50ms
@@ -109,9 +120,14 @@ func newRig(t *testing.T, o rigOptions) *rig {
 logging:
   level: info
   format: json
-`, r.broker.Addr(), o.heartbeatTimeout, o.extraYAML)
+`, r.broker.Addr(), o.shards, o.heartbeatTimeout, o.extraYAML)
 	if err := os.WriteFile(r.config, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	if o.shards > 1 {
+		if _, err := pool.Exec(ctx, "CREATE INDEX outbox_shard ON outbox ("+outbox.ShardSQL("kafka_key", o.shards)+", id)"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if o.slowPurge {
 		_, err := pool.Exec(ctx, `CREATE FUNCTION slow_purge() RETURNS trigger LANGUAGE plpgsql AS
@@ -256,8 +272,13 @@ type reaper struct {
 	done chan struct{}
 	log  *os.File
 
-	mu       sync.Mutex
-	leading  bool
+	mu sync.Mutex
+	// led holds the shards the log says this reaper publishes now, each with when it acquired it.
+	// A frozen or killed reaper cannot say it lost them: callers know which reapers are alive.
+	led map[int]time.Time
+	// history is every acquisition and loss of a shard, in log order; assigned is when the
+	// election gave it each shard (before the shard's epoch starts).
+	history, assigned []shardEvent
 	acquired []time.Time
 	events   []string
 	// notedPurges counts epochs that began by purging records a predecessor's note listed.
@@ -277,10 +298,18 @@ func (p *reaper) counts() (remarks, fences int) {
 
 func (r *rig) startReaper(name string) *reaper {
 	r.t.Helper()
-	p := &reaper{name: name, done: make(chan struct{})}
+	p := &reaper{name: name, done: make(chan struct{}), led: map[int]time.Time{}}
 	p.cmd = exec.Command(r.bin, "-f", r.config)
 	p.cmd.Env = append(os.Environ(), "DATABASE_URL="+r.dsn)
-	logPath := filepath.Join(r.t.TempDir(), name+".log")
+	// GOHARVEST_INT_LOGS keeps every reaper's log in a directory of one's choosing, to read after
+	// a run; otherwise the logs go with the test.
+	dir := os.Getenv("GOHARVEST_INT_LOGS")
+	if dir == "" {
+		dir = r.t.TempDir()
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		r.t.Fatal(err)
+	}
+	logPath := filepath.Join(dir, strings.ReplaceAll(r.t.Name(), "/", "_")+"-"+name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
 		r.t.Fatal(err)
@@ -311,12 +340,22 @@ func (r *rig) startReaper(name string) *reaper {
 	return p
 }
 
+// shardEvent is a shard's leadership gained or lost by one reaper, timed by the reaper's log.
+type shardEvent struct {
+	shard    int
+	at       time.Time
+	acquired bool
+}
+
 func (p *reaper) scan(out io.Reader) {
 	s := bufio.NewScanner(out)
 	s.Buffer(make([]byte, 64*1024), 1024*1024)
 	for s.Scan() {
 		var line struct {
-			Msg string `json:"msg"`
+			Msg        string    `json:"msg"`
+			Time       time.Time `json:"time"`
+			Shard      *int      `json:"shard"`
+			Partitions string    `json:"partitions"`
 		}
 		if json.Unmarshal(s.Bytes(), &line) != nil {
 			continue
@@ -324,16 +363,29 @@ func (p *reaper) scan(out io.Reader) {
 		p.mu.Lock()
 		switch line.Msg {
 		case "leader acquired":
-			p.leading = true
 			p.acquired = append(p.acquired, time.Now())
 			p.events = append(p.events, line.Msg)
+			if line.Shard != nil {
+				p.led[*line.Shard] = line.Time
+				p.history = append(p.history, shardEvent{shard: *line.Shard, at: line.Time, acquired: true})
+			}
 		case "leader revoked", "leader fenced", "stopping":
-			p.leading = false
 			p.events = append(p.events, line.Msg)
+			if line.Shard != nil {
+				delete(p.led, *line.Shard)
+				p.history = append(p.history, shardEvent{shard: *line.Shard, at: line.Time})
+			} else {
+				p.loseAll(line.Time)
+			}
 		case "purged records an earlier leader published and had not purged":
 			p.notedPurges++
 		case "acquired leadership":
 			p.elected = time.Now()
+			for part := range strings.SplitSeq(line.Partitions, ",") {
+				if shard, err := strconv.Atoi(part); err == nil {
+					p.assigned = append(p.assigned, shardEvent{shard: shard, at: line.Time, acquired: true})
+				}
+			}
 		case "remark requested":
 			p.remarks++
 		}
@@ -343,14 +395,60 @@ func (p *reaper) scan(out io.Reader) {
 		p.mu.Unlock()
 	}
 	p.mu.Lock()
-	p.leading = false
+	p.loseAll(time.Now())
 	p.mu.Unlock()
+}
+
+// loseAll records the loss of every shard the reaper leads. The caller holds p.mu.
+func (p *reaper) loseAll(at time.Time) {
+	for shard := range p.led {
+		p.history = append(p.history, shardEvent{shard: shard, at: at})
+	}
+	clear(p.led)
 }
 
 func (p *reaper) isLeading() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.leading
+	return len(p.led) > 0
+}
+
+// shards returns the shards the reaper's log says it publishes now, in order.
+func (p *reaper) shards() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Sorted(maps.Keys(p.led))
+}
+
+// acquiredAfter returns when the reaper's log first says it acquired shard after t, or the zero time.
+func (p *reaper) acquiredAfter(shard int, t time.Time) time.Time {
+	return p.firstAfter(false, shard, true, t)
+}
+
+// assignedAfter returns when the election first gave the reaper shard after t, or the zero time.
+func (p *reaper) assignedAfter(shard int, t time.Time) time.Time {
+	return p.firstAfter(true, shard, true, t)
+}
+
+// lostAfter returns when the reaper's log first says it lost shard after t, or the zero time.
+func (p *reaper) lostAfter(shard int, t time.Time) time.Time {
+	return p.firstAfter(false, shard, false, t)
+}
+
+// firstAfter looks through the election's assignments, or else the log's acquisitions and losses.
+func (p *reaper) firstAfter(election bool, shard int, acquired bool, t time.Time) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	events := p.history
+	if election {
+		events = p.assigned
+	}
+	for _, e := range events {
+		if e.shard == shard && e.acquired == acquired && e.at.After(t) {
+			return e.at
+		}
+	}
+	return time.Time{}
 }
 
 func (p *reaper) lastAcquired() time.Time {
