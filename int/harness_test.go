@@ -279,8 +279,8 @@ type reaper struct {
 	// history is every acquisition and loss of a shard, in log order; assigned is when the
 	// election gave it each shard (before the shard's epoch starts).
 	history, assigned []shardEvent
-	acquired []time.Time
-	events   []string
+	acquired          []time.Time
+	events            []string
 	// notedPurges counts epochs that began by purging records a predecessor's note listed.
 	notedPurges int
 	// elected is when the election last made this reaper leader (before its epoch starts);
