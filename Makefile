@@ -42,7 +42,7 @@ chaos:
 
 ## soak: the randomized soak (int/TestSoak): 3 reapers on 8 shards under load, every kind of fault
 ## chosen at random on a schedule it prints first, then the checker and a figures summary.
-## SOAK bounds it (default 30m); SOAK_SEED=n replays a run's schedule; raise SOAK_TIMEOUT past SOAK + 10m.
+## SOAK bounds it (default 30m); SOAK_SEED=n replays a run's schedule; raise SOAK_TIMEOUT past SOAK + 5m.
 SOAK ?= 30m
 SOAK_SEED ?=
 SOAK_TIMEOUT ?= 3h
