@@ -287,6 +287,8 @@ type reaper struct {
 	// remarks counts epochs ended by an error, fences epochs ended by losing leadership.
 	elected         time.Time
 	remarks, fences int
+	// fencedAt is when it last said it fenced itself (no heartbeat back in time).
+	fencedAt time.Time
 }
 
 // counts returns the reaper's remarks and fences so far.
@@ -388,6 +390,8 @@ func (p *reaper) scan(out io.Reader) {
 			}
 		case "remark requested":
 			p.remarks++
+		case "no heartbeat came back within the timeout; stepping down and rejoining the group":
+			p.fencedAt = line.Time
 		}
 		if line.Msg == "leader fenced" || line.Msg == "leader revoked" {
 			p.fences++
@@ -461,6 +465,15 @@ func (p *reaper) lastAcquired() time.Time {
 }
 
 func (p *reaper) signal(sig syscall.Signal) { p.cmd.Process.Signal(sig) }
+
+// end sends sig and waits for the process to exit; after SIGTERM it must exit 0.
+func (p *reaper) end(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	p.signal(sig)
+	if code := p.waitExit(t, 30*time.Second); sig == syscall.SIGTERM && code != 0 {
+		t.Fatalf("%s exited %d after SIGTERM", p.name, code)
+	}
+}
 
 // waitExit waits for the process to exit and returns its exit code (-1 if killed).
 func (p *reaper) waitExit(t *testing.T, within time.Duration) int {

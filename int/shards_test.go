@@ -141,13 +141,18 @@ func takeoverLog(ts map[int]takeover) string {
 	return strings.Join(parts, ", ")
 }
 
-// spreadFigure is how a figure states the takeovers of a scenario: "12 shards moved, takeover
-// p50 2.3s max 2.6s".
+// spreadFigure is how a figure states the takeovers of a scenario: "12 shard takeovers, p50
+// 2.3s max 2.6s".
 func spreadFigure(ts []time.Duration) string {
 	if len(ts) == 0 {
 		return "no shard moved"
 	}
-	return fmt.Sprintf("%d shard takeovers, p50 %v max %v", len(ts), median(ts), slices.Max(ts).Round(time.Millisecond))
+	return fmt.Sprintf("%d shard takeovers, %s", len(ts), spread(ts))
+}
+
+// spread is "p50 2.3s max 2.6s".
+func spread(ts []time.Duration) string {
+	return fmt.Sprintf("p50 %v max %v", median(ts), slices.Max(ts).Round(time.Millisecond))
 }
 
 // The reaper publishing the most shards is killed (SIGKILL) and stopped (SIGTERM) in turn, and a
@@ -167,11 +172,7 @@ func TestShardsReaperLeaves(t *testing.T) {
 			sig, how = syscall.SIGTERM, "stopped"
 		}
 		t0 := time.Now()
-		victim.signal(sig)
-		code := victim.waitExit(t, 30*time.Second)
-		if sig == syscall.SIGTERM && code != 0 {
-			t.Fatalf("round %d: %s exited %d after SIGTERM", round, victim.name, code)
-		}
+		victim.end(t, sig)
 		reapers = slices.DeleteFunc(reapers, func(p *reaper) bool { return p == victim })
 		ts := r.takeovers(t0, lost, 30*time.Second, reapers...)
 		after := r.waitSpread(30*time.Second, 4, 4, reapers...)
@@ -276,25 +277,48 @@ func TestShardsReaperJoins(t *testing.T) {
 				acquired: after[shard].acquiredAfter(shard, t0).Sub(revoked),
 			}
 			gaps = append(gaps, handovers[shard].acquired)
-			if after[shard] != joiner {
-				t.Errorf("round %d: shard %d moved from %s to %s, not to the joiner", round, shard, before[shard].name, after[shard].name)
-			}
+		}
+		// The assignor moves only what the joiner takes: 2 shards from those leading 3. A reaper
+		// that fenced itself meanwhile (a stall on a busy machine) rejoins, and its shards may
+		// move anywhere.
+		if fenced := fencedSince(t0, reapers...); fenced != nil {
+			t.Logf("round %d: %s fenced itself during the join; shards moved: %v", round, fenced.name, m)
+		} else if len(m) != 2 || after[m[0]] != joiner || after[m[1]] != joiner {
+			t.Errorf("round %d: shards %v moved (from %s to %s); want 2, to the joiner %s", round, m, describeOwners(before, m), describeOwners(after, m), joiner.name)
 		}
 		t.Logf("round %d: %s joined; moved %s; now %s", round, joiner.name, takeoverLog(handovers), describe(reapers))
 		r.waitProgress(1000, time.Minute)
 		if round < rounds-1 {
-			leaver := reapers[0]
-			leaver.signal(syscall.SIGTERM)
-			if code := leaver.waitExit(t, 30*time.Second); code != 0 {
-				t.Fatalf("round %d: %s exited %d after SIGTERM", round, leaver.name, code)
-			}
+			reapers[0].end(t, syscall.SIGTERM)
 			reapers = reapers[1:]
 		}
 	}
 	report := r.finish(2 * time.Minute)
 	figure(t, "shards, reaper joins", "3 reapers, 8 shards, a 4th joins under load %d times: shards moved per join %v (2 is fewest), each then leads 2; handover (revoked to acquired) %s; records %d, duplicates %d, lost %d, reversals %d",
-		rounds, movedCounts, strings.TrimPrefix(spreadFigure(gaps), fmt.Sprintf("%d shard takeovers, ", len(gaps))),
+		rounds, movedCounts, spread(gaps),
 		report.Expected, report.Duplicates, report.LostCount, len(report.Reversals))
+}
+
+// fencedSince returns one of ps whose log says it fenced itself after t0, or nil.
+func fencedSince(t0 time.Time, ps ...*reaper) *reaper {
+	for _, p := range ps {
+		p.mu.Lock()
+		fenced := p.fencedAt.After(t0)
+		p.mu.Unlock()
+		if fenced {
+			return p
+		}
+	}
+	return nil
+}
+
+// describeOwners names who publishes each of shards in a spread: "[r0 r2]".
+func describeOwners(spread map[int]*reaper, shards []int) []string {
+	var names []string
+	for _, shard := range shards {
+		names = append(names, spread[shard].name)
+	}
+	return names
 }
 
 // The broker fails under three sharded reapers: some produce requests fail, then it stops for 3s

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
+
 	"github.com/goharvest/goharvest/internal/pgtest"
 )
 
@@ -39,13 +41,14 @@ const (
 	soakStop                      // SIGSTOP a reaper until the others have its shards and hold has passed, then SIGCONT
 	soakRestart                   // SIGTERM a reaper and start a fresh one at once (a rolling restart)
 	soakBroker                    // the broker goes down for hold and comes back on its port
+	soakProduce                   // the broker fails 1 in 20 produce requests for hold
 	soakDBFreeze                  // every Postgres process SIGSTOPped for hold
 	soakDBRestart                 // Postgres restarts
 	soakKinds
 )
 
 func (k soakKind) String() string {
-	return [...]string{"kill", "term", "stop-cont", "restart", "broker restart", "db freeze", "db restart"}[k]
+	return [...]string{"kill", "term", "stop-cont", "restart", "broker restart", "produce errors", "db freeze", "db restart"}[k]
 }
 
 // hitsReaper reports whether the kind strikes one reaper, whose shards then move.
@@ -78,6 +81,8 @@ func soakSchedule(seed uint64, n int) []soakFault {
 			f.hold = ms(2500, 6000) // past the session timeout (2s): its shards move
 		case soakBroker:
 			f.hold = ms(0, 4000) // under the heartbeat timeout, leaders may keep their shards
+		case soakProduce:
+			f.hold = ms(1000, 5000)
 		case soakDBFreeze:
 			f.hold = ms(500, 5000)
 		}
@@ -115,13 +120,13 @@ func TestSoak(t *testing.T) {
 	duration, seed := soakSettings(t)
 	// A fault takes at least a second or two; a schedule that long always outlasts the run.
 	schedule := soakSchedule(seed, int(duration/time.Second)+1)
+	// A fault and its pause take several seconds: this many cover any run.
+	shown := min(len(schedule), int(duration/(3*time.Second))+10)
 	var plan strings.Builder
-	for i, f := range schedule {
-		if i < 200 {
-			fmt.Fprintf(&plan, "\n  %3d %v", i, f)
-		}
+	for i, f := range schedule[:shown] {
+		fmt.Fprintf(&plan, "\n  %3d %v", i, f)
 	}
-	t.Logf("soak for %v, SOAK_SEED=%d; the schedule's first faults (a run does as many as fit):%s", duration, seed, plan.String())
+	t.Logf("soak for %v, SOAK_SEED=%d; the schedule (a run does as many faults as fit):%s", duration, seed, plan.String())
 
 	r, reapers := shardRig(t, rigOptions{extraYAML: "  producerKafkaConfig:\n    linger.ms: 100"})
 	s := &soak{r: r, slots: reapers, server: pgtest.Shared(t), byKind: map[soakKind]int{}, takeover: map[soakKind][]time.Duration{}}
@@ -189,10 +194,7 @@ func (s *soak) strike(f soakFault) {
 		if f.kind != soakKill {
 			sig = syscall.SIGTERM
 		}
-		victim.signal(sig)
-		if code := victim.waitExit(r.t, 30*time.Second); sig == syscall.SIGTERM && code != 0 {
-			r.t.Fatalf("%s exited %d after SIGTERM", victim.name, code)
-		}
+		victim.end(r.t, sig)
 		if f.kind == soakRestart {
 			replace()
 			taken = r.takeovers(t0, lost, time.Minute, append(others, s.slots[f.slot])...)
@@ -223,6 +225,10 @@ func (s *soak) strike(f soakFault) {
 			}
 		}
 		taken = r.takeovers(t0, lost, time.Minute, s.slots...)
+	case soakProduce:
+		failing := r.broker.FailProduce(20, kerr.UnknownServerError)
+		time.Sleep(f.hold)
+		failing.Remove()
 	case soakDBFreeze:
 		if err := s.server.Freeze(); err != nil {
 			r.t.Fatal(err)
