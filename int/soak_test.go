@@ -101,6 +101,11 @@ func soakSettings(t *testing.T) (time.Duration, uint64) {
 			t.Fatalf("GOHARVEST_SOAK=%q: %v", s, err)
 		}
 		duration = d
+		// Settling, the last fault and the final check take a few minutes at most: better to say
+		// so now than to be cut short by the test timeout at the end.
+		if deadline, ok := t.Deadline(); ok && time.Until(deadline) < duration+5*time.Minute {
+			t.Fatalf("a soak of %v needs a test timeout of at least %v more (make soak SOAK_TIMEOUT=...)", duration, 5*time.Minute)
+		}
 	}
 	seed := rand.Uint64() % 1_000_000_000
 	if s := os.Getenv("SOAK_SEED"); s != "" {
@@ -109,9 +114,6 @@ func soakSettings(t *testing.T) (time.Duration, uint64) {
 			t.Fatalf("SOAK_SEED=%q: %v", s, err)
 		}
 		seed = n
-	}
-	if deadline, ok := t.Deadline(); ok && time.Until(deadline) < duration+5*time.Minute {
-		t.Fatalf("a soak of %v needs a test timeout of at least %v more (make soak SOAK_TIMEOUT=...)", duration, 5*time.Minute)
 	}
 	return duration, seed
 }
