@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -66,6 +65,7 @@ type rig struct {
 	w      *writers
 
 	preloaded map[string]int64 // records per key written by preload
+	all       []*reaper        // every reaper started, in order
 }
 
 type rigOptions struct {
@@ -276,6 +276,11 @@ type reaper struct {
 	// led holds the shards the log says this reaper publishes now, each with when it acquired it.
 	// A frozen or killed reaper cannot say it lost them: callers know which reapers are alive.
 	led map[int]time.Time
+	// granted holds the shards the election (neli) says it holds now. A shard can be in led and
+	// not here only if the harvester failed to log losing it: unlogged records when that was seen.
+	granted  map[int]bool
+	unlogged []unloggedLoss
+	pending  map[int]time.Time // shards the election took whose loss the harvester has yet to log
 	// history is every acquisition and loss of a shard, in log order; assigned is when the
 	// election gave it each shard (before the shard's epoch starts).
 	history, assigned []shardEvent
@@ -300,7 +305,8 @@ func (p *reaper) counts() (remarks, fences int) {
 
 func (r *rig) startReaper(name string) *reaper {
 	r.t.Helper()
-	p := &reaper{name: name, done: make(chan struct{}), led: map[int]time.Time{}}
+	p := &reaper{name: name, done: make(chan struct{}), led: map[int]time.Time{}, granted: map[int]bool{}, pending: map[int]time.Time{}}
+	r.all = append(r.all, p)
 	p.cmd = exec.Command(r.bin, "-f", r.config)
 	p.cmd.Env = append(os.Environ(), "DATABASE_URL="+r.dsn)
 	// GOHARVEST_INT_LOGS keeps every reaper's log in a directory of one's choosing, to read after
@@ -368,6 +374,7 @@ func (p *reaper) scan(out io.Reader) {
 			p.acquired = append(p.acquired, time.Now())
 			p.events = append(p.events, line.Msg)
 			if line.Shard != nil {
+				p.notLogged(*line.Shard)
 				p.led[*line.Shard] = line.Time
 				p.history = append(p.history, shardEvent{shard: *line.Shard, at: line.Time, acquired: true})
 			}
@@ -375,6 +382,7 @@ func (p *reaper) scan(out io.Reader) {
 			p.events = append(p.events, line.Msg)
 			if line.Shard != nil {
 				delete(p.led, *line.Shard)
+				delete(p.pending, *line.Shard)
 				p.history = append(p.history, shardEvent{shard: *line.Shard, at: line.Time})
 			} else {
 				p.loseAll(line.Time)
@@ -385,7 +393,20 @@ func (p *reaper) scan(out io.Reader) {
 			p.elected = time.Now()
 			for part := range strings.SplitSeq(line.Partitions, ",") {
 				if shard, err := strconv.Atoi(part); err == nil {
+					p.notLogged(shard)
+					p.granted[shard] = true
 					p.assigned = append(p.assigned, shardEvent{shard: shard, at: line.Time, acquired: true})
+				}
+			}
+		case "leadership revoked":
+			// On a revoke the harvester logs its loss just after this line (neli's barrier); on
+			// a fence, just before.
+			for part := range strings.SplitSeq(line.Partitions, ",") {
+				if shard, err := strconv.Atoi(part); err == nil {
+					delete(p.granted, shard)
+					if _, ok := p.led[shard]; ok {
+						p.pending[shard] = line.Time
+					}
 				}
 			}
 		case "remark requested":
@@ -403,12 +424,50 @@ func (p *reaper) scan(out io.Reader) {
 	p.mu.Unlock()
 }
 
+// unloggedLoss is a shard the election took from a reaper whose harvester never said it lost it.
+type unloggedLoss struct {
+	shard             int
+	acquired, revoked time.Time
+}
+
+// notLogged records, when the election gives shard again, a loss of it that the harvester did
+// not log. The caller holds p.mu.
+func (p *reaper) notLogged(shard int) {
+	if revoked, ok := p.pending[shard]; ok {
+		p.unlogged = append(p.unlogged, unloggedLoss{shard: shard, acquired: p.led[shard], revoked: revoked})
+		delete(p.pending, shard)
+		delete(p.led, shard)
+	}
+}
+
+// checkLossesLogged fails the test for every shard the election took from one of ps whose
+// harvester logged "leader acquired" and then neither "leader revoked" nor "leader fenced".
+func (r *rig) checkLossesLogged(ps ...*reaper) {
+	r.t.Helper()
+	for _, p := range ps {
+		p.mu.Lock()
+		unlogged := slices.Clone(p.unlogged)
+		for shard, revoked := range p.pending {
+			if time.Since(revoked) > 5*time.Second {
+				unlogged = append(unlogged, unloggedLoss{shard: shard, acquired: p.led[shard], revoked: revoked})
+			}
+		}
+		p.mu.Unlock()
+		for _, u := range unlogged {
+			r.t.Errorf("%s: shard %d: \"leader acquired\" at %s, \"leadership revoked\" (neli) at %s, and no \"leader revoked\" or \"leader fenced\" for it in between",
+				p.name, u.shard, u.acquired.Format("15:04:05.000"), u.revoked.Format("15:04:05.000"))
+		}
+	}
+}
+
 // loseAll records the loss of every shard the reaper leads. The caller holds p.mu.
 func (p *reaper) loseAll(at time.Time) {
 	for shard := range p.led {
 		p.history = append(p.history, shardEvent{shard: shard, at: at})
 	}
 	clear(p.led)
+	clear(p.granted)
+	clear(p.pending)
 }
 
 func (p *reaper) isLeading() bool {
@@ -417,11 +476,19 @@ func (p *reaper) isLeading() bool {
 	return len(p.led) > 0
 }
 
-// shards returns the shards the reaper's log says it publishes now, in order.
+// shards returns the shards the reaper's log says it publishes now, in order: those its harvester
+// acquired and its election still grants (see checkLossesLogged for when they differ).
 func (p *reaper) shards() []int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return slices.Sorted(maps.Keys(p.led))
+	var out []int
+	for shard := range p.led {
+		if p.granted[shard] {
+			out = append(out, shard)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // acquiredAfter returns when the reaper's log first says it acquired shard after t, or the zero time.

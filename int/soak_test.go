@@ -144,6 +144,7 @@ func TestSoak(t *testing.T) {
 		time.Sleep(f.wait)
 	}
 	report := r.finish(3 * time.Minute)
+	r.checkLossesLogged(r.all...)
 	var kinds, takeovers []string
 	var all []time.Duration
 	for k := range soakKinds {
