@@ -8,7 +8,7 @@ GO ?= go
 # suite runs real processes, and the election tests measure timings that two busy cores would blur.
 TEST_TIMEOUT ?= 15m
 
-.PHONY: test lint bench demo chaos image
+.PHONY: test lint bench demo chaos soak image
 
 # Modules inside this one, which ./... does not reach: the Kubernetes example's manifest test
 # has a module of its own, so that goharvest does not depend on Kubernetes packages.
@@ -40,6 +40,15 @@ chaos:
 	rm -f chaos-figures.txt
 	GOHARVEST_CHAOS=1 GOHARVEST_CHAOS_FIGURES=$(CURDIR)/chaos-figures.txt $(GO) test -count=1 -v -timeout 60m ./int
 	@echo; echo "figures:"; cat chaos-figures.txt
+
+## soak: the randomized soak (int/TestSoak): 3 reapers on 8 shards under load, every kind of fault
+## chosen at random on a schedule it prints first, then the checker and a figures summary.
+## SOAK bounds it (default 30m); SOAK_SEED=n replays a run's schedule; raise SOAK_TIMEOUT past SOAK + 5m.
+SOAK ?= 30m
+SOAK_SEED ?=
+SOAK_TIMEOUT ?= 3h
+soak:
+	GOHARVEST_SOAK=$(SOAK) SOAK_SEED=$(SOAK_SEED) $(GO) test -count=1 -v -run '^TestSoak$$' -timeout $(SOAK_TIMEOUT) ./int
 
 ## demo: goharvest end to end: a throwaway Postgres, an in-process broker, the reaper and the
 ## pump, which writes a load and verifies it arrived in order (DEMO_ARGS="-records 200000" etc.)

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,6 +34,7 @@ import (
 	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/internal/verifytest"
+	"github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
 )
 
@@ -59,11 +61,13 @@ type rig struct {
 	pool   *pgxpool.Pool
 	broker *kafkatest.Broker
 	config string // reaper.yaml
+	shards int
 	bin    string
 	v      *verifytest.Verifier
 	w      *writers
 
 	preloaded map[string]int64 // records per key written by preload
+	all       []*reaper        // every reaper started, in order
 }
 
 type rigOptions struct {
@@ -76,6 +80,9 @@ type rigOptions struct {
 	// slowPurge makes every DELETE on the outbox take 50ms longer, so that a leader is more
 	// often killed between a commit and its purge.
 	slowPurge bool
+	// shards splits the outbox into this many shards (harvest.shards), with the index a sharded
+	// outbox needs. Default 1.
+	shards int
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -83,8 +90,11 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	if o.heartbeatTimeout == 0 {
 		o.heartbeatTimeout = time.Second
 	}
+	if o.shards == 0 {
+		o.shards = 1
+	}
 	ctx := context.Background()
-	r := &rig{t: t, run: t.Name() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36), dsn: pgtest.NewOutbox(t), bin: reaperBinary(t)}
+	r := &rig{t: t, shards: o.shards, run: t.Name() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36), dsn: pgtest.NewOutbox(t), bin: reaperBinary(t)}
 	pool, err := pgxpool.New(ctx, r.dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -103,6 +113,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
   leaderTopic: chaos.leader
   leaderGroupID: chaos
   dataSource: ${DATABASE_URL}
+  shards: %d
   limits:
     heartbeatTimeout: %s
     minPollInterval: 50ms
@@ -111,9 +122,14 @@ func newRig(t *testing.T, o rigOptions) *rig {
 logging:
   level: info
   format: json
-`, r.broker.Addr(), o.heartbeatTimeout, o.extraYAML)
+`, r.broker.Addr(), o.shards, o.heartbeatTimeout, o.extraYAML)
 	if err := os.WriteFile(r.config, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	if o.shards > 1 {
+		if _, err := pool.Exec(ctx, "CREATE INDEX outbox_shard ON outbox ("+outbox.ShardSQL("kafka_key", o.shards)+", id)"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if o.slowPurge {
 		_, err := pool.Exec(ctx, `CREATE FUNCTION slow_purge() RETURNS trigger LANGUAGE plpgsql AS
@@ -255,16 +271,28 @@ type reaper struct {
 	done chan struct{}
 	log  *os.File
 
-	mu       sync.Mutex
-	leading  bool
-	acquired []time.Time
-	events   []string
+	mu sync.Mutex
+	// led holds the shards the log says this reaper publishes now, each with when it acquired it.
+	// A frozen or killed reaper cannot say it lost them: callers know which reapers are alive.
+	led map[int]time.Time
+	// granted holds the shards the election (neli) says it holds now. A shard can be in led and
+	// not here only if the harvester failed to log losing it: unlogged records when that was seen.
+	granted  map[int]bool
+	unlogged []unloggedLoss
+	pending  map[int]time.Time // shards the election took whose loss the harvester has yet to log
+	// history is every acquisition and loss of a shard, in log order; assigned is when the
+	// election gave it each shard (before the shard's epoch starts).
+	history, assigned []shardEvent
+	acquired          []time.Time
+	events            []string
 	// notedPurges counts epochs that began by purging records a predecessor's note listed.
 	notedPurges int
 	// elected is when the election last made this reaper leader (before its epoch starts);
 	// remarks counts epochs ended by an error, fences epochs ended by losing leadership.
 	elected         time.Time
 	remarks, fences int
+	// fencedAt is when it last said it fenced itself (no heartbeat back in time).
+	fencedAt time.Time
 }
 
 // counts returns the reaper's remarks and fences so far.
@@ -276,10 +304,19 @@ func (p *reaper) counts() (remarks, fences int) {
 
 func (r *rig) startReaper(name string) *reaper {
 	r.t.Helper()
-	p := &reaper{name: name, done: make(chan struct{})}
+	p := &reaper{name: name, done: make(chan struct{}), led: map[int]time.Time{}, granted: map[int]bool{}, pending: map[int]time.Time{}}
+	r.all = append(r.all, p)
 	p.cmd = exec.Command(r.bin, "-f", r.config)
 	p.cmd.Env = append(os.Environ(), "DATABASE_URL="+r.dsn)
-	logPath := filepath.Join(r.t.TempDir(), name+".log")
+	// GOHARVEST_INT_LOGS keeps every reaper's log in a directory of one's choosing, to read after
+	// a run; otherwise the logs go with the test.
+	dir := os.Getenv("GOHARVEST_INT_LOGS")
+	if dir == "" {
+		dir = r.t.TempDir()
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		r.t.Fatal(err)
+	}
+	logPath := filepath.Join(dir, strings.ReplaceAll(r.t.Name(), "/", "_")+"-"+name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
 		r.t.Fatal(err)
@@ -310,12 +347,22 @@ func (r *rig) startReaper(name string) *reaper {
 	return p
 }
 
+// shardEvent is a shard's leadership gained or lost by one reaper, timed by the reaper's log.
+type shardEvent struct {
+	shard    int
+	at       time.Time
+	acquired bool
+}
+
 func (p *reaper) scan(out io.Reader) {
 	s := bufio.NewScanner(out)
 	s.Buffer(make([]byte, 64*1024), 1024*1024)
 	for s.Scan() {
 		var line struct {
-			Msg string `json:"msg"`
+			Msg        string    `json:"msg"`
+			Time       time.Time `json:"time"`
+			Shard      *int      `json:"shard"`
+			Partitions string    `json:"partitions"`
 		}
 		if json.Unmarshal(s.Bytes(), &line) != nil {
 			continue
@@ -323,18 +370,48 @@ func (p *reaper) scan(out io.Reader) {
 		p.mu.Lock()
 		switch line.Msg {
 		case "leader acquired":
-			p.leading = true
 			p.acquired = append(p.acquired, time.Now())
 			p.events = append(p.events, line.Msg)
+			if line.Shard != nil {
+				p.notLogged(*line.Shard)
+				p.led[*line.Shard] = line.Time
+				p.history = append(p.history, shardEvent{shard: *line.Shard, at: line.Time, acquired: true})
+			}
 		case "leader revoked", "leader fenced", "stopping":
-			p.leading = false
 			p.events = append(p.events, line.Msg)
+			if line.Shard != nil {
+				delete(p.led, *line.Shard)
+				delete(p.pending, *line.Shard)
+				p.history = append(p.history, shardEvent{shard: *line.Shard, at: line.Time})
+			} else {
+				p.loseAll(line.Time)
+			}
 		case "purged records an earlier leader published and had not purged":
 			p.notedPurges++
 		case "acquired leadership":
 			p.elected = time.Now()
+			for part := range strings.SplitSeq(line.Partitions, ",") {
+				if shard, err := strconv.Atoi(part); err == nil {
+					p.notLogged(shard)
+					p.granted[shard] = true
+					p.assigned = append(p.assigned, shardEvent{shard: shard, at: line.Time, acquired: true})
+				}
+			}
+		case "leadership revoked":
+			// On a revoke the harvester logs its loss just after this line (neli's barrier); on
+			// a fence, just before.
+			for part := range strings.SplitSeq(line.Partitions, ",") {
+				if shard, err := strconv.Atoi(part); err == nil {
+					delete(p.granted, shard)
+					if _, ok := p.led[shard]; ok {
+						p.pending[shard] = line.Time
+					}
+				}
+			}
 		case "remark requested":
 			p.remarks++
+		case "no heartbeat came back within the timeout; stepping down and rejoining the group":
+			p.fencedAt = line.Time
 		}
 		if line.Msg == "leader fenced" || line.Msg == "leader revoked" {
 			p.fences++
@@ -342,14 +419,106 @@ func (p *reaper) scan(out io.Reader) {
 		p.mu.Unlock()
 	}
 	p.mu.Lock()
-	p.leading = false
+	p.loseAll(time.Now())
 	p.mu.Unlock()
+}
+
+// unloggedLoss is a shard the election took from a reaper whose harvester never said it lost it.
+type unloggedLoss struct {
+	shard             int
+	acquired, revoked time.Time
+}
+
+// notLogged records, when the election gives shard again, a loss of it that the harvester did
+// not log. The caller holds p.mu.
+func (p *reaper) notLogged(shard int) {
+	if revoked, ok := p.pending[shard]; ok {
+		p.unlogged = append(p.unlogged, unloggedLoss{shard: shard, acquired: p.led[shard], revoked: revoked})
+		delete(p.pending, shard)
+		delete(p.led, shard)
+	}
+}
+
+// checkLossesLogged fails the test for every shard the election took from one of ps whose
+// harvester logged "leader acquired" and then neither "leader revoked" nor "leader fenced".
+func (r *rig) checkLossesLogged(ps ...*reaper) {
+	r.t.Helper()
+	for _, p := range ps {
+		p.mu.Lock()
+		unlogged := slices.Clone(p.unlogged)
+		for shard, revoked := range p.pending {
+			if time.Since(revoked) > 5*time.Second {
+				unlogged = append(unlogged, unloggedLoss{shard: shard, acquired: p.led[shard], revoked: revoked})
+			}
+		}
+		p.mu.Unlock()
+		for _, u := range unlogged {
+			r.t.Errorf("%s: shard %d: \"leader acquired\" at %s, \"leadership revoked\" (neli) at %s, and no \"leader revoked\" or \"leader fenced\" for it in between",
+				p.name, u.shard, u.acquired.Format("15:04:05.000"), u.revoked.Format("15:04:05.000"))
+		}
+	}
+}
+
+// loseAll records the loss of every shard the reaper leads. The caller holds p.mu.
+func (p *reaper) loseAll(at time.Time) {
+	for shard := range p.led {
+		p.history = append(p.history, shardEvent{shard: shard, at: at})
+	}
+	clear(p.led)
+	clear(p.granted)
+	clear(p.pending)
 }
 
 func (p *reaper) isLeading() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.leading
+	return len(p.led) > 0
+}
+
+// shards returns the shards the reaper's log says it publishes now, in order: those its harvester
+// acquired and its election still grants (see checkLossesLogged for when they differ).
+func (p *reaper) shards() []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []int
+	for shard := range p.led {
+		if p.granted[shard] {
+			out = append(out, shard)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// acquiredAfter returns when the reaper's log first says it acquired shard after t, or the zero time.
+func (p *reaper) acquiredAfter(shard int, t time.Time) time.Time {
+	return p.firstAfter(false, shard, true, t)
+}
+
+// assignedAfter returns when the election first gave the reaper shard after t, or the zero time.
+func (p *reaper) assignedAfter(shard int, t time.Time) time.Time {
+	return p.firstAfter(true, shard, true, t)
+}
+
+// lostAfter returns when the reaper's log first says it lost shard after t, or the zero time.
+func (p *reaper) lostAfter(shard int, t time.Time) time.Time {
+	return p.firstAfter(false, shard, false, t)
+}
+
+// firstAfter looks through the election's assignments, or else the log's acquisitions and losses.
+func (p *reaper) firstAfter(election bool, shard int, acquired bool, t time.Time) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	events := p.history
+	if election {
+		events = p.assigned
+	}
+	for _, e := range events {
+		if e.shard == shard && e.acquired == acquired && e.at.After(t) {
+			return e.at
+		}
+	}
+	return time.Time{}
 }
 
 func (p *reaper) lastAcquired() time.Time {
@@ -362,6 +531,15 @@ func (p *reaper) lastAcquired() time.Time {
 }
 
 func (p *reaper) signal(sig syscall.Signal) { p.cmd.Process.Signal(sig) }
+
+// end sends sig and waits for the process to exit; after SIGTERM it must exit 0.
+func (p *reaper) end(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	p.signal(sig)
+	if code := p.waitExit(t, 30*time.Second); sig == syscall.SIGTERM && code != 0 {
+		t.Fatalf("%s exited %d after SIGTERM", p.name, code)
+	}
+}
 
 // waitExit waits for the process to exit and returns its exit code (-1 if killed).
 func (p *reaper) waitExit(t *testing.T, within time.Duration) int {
