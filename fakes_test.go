@@ -392,7 +392,13 @@ type fakeProducer struct {
 	// abortable is set once a message of the current transaction has failed, committing while a
 	// commit is under way; librdkafka refuses new messages in either state (guarded by k.mu).
 	abortable, committing bool
+	// fatal is set once the producer has reported a fatal error: like librdkafka's, it then fails
+	// every transactional call and produce (guarded by k.mu).
+	fatal bool
 }
+
+// errFatal is what a producer in librdkafka's fatal state returns.
+var errFatal = &TxnError{Err: errors.New("Local: Fatal error"), Fatal: true}
 
 // errErroneousState is what librdkafka's produce returns while the transaction must be aborted
 // or is being committed.
@@ -463,6 +469,10 @@ func (p *fakeProducer) CommitTransaction(ctx context.Context) error {
 	p.wg.Wait() // a commit flushes: every message has been reported
 	k := p.k
 	k.mu.Lock()
+	if p.fatal {
+		k.mu.Unlock()
+		return errFatal
+	}
 	if k.commitStalls > 0 {
 		k.commitStalls--
 		p.committing = true
@@ -536,6 +546,9 @@ func (p *fakeProducer) AbortTransaction(context.Context) error {
 	p.wg.Wait()
 	p.k.mu.Lock()
 	defer p.k.mu.Unlock()
+	if p.fatal {
+		return errFatal
+	}
 	if p.committing {
 		return &TxnError{Err: errors.New("Conflicting commit_transaction API call is already in progress"), Retriable: true}
 	}
@@ -549,14 +562,17 @@ func (p *fakeProducer) Produce(msg Message) error {
 	f := msg.Opaque.(*flight)
 	id, key := f.rec.ID, string(msg.Key)
 	k.mu.Lock()
+	if k.produceFatal {
+		k.produceFatal = false
+		p.fatal = true
+	}
+	if p.fatal {
+		k.mu.Unlock()
+		return errFatal
+	}
 	if p.abortable || p.committing {
 		k.mu.Unlock()
 		return &TxnError{Err: errErroneousState, Retriable: true}
-	}
-	if k.produceFatal {
-		k.produceFatal = false
-		k.mu.Unlock()
-		return &TxnError{Err: errors.New("Local: Fatal error"), Fatal: true}
 	}
 	out, ok := k.outstanding[key]
 	if ok && (out.producer != p.index || out.txn != p.txnNo) {
