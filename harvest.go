@@ -371,7 +371,6 @@ type shard struct {
 	unpurged    []int64         // records the last epoch published and could not purge
 	acquired    bool            // the current leadership of the shard has had an epoch already
 	nextEpochAt time.Time       // after an error, the next epoch waits for IOErrorBackoff
-	ended       chan struct{}   // closed when the current epoch ends, to release its watcher
 
 	backlog atomic.Int64 // the shard's latest backlog sample, -1 when none; written by sampleBacklog
 }
@@ -475,7 +474,7 @@ func (h *Harvest) tend(ctx context.Context) error {
 				return st.err
 			case st.producer == nil:
 				s.nextEpochAt = time.Now().Add(h.cfg.Limits.IOErrorBackoff)
-			case h.stopping() || !slices.Contains(h.elector.Partitions(), int32(s.id)):
+			case h.stopping() || !slices.Contains(led, int32(s.id)):
 				// Stop was called, or the clock fenced us, while the start ran.
 				st.producer.Close()
 			default:
@@ -643,19 +642,11 @@ func (h *Harvest) launchEpoch(s *shard, producer KafkaProducer) {
 		notes:     h.notePlace(s.id),
 		idHeader:  h.cfg.IDHeader,
 		failures:  h.failures,
+		onRemark:  h.signal,
 	})
 	h.mu.Lock()
 	s.pipeline = p
 	h.mu.Unlock()
-	// The owner loop learns of a remark through its wake-up; the watcher ends with the epoch.
-	s.ended = make(chan struct{})
-	go func(ended <-chan struct{}) {
-		select {
-		case <-p.remark():
-			h.signal()
-		case <-ended:
-		}
-	}(s.ended)
 	h.metrics.leader.Set(float64(len(h.epochs())))
 	if s.acquired {
 		h.metrics.remarks.Inc()
@@ -769,7 +760,6 @@ func (h *Harvest) endEpoch(s *shard, why Event) {
 		unpurged, closed := p.stop(h.cfg.Limits.MaxPollInterval)
 		s.unpurged = append(s.unpurged, unpurged...)
 		s.prevClosed = closed
-		close(s.ended)
 		h.mu.Lock()
 		s.pipeline = nil
 		h.mu.Unlock()
@@ -963,16 +953,15 @@ func (h *Harvest) sampleBacklog() {
 			}
 		}
 		for _, s := range h.shards {
-			shardSampler, ok := s.db.(BacklogSampler)
-			if _, leads := led[s.id]; !leads || !ok {
+			if _, leads := led[s.id]; !leads {
 				s.backlog.Store(-1)
 				continue
 			}
-			if h.cfg.Shards == 1 {
-				if err == nil {
-					s.backlog.Store(int64(n))
-				}
-			} else if n, _, err := shardSampler.Backlog(ctx, backlogLimit); err == nil {
+			n, err := n, err // one shard is the whole outbox, sampled above
+			if h.cfg.Shards > 1 {
+				n, _, err = s.db.(BacklogSampler).Backlog(ctx, backlogLimit) // a view of the same binding
+			}
+			if err == nil {
 				s.backlog.Store(int64(n))
 			}
 		}

@@ -132,6 +132,9 @@ type pipelineDeps struct {
 	failures *failureMemo
 	// notify reports listening trouble once per outage, across epochs.
 	notify *outage.Logger
+	// onRemark, if set, is called once when the epoch asks for a remark, so that its owner learns
+	// of it without watching remark().
+	onRemark func()
 }
 
 // pipeline is one epoch's stages and the state they share. Fields not marked otherwise are set
@@ -255,6 +258,9 @@ func (p *pipeline) requestRemark(reason string, err error) {
 	p.remarkOnce.Do(func() {
 		p.log.Info("remark requested", "reason", reason, "error", err, "leaderID", p.leaderID)
 		close(p.remarkCh)
+		if p.onRemark != nil {
+			p.onRemark()
+		}
 	})
 }
 

@@ -285,18 +285,19 @@ func (n *Neli) subscribe(ctx context.Context) error {
 			n.kafkaTrouble.Fail(n.log, "check the leader topic", err)
 			return nil
 		}
+		// Assigned a partition of a topic its metadata does not know yet (one just created),
+		// librdkafka starts fetching only at its next metadata refresh, which can come after the
+		// first heartbeat timeout has passed. Asking for the topic's metadata first fills that in.
+		// The heartbeat consumer is outside the group, so it stays assigned through rejoins.
+		topic := n.cfg.LeaderTopic
+		if _, err := n.beats.GetMetadata(&topic, false, int(n.cfg.HeartbeatTimeout.Milliseconds())); err != nil {
+			n.kafkaTrouble.Fail(n.log, "read the leader topic's metadata", err)
+			return nil
+		}
+		if err := n.beats.Assign([]kafka.TopicPartition{{Topic: &topic, Partition: heartbeatPartition, Offset: kafka.OffsetEnd}}); err != nil {
+			return fmt.Errorf("neli: read heartbeats from %s: %w", topic, err)
+		}
 		n.topicChecked = true
-	}
-	topic := n.cfg.LeaderTopic
-	// Assigned a partition of a topic its metadata does not know yet (one just created),
-	// librdkafka starts fetching only at its next metadata refresh, which can come after the first
-	// heartbeat timeout has passed. Asking for the topic's metadata first fills that in.
-	if _, err := n.beats.GetMetadata(&topic, false, int(n.cfg.HeartbeatTimeout.Milliseconds())); err != nil {
-		n.kafkaTrouble.Fail(n.log, "read the leader topic's metadata", err)
-		return nil
-	}
-	if err := n.beats.Assign([]kafka.TopicPartition{{Topic: &topic, Partition: heartbeatPartition, Offset: kafka.OffsetEnd}}); err != nil {
-		return fmt.Errorf("neli: read heartbeats from %s: %w", topic, err)
 	}
 	if err := n.consumer.Subscribe(n.cfg.LeaderTopic, n.onRebalance); err != nil {
 		return fmt.Errorf("neli: subscribe to %s: %w", n.cfg.LeaderTopic, err)
