@@ -33,6 +33,8 @@ type fakeDB struct {
 	markErr           map[int64]error
 	// purgeDelay is the time a purge takes, as a round trip to a real database would.
 	purgeDelay time.Duration
+	// markDelay is the time a mark takes.
+	markDelay time.Duration
 	// hang makes every call block until its context ends, as on a locked table.
 	hang bool
 	// versions counts the updates of each row other than marking (held.go's row versions).
@@ -134,6 +136,7 @@ func (d *fakeDB) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]Mar
 }
 
 func (d *fakeDB) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, heldKeys []string) ([]MarkedRecord, error) {
+	time.Sleep(d.markDelay)
 	if err := d.wait(ctx); err != nil {
 		return nil, err
 	}

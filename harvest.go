@@ -77,6 +77,7 @@ type Harvest struct {
 	notifyTrouble  *outage.Logger
 	lastPulse      atomic.Int64 // Unix nanoseconds of the owner loop's latest pulse
 	failures       *failureMemo // held records' failures, across epochs
+	busyEpochs     atomic.Int32 // epochs with a backlog (pipelineDeps.busyEpochs)
 
 	// shards are the outbox's shards (one unless Config.Shards > 1), each with its own epochs;
 	// the slice is fixed by Start.
@@ -300,6 +301,19 @@ func (h *Harvest) LeadShards() map[int]uuid.UUID {
 
 // ShardCount returns how many shards the outbox has (Config.Shards, after defaults).
 func (h *Harvest) ShardCount() int { return h.cfg.Shards }
+
+// epochCount returns how many epochs are running now.
+func (h *Harvest) epochCount() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, s := range h.shards {
+		if s.pipeline != nil {
+			n++
+		}
+	}
+	return n
+}
 
 // epochs returns the epochs running now, in shard order.
 func (h *Harvest) epochs() []*pipeline {
@@ -627,27 +641,28 @@ func (h *Harvest) launchEpoch(s *shard, producer KafkaProducer) {
 	s.unpurged = nil
 	leaderID := uuid.New()
 	p := startPipeline(pipelineDeps{
-		leaderID:  leaderID,
-		limits:    h.cfg.Limits,
-		db:        s.db,
-		producer:  producer,
-		log:       h.log.With("shard", s.id),
-		emit:      h.emit,
-		meter:     h.meter,
-		dbTrouble: h.dbTrouble,
-		notify:    h.notifyTrouble,
-		metrics:   h.metrics,
-		tracer:    h.tracer(),
-		leading:   func() bool { return slices.Contains(h.elector.Partitions(), int32(s.id)) },
-		notes:     h.notePlace(s.id),
-		idHeader:  h.cfg.IDHeader,
-		failures:  h.failures,
-		onRemark:  h.signal,
+		leaderID:   leaderID,
+		limits:     h.cfg.Limits,
+		db:         s.db,
+		producer:   producer,
+		log:        h.log.With("shard", s.id),
+		emit:       h.emit,
+		meter:      h.meter,
+		dbTrouble:  h.dbTrouble,
+		notify:     h.notifyTrouble,
+		metrics:    h.metrics,
+		tracer:     h.tracer(),
+		leading:    func() bool { return slices.Contains(h.elector.Partitions(), int32(s.id)) },
+		notes:      h.notePlace(s.id),
+		idHeader:   h.cfg.IDHeader,
+		failures:   h.failures,
+		onRemark:   h.signal,
+		busyEpochs: &h.busyEpochs,
 	})
 	h.mu.Lock()
 	s.pipeline = p
 	h.mu.Unlock()
-	h.metrics.leader.Set(float64(len(h.epochs())))
+	h.metrics.leader.Set(float64(h.epochCount()))
 	if s.acquired {
 		h.metrics.remarks.Inc()
 		h.log.Info("leader refreshed", "leaderID", leaderID, "shard", s.id)
@@ -763,7 +778,7 @@ func (h *Harvest) endEpoch(s *shard, why Event) {
 		h.mu.Lock()
 		s.pipeline = nil
 		h.mu.Unlock()
-		h.metrics.leader.Set(float64(len(h.epochs())))
+		h.metrics.leader.Set(float64(h.epochCount()))
 	} else if !s.acquired {
 		return // no epoch of this leadership has run: no leadership to report lost
 	}

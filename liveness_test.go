@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -223,7 +224,7 @@ func TestFinishAfterWorkersStopped(t *testing.T) {
 	p := startPipeline(pipelineDeps{
 		leaderID: uuid.New(), limits: limits, db: newFakeDB(), producer: producer, log: h.log,
 		emit: func(Event) {}, meter: metric.NewMeter("t", time.Hour), dbTrouble: &outage.Logger{What: "database"},
-		metrics: h.metrics, leading: func() bool { return true },
+		metrics: h.metrics, leading: func() bool { return true }, busyEpochs: new(atomic.Int32),
 	})
 	p.cancel()
 	p.sending.Wait() // the workers have exited, as in stop

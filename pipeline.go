@@ -64,10 +64,14 @@ const (
 	// busyBackoff is the wait before sending again a record the producer could not take (its
 	// queue full, a topic being looked up, a transaction ending).
 	busyBackoff = 10 * time.Millisecond
-	// txnLinger is the shortest time between the ends of two transactions under load: records
-	// gather meanwhile, so that each commit (a round trip to the transaction coordinator, and a
-	// purge) carries many. A transaction that cannot grow (see activity.stalled) commits at once.
+	// txnLinger is the shortest time between the ends of two transactions under load, for an
+	// epoch whose process runs no other (see lingerFor): records gather meanwhile, so that each
+	// commit (a round trip to the transaction coordinator, and a purge) carries many. A
+	// transaction that cannot grow (see activity.stalled) commits at once.
 	txnLinger = 10 * time.Millisecond
+	// maxLingerEpochs bounds how many busy epochs' worth of txnLinger an epoch waits (see
+	// lingerFor).
+	maxLingerEpochs = 8
 	// maxTxnFailures is how many commits may fail in a row before the epoch ends, and a new
 	// producer, under a new leader ID, takes over.
 	maxTxnFailures = 3
@@ -135,6 +139,10 @@ type pipelineDeps struct {
 	// onRemark, if set, is called once when the epoch asks for a remark, so that its owner learns
 	// of it without watching remark().
 	onRemark func()
+	// busyEpochs counts the epochs of this process with a backlog: the marker adds its epoch while
+	// its latest mark found rows, and the transaction loop spaces its commits by the count (see
+	// lingerFor).
+	busyEpochs *atomic.Int32
 }
 
 // pipeline is one epoch's stages and the state they share. Fields not marked otherwise are set

@@ -86,9 +86,20 @@ func (b *budget) snapshot() (keys []string, records int) {
 }
 
 // markLoop marks batches while the pipeline has room, backing off while the outbox is empty. It
-// owns idle, its backoff.
+// owns idle, its backoff, and busy, whether it counts its epoch in busyEpochs.
 func (p *pipeline) markLoop() {
 	idle := p.limits.MarkBackoff
+	busy := false // counted in busyEpochs
+	setBusy := func(b bool) {
+		switch {
+		case b && !busy:
+			p.busyEpochs.Add(1)
+		case !b && busy:
+			p.busyEpochs.Add(-1)
+		}
+		busy = b
+	}
+	defer setBusy(false)
 	for p.ctx.Err() == nil {
 		room, seq := p.budget.reserve(p.limits.MaxInFlightRecords, p.limits.MarkQueryRecords)
 		if room <= 0 {
@@ -109,6 +120,7 @@ func (p *pipeline) markLoop() {
 			return
 		}
 		p.dbTrouble.OK(p.log)
+		setBusy(len(records) > 0)
 		if len(records) == 0 {
 			p.markerWaits(idle, p.written)
 			idle = min(2*idle, p.limits.MaxMarkBackoff)

@@ -1,11 +1,19 @@
 package goharvest
 
 import (
+	"context"
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/goharvest/goharvest/internal/outage"
+	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/metric"
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // inFlightSampler reads the harvester's in-flight count and keys as often as it can, until
@@ -194,4 +202,81 @@ func TestActivityWakesWhenStalled(t *testing.T) {
 	if a.stalled() {
 		t.Fatal("stalled while the marker marks")
 	}
+}
+
+// Under load an epoch spaces its commits by the busy epochs of its process (lingerFor), so that
+// 8 shards draining in one process commit about as often as 1, and a busy shard beside idle ones
+// as often as a lone one. The marker is kept busy (each mark takes 2 ms and returns 10 records,
+// each of a key of its own), so that no transaction stalls and commits early but the last; the
+// other epochs are stood in for by the count they would add.
+func TestCommitsSpacedByBusyEpochs(t *testing.T) {
+	for _, others := range []int32{0, 7} {
+		t.Run(fmt.Sprintf("others=%d", others), func(t *testing.T) {
+			busy := new(atomic.Int32)
+			busy.Store(others)
+			gaps := commitGapsUnderLoad(t, busy)
+			if len(gaps) < 4 {
+				t.Fatalf("only %d commits under load", len(gaps)+1)
+			}
+			slices.Sort(gaps)
+			want := time.Duration(others+1) * 10 * time.Millisecond
+			if median := gaps[len(gaps)/2]; median < want {
+				t.Errorf("commits %v apart (median of %d), want at least %v with %d other epochs busy", median, len(gaps), want, others)
+			}
+			if others == 0 && len(gaps) < 20 {
+				// A lone epoch must not wait as if others were busy: 2,000 records at 5 a millisecond
+				// take 400 ms, 40 lingers of 10 ms.
+				t.Errorf("a lone epoch committed only %d times in a drain of 400 ms", len(gaps)+1)
+			}
+			if n := busy.Load(); n != others {
+				t.Errorf("the epoch left itself counted as busy: %d busy, want the others' %d", n, others)
+			}
+		})
+	}
+}
+
+// commitGapsUnderLoad drains 2,000 records through one epoch and returns the times between the
+// starts of its commits, the last one's left out (it commits as soon as the outbox is empty).
+func commitGapsUnderLoad(t *testing.T, busy *atomic.Int32) []time.Duration {
+	limits := fastLimits()
+	limits.MarkQueryRecords = 10
+	limits.MaxInFlightRecords = 100_000
+	limits = limits.WithDefaults()
+	db := newFakeDB()
+	db.markDelay = 2 * time.Millisecond
+	for i := range 2000 {
+		db.insert(OutboxRecord{KafkaTopic: "t", KafkaKey: fmt.Sprint("k", i), KafkaValue: String("v")})
+	}
+	k := newFakeKafka(t, db)
+	var mu sync.Mutex
+	var starts []time.Time
+	k.onCommit = func() {
+		mu.Lock()
+		starts = append(starts, time.Now())
+		mu.Unlock()
+	}
+	producer, _ := k.provider(nil)
+	if err := producer.InitTransactions(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", Limits: limits, MetricsRegisterer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startPipeline(pipelineDeps{
+		leaderID: uuid.New(), limits: limits, db: db, producer: producer, log: h.log,
+		emit: func(Event) {}, meter: metric.NewMeter("t", time.Hour), dbTrouble: &outage.Logger{What: "database"},
+		metrics: h.metrics, leading: func() bool { return true }, busyEpochs: busy,
+	})
+	if !testwait.Until(20*time.Second, func() bool { return db.len() == 0 }) {
+		t.Fatalf("%d records left after 20 s", db.len())
+	}
+	p.stop(limits.MaxPollInterval)
+	mu.Lock()
+	defer mu.Unlock()
+	var gaps []time.Duration
+	for i := 1; i < len(starts)-1; i++ {
+		gaps = append(gaps, starts[i].Sub(starts[i-1]))
+	}
+	return gaps
 }

@@ -50,3 +50,23 @@ func TestLossBetweenEpochsIsReported(t *testing.T) {
 		t.Fatalf("%d LeaderAcquired, %d LeaderRevoked; want one of each", acquired, lost)
 	}
 }
+
+// A harvester counts an epoch as busy while its marker finds rows, and no longer once the outbox
+// is empty or the epoch has ended: every epoch of the harvester spaces its commits by that count
+// (lingerFor), so a count left behind would slow the next epochs' commits for good.
+func TestBusyEpochsFollowTheBacklog(t *testing.T) {
+	r := newRig(t, fastLimits())
+	r.db.markDelay = time.Millisecond // so that the drain lasts
+	ids := r.load(100, 20)
+	r.start()
+	r.waitFor("the epoch to count as busy", 5*time.Second, func() bool { return r.h.busyEpochs.Load() == 1 })
+	r.waitEmpty(20 * time.Second)
+	r.waitFor("the epoch to count as idle", 5*time.Second, func() bool { return r.h.busyEpochs.Load() == 0 })
+	r.load(100, 20)
+	r.waitFor("the epoch to count as busy again", 5*time.Second, func() bool { return r.h.busyEpochs.Load() == 1 })
+	r.stop()
+	if n := r.h.busyEpochs.Load(); n != 0 {
+		t.Errorf("%d epochs counted as busy once stopped", n)
+	}
+	r.checkOrder(ids)
+}
