@@ -65,8 +65,8 @@ const (
 	// queue full, a topic being looked up, a transaction ending).
 	busyBackoff = 10 * time.Millisecond
 	// txnLinger is the shortest time between the ends of two transactions under load, for an
-	// epoch whose process runs no other (see lingerFor): records gather meanwhile, so that each
-	// commit (a round trip to the transaction coordinator, and a purge) carries many. A
+	// epoch whose harvester has no other busy epoch (see lingerFor): records gather meanwhile, so
+	// that each commit (a round trip to the transaction coordinator, and a purge) carries many. A
 	// transaction that cannot grow (see activity.stalled) commits at once.
 	txnLinger = 10 * time.Millisecond
 	// maxLingerEpochs bounds how many busy epochs' worth of txnLinger an epoch waits (see
@@ -139,7 +139,7 @@ type pipelineDeps struct {
 	// onRemark, if set, is called once when the epoch asks for a remark, so that its owner learns
 	// of it without watching remark().
 	onRemark func()
-	// busyEpochs counts the epochs of this process with a backlog: the marker adds its epoch while
+	// busyEpochs counts the harvester's epochs with a backlog: the marker adds its epoch while
 	// its latest mark found rows, and the transaction loop spaces its commits by the count (see
 	// lingerFor).
 	busyEpochs *atomic.Int32

@@ -19,19 +19,20 @@ import (
 const txnGather = time.Millisecond
 
 // lingerFor is the shortest time between the ends of two of an epoch's transactions under load,
-// when busy epochs of its process have a backlog (their latest mark found rows), its own
+// given how many of its harvester's epochs are busy (their latest mark found rows), its own
 // included: txnLinger for each, up to maxLingerEpochs. A commit costs the relay about the same
 // whatever it carries (the coordinator's round trip, the purge, the partitions added to the
-// transaction), and each epoch commits on its own; spaced so, a process draining 8 shards commits
-// about as often as one draining 1, while a busy shard beside idle ones commits as often as a
-// lone one. Measured (DrainShards, one process, 8 shards, 2-core machine): with 10 ms for each
-// epoch a transaction carried 255 records against one shard's 800, and the relay spent 25 to 35%
-// more CPU per record than one shard; spaced by busy epochs, 700 to 780 records and 20% more.
-// Counting the transactions open at the moment instead came to 2 or 3 of the 8 busy epochs, since
-// an epoch's transaction stays empty from its commit until the purges free its keys' next
-// records. What it costs: under a backlog of many keys a key's next record waits up to the linger
-// for its commit (see MaxKeyRun); a transaction that cannot grow still commits at once (when the
-// marked records' keys all wait for it, say, or the process keeps up with its writers).
+// transaction), and each epoch commits on its own; spaced so, a harvester draining 8 shards
+// commits about as often as one draining 1, while a busy shard beside idle ones commits as often
+// as a lone one. Measured (DrainShards, one process, 8 shards against 1, 2-core machine): with 10
+// ms for each epoch a transaction carried 255 records against one shard's 800, and the relay
+// spent 25 to 32% more CPU per record; spaced by busy epochs, 560 to 650 records per purge
+// against 520 to 660, and 3% more over six runs (README, Performance). Counting the transactions
+// open at the moment instead came to 2 or 3 of the 8 busy epochs, since an epoch's transaction
+// stays empty from its commit until the purges free its keys' next records. What it costs: under
+// a backlog of many keys a key's next record waits up to the linger for its commit (see
+// MaxKeyRun); a transaction that cannot grow still commits at once (when the marked records' keys
+// all wait for it, say, or the harvester keeps up with its writers).
 func lingerFor(busy int32) time.Duration {
 	return txnLinger * time.Duration(min(max(busy, 1), maxLingerEpochs))
 }

@@ -55,8 +55,11 @@ func TestLossBetweenEpochsIsReported(t *testing.T) {
 // is empty or the epoch has ended: every epoch of the harvester spaces its commits by that count
 // (lingerFor), so a count left behind would slow the next epochs' commits for good.
 func TestBusyEpochsFollowTheBacklog(t *testing.T) {
-	r := newRig(t, fastLimits())
-	r.db.markDelay = time.Millisecond // so that the drain lasts
+	// 200 marks of at least a millisecond each to a backlog: the epoch is busy for a while.
+	limits := fastLimits()
+	limits.MarkQueryRecords = 10
+	r := newRig(t, limits)
+	r.db.markDelay = time.Millisecond
 	ids := r.load(100, 20)
 	r.start()
 	r.waitFor("the epoch to count as busy", 5*time.Second, func() bool { return r.h.busyEpochs.Load() == 1 })
