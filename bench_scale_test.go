@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/pgcluster"
+	"github.com/goharvest/goharvest/internal/testwait"
 	outboxpkg "github.com/goharvest/goharvest/outbox"
 )
 
@@ -42,22 +44,18 @@ import (
 // planner walks the shard index at the default random_page_cost of 4 too (see
 // outbox.ShardMarkClauses); before it was, only random_page_cost=1.1 made it.
 func BenchmarkDrainShards(b *testing.B) {
-	b.Run("shards=1", func(b *testing.B) { benchDrainShards(b, 1, 1, "") })
-	b.Run("shards=8", func(b *testing.B) { benchDrainShards(b, 8, 1, "") })
-	b.Run("shards=8/processes=2", func(b *testing.B) { benchDrainShards(b, 8, 2, "") })
+	b.Run("shards=1", func(b *testing.B) { benchDrainShards(b, 1, 1) })
+	b.Run("shards=8", func(b *testing.B) { benchDrainShards(b, 8, 1) })
+	b.Run("shards=8/processes=2", func(b *testing.B) { benchDrainShards(b, 8, 2) })
 }
 
-// benchDrainShards drains with shards split evenly over processes; setting, if not "", is a
-// Postgres setting for the database, which the harvesters' connections take up.
-func benchDrainShards(b *testing.B, shards, processes int, setting string) {
+// benchDrainShards drains with shards split evenly over processes.
+func benchDrainShards(b *testing.B, shards, processes int) {
 	const records, keys = 200_000, 10_000
 	rig := startBenchRig(b)
 	for range b.N {
 		run := rig.newRun()
 		run.shards = shards
-		if setting != "" {
-			run.exec("DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET " + setting + "', current_database()); END $$")
-		}
 		if shards > 1 {
 			ddl, err := outboxpkg.ShardIndexDDL("outbox", shards)
 			if err != nil {
@@ -87,9 +85,7 @@ func benchDrainShards(b *testing.B, shards, processes int, setting string) {
 		cm := measureScale(b, rig, children)
 		run.exec(`BEGIN; ALTER TABLE outbox RENAME TO outbox_standby; ALTER TABLE outbox_backlog RENAME TO outbox;
 			SELECT pg_notify('` + goharvest.NotifyChannel("outbox") + `', ''); COMMIT`)
-		for !run.empty() {
-			time.Sleep(20 * time.Millisecond)
-		}
+		testwait.For(b, 10*time.Minute, "the outbox to drain", run.empty)
 		m.stop(b, records)
 		cm.stop(b, m, records)
 		b.StopTimer()
@@ -123,19 +119,15 @@ func (r *benchRun) rows(table string) int {
 
 // awaitSpread waits, for at most a minute, until this process and each child lead `each` shards.
 func (r *benchRun) awaitSpread(children []*benchChild, each int) {
-	deadline := time.Now().Add(time.Minute)
-	for {
-		spread := len(r.h.LeadShards()) == each
+	spread := func() bool {
+		ok := len(r.h.LeadShards()) == each
 		for _, c := range children {
-			spread = spread && int(c.leads.Load()) == each
+			ok = ok && int(c.leads.Load()) == each
 		}
-		if spread {
-			return
-		}
-		if time.Now().After(deadline) {
-			r.b.Fatalf("the shards were not spread within a minute: this process leads %d", len(r.h.LeadShards()))
-		}
-		time.Sleep(10 * time.Millisecond)
+		return ok
+	}
+	if !testwait.Until(time.Minute, spread) {
+		r.b.Fatalf("the shards were not spread within a minute: this process leads %d", len(r.h.LeadShards()))
 	}
 }
 
@@ -311,20 +303,13 @@ func (m *scaleMeasurement) rates(b *testing.B, d time.Duration) (relay, pg float
 	return float64(sum.Milliseconds()) / d.Seconds(), float64(pgCPU.Milliseconds()) / d.Seconds()
 }
 
-// pidCPU is the user and system CPU time a process has used so far, from /proc (Linux only).
+// pidCPU is the user and system CPU time a process has used so far (Linux only).
 func pidCPU(b *testing.B, pid int) time.Duration {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	cpu, err := pgcluster.ProcessCPU(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	// The command name, in parentheses, may hold spaces; utime and stime are the 12th and 13th
-	// fields after it.
-	_, rest, _ := strings.Cut(string(stat), ") ")
-	fields := strings.Fields(rest)
-	utime, _ := strconv.ParseInt(fields[11], 10, 64)
-	stime, _ := strconv.ParseInt(fields[12], 10, 64)
-	// USER_HZ is 100 on every Linux this runs on.
-	return time.Duration(utime+stime) * 10 * time.Millisecond
+	return cpu
 }
 
 // machineCPU is the CPU time all the machine's cores have spent busy so far, from /proc/stat.

@@ -3,7 +3,6 @@ package goharvest_test
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -280,12 +279,6 @@ func benchShardStorage(b *testing.B, d shardDesign) {
 			b.Fatal(err)
 		}
 	}
-}
-
-// percentileMillis sorts ds and returns its q-quantile in milliseconds.
-func percentileMillis(ds []time.Duration, q float64) float64 {
-	slices.Sort(ds)
-	return float64(ds[min(len(ds)-1, int(q*float64(len(ds))))].Microseconds()) / 1000
 }
 
 // logScans logs the scans of a plan: which index, if any, a design's mark walks.

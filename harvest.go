@@ -302,19 +302,6 @@ func (h *Harvest) LeadShards() map[int]uuid.UUID {
 // ShardCount returns how many shards the outbox has (Config.Shards, after defaults).
 func (h *Harvest) ShardCount() int { return h.cfg.Shards }
 
-// epochCount returns how many epochs are running now.
-func (h *Harvest) epochCount() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, s := range h.shards {
-		if s.pipeline != nil {
-			n++
-		}
-	}
-	return n
-}
-
 // epochs returns the epochs running now, in shard order.
 func (h *Harvest) epochs() []*pipeline {
 	h.mu.Lock()
@@ -662,7 +649,7 @@ func (h *Harvest) launchEpoch(s *shard, producer KafkaProducer) {
 	h.mu.Lock()
 	s.pipeline = p
 	h.mu.Unlock()
-	h.metrics.leader.Set(float64(h.epochCount()))
+	h.metrics.leader.Set(float64(len(h.epochs())))
 	if s.acquired {
 		h.metrics.remarks.Inc()
 		h.log.Info("leader refreshed", "leaderID", leaderID, "shard", s.id)
@@ -778,7 +765,7 @@ func (h *Harvest) endEpoch(s *shard, why Event) {
 		h.mu.Lock()
 		s.pipeline = nil
 		h.mu.Unlock()
-		h.metrics.leader.Set(float64(h.epochCount()))
+		h.metrics.leader.Set(float64(len(h.epochs())))
 	} else if !s.acquired {
 		return // no epoch of this leadership has run: no leadership to report lost
 	}

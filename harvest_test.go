@@ -184,22 +184,6 @@ func TestDrainsEverythingInPerKeyOrder(t *testing.T) {
 	}
 }
 
-func TestInFlightThrottle(t *testing.T) {
-	limits := fastLimits()
-	limits.MaxInFlightRecords = 5
-	r := newRig(t, limits)
-	r.kafka.delay = 2 * time.Millisecond
-	ids := r.load(100, 3)
-	r.runUntilEmpty()
-	r.checkOrder(ids)
-	if r.kafka.maxOut > 5 {
-		t.Fatalf("%d records were in flight at once; the limit is 5", r.kafka.maxOut)
-	}
-	if r.kafka.maxOut < 2 {
-		t.Fatalf("at most %d record in flight: the pipeline did not pipeline", r.kafka.maxOut)
-	}
-}
-
 // One hot key. A transaction carries a run of its records, never more than MaxKeyRun, and notes
 // every record of the run but the last (the fake producer flags a run without its note, and any
 // record sent while another transaction's are in flight or before their purge). With MaxKeyRun

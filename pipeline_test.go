@@ -62,7 +62,8 @@ func (s *inFlightSampler) stop() int {
 }
 
 // InFlightRecords reports what MaxInFlightRecords bounds, so it never passes the limit, and it
-// is not stuck at zero either: the pipeline fills up to the limit under a backlog.
+// is not stuck at zero either: the pipeline fills up to the limit under a backlog. Kafka sees
+// as much: never more than the limit at once, and more than one.
 func TestInFlightRecordsWithinLimit(t *testing.T) {
 	limits := fastLimits()
 	limits.MaxInFlightRecords = 5
@@ -84,6 +85,12 @@ func TestInFlightRecordsWithinLimit(t *testing.T) {
 	}
 	if n := r.h.InFlightRecords(); n != 0 {
 		t.Errorf("InFlightRecords is %d once stopped", n)
+	}
+	if r.kafka.maxOut > 5 {
+		t.Fatalf("%d records were in flight at once; the limit is 5", r.kafka.maxOut)
+	}
+	if r.kafka.maxOut < 2 {
+		t.Fatalf("at most %d record in flight: the pipeline did not pipeline", r.kafka.maxOut)
 	}
 }
 

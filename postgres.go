@@ -75,19 +75,24 @@ type PostgresBinding struct {
 	shardOrder string // the order that walks the shard index, "id" for the whole table
 }
 
-// markStatement marks the oldest records not marked by this leader, of the rows where holds. The
-// subquery walks the primary key from the head of the table (or, for a shard, the shard index
-// from the head of the shard: see outbox.ShardMarkClauses for why its order is spelt out);
-// RETURNING gives the rows in no particular order, so Mark sorts them.
+// markStatement marks the oldest records not marked by this leader, of the rows where holds,
+// which pickStatement picks; RETURNING gives the rows in no particular order, so Mark sorts them.
 func markStatement(table, where, orderBy string) string {
 	return `UPDATE ` + table + ` SET leader_id = $1
 WHERE id IN (
-  SELECT id FROM ` + table + `
-  WHERE (leader_id IS NULL OR leader_id <> $1)` + where + `
-  ORDER BY ` + orderBy + `
-  LIMIT $2
+  ` + pickStatement(table, where, orderBy) + `
 )
 RETURNING ` + outboxSelect
+}
+
+// pickStatement is markStatement's subquery. It walks the primary key from the head of the table
+// (or, for a shard, the shard index from the head of the shard: see outbox.ShardMarkClauses for
+// why its order is spelt out).
+func pickStatement(table, where, orderBy string) string {
+	return `SELECT id FROM ` + table + `
+  WHERE (leader_id IS NULL OR leader_id <> $1)` + where + `
+  ORDER BY ` + orderBy + `
+  LIMIT $2`
 }
 
 // Shard returns a view of the binding that marks only the rows of one shard of shards (see

@@ -128,10 +128,8 @@ func TestShardMarkUsesShardIndex(t *testing.T) {
 
 			var counted int
 			for shard := range shards {
-				where, order := goutbox.ShardMarkClauses(shards, shard)
-				pick := `SELECT id FROM outbox WHERE (leader_id IS NULL OR leader_id <> $1) AND ` + where + `
-  ORDER BY ` + order + ` LIMIT $2`
-				mark := "UPDATE outbox SET leader_id = $1 WHERE id IN (\n" + pick + "\n) RETURNING id"
+				where, _ := goutbox.ShardMarkClauses(shards, shard)
+				pick, mark := goharvest.ShardMarkStatements("outbox", shards, shard)
 				// The subquery that picks the rows must walk the index alone. How the UPDATE
 				// then finds the picked rows by id is the same as without shards: on a table this
 				// small Postgres may well read it whole rather than look 500 ids up.

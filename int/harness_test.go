@@ -127,7 +127,11 @@ logging:
 		t.Fatal(err)
 	}
 	if o.shards > 1 {
-		if _, err := pool.Exec(ctx, "CREATE INDEX outbox_shard ON outbox ("+outbox.ShardSQL("kafka_key", o.shards)+", id)"); err != nil {
+		ddl, err := outbox.ShardIndexDDL("outbox", o.shards)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, ddl); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/testwait"
 )
 
 // The sharded scenarios: 3 reapers publish 8 shards, 2 or 3 each, while writers load 1000 keys
@@ -49,10 +50,10 @@ func owners(ps []*reaper) map[int][]*reaper {
 // lo to hi of them, and returns who publishes each.
 func (r *rig) waitSpread(within time.Duration, lo, hi int, ps ...*reaper) map[int]*reaper {
 	r.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	var spread map[int]*reaper
+	settled := func() bool {
 		byShard := owners(ps)
-		spread := map[int]*reaper{}
+		spread = map[int]*reaper{}
 		ok := len(byShard) == r.shards
 		for shard, os := range byShard {
 			ok = ok && len(os) == 1
@@ -62,14 +63,12 @@ func (r *rig) waitSpread(within time.Duration, lo, hi int, ps ...*reaper) map[in
 			n := len(p.shards())
 			ok = ok && n >= lo && n <= hi
 		}
-		if ok {
-			return spread
-		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("shards not spread %d to %d over %d reapers within %v: %s", lo, hi, len(ps), within, describe(ps))
-		}
-		time.Sleep(10 * time.Millisecond)
+		return ok
 	}
+	if !testwait.UntilEvery(within, 10*time.Millisecond, settled) {
+		r.t.Fatalf("shards not spread %d to %d over %d reapers within %v: %s", lo, hi, len(ps), within, describe(ps))
+	}
+	return spread
 }
 
 // describe lists the shards each reaper publishes, for logs: "r0 [0 3 6], r1 [1 4]".
@@ -90,8 +89,7 @@ type takeover struct{ assigned, acquired time.Duration }
 func (r *rig) takeovers(t0 time.Time, shards []int, within time.Duration, ps ...*reaper) map[int]takeover {
 	r.t.Helper()
 	out := map[int]takeover{}
-	deadline := time.Now().Add(within)
-	for len(out) < len(shards) {
+	allTaken := func() bool {
 		for _, shard := range shards {
 			if _, ok := out[shard]; ok {
 				continue
@@ -103,10 +101,10 @@ func (r *rig) takeovers(t0 time.Time, shards []int, within time.Duration, ps ...
 				}
 			}
 		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("shards %v not taken over within %v (taken: %v): %s", shards, within, out, describe(ps))
-		}
-		time.Sleep(10 * time.Millisecond)
+		return len(out) == len(shards)
+	}
+	if !testwait.UntilEvery(within, 10*time.Millisecond, allTaken) {
+		r.t.Fatalf("shards %v not taken over within %v (taken: %v): %s", shards, within, out, describe(ps))
 	}
 	return out
 }
@@ -234,23 +232,13 @@ func TestShardsReaperFrozen(t *testing.T) {
 // waitLost waits until p's log says it lost each of shards after t0.
 func (r *rig) waitLost(p *reaper, shards []int, t0 time.Time, within time.Duration) {
 	r.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		p.mu.Lock()
-		missing := slices.Clone(shards)
-		for _, e := range p.history {
-			if !e.acquired && e.at.After(t0) {
-				missing = slices.DeleteFunc(missing, func(s int) bool { return s == e.shard })
-			}
-		}
-		p.mu.Unlock()
-		if len(missing) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("%s did not give up shards %v within %v of resuming", p.name, missing, within)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var missing []int
+	allLost := func() bool {
+		missing = slices.DeleteFunc(slices.Clone(shards), func(s int) bool { return !p.lostAfter(s, t0).IsZero() })
+		return len(missing) == 0
+	}
+	if !testwait.UntilEvery(within, 10*time.Millisecond, allLost) {
+		r.t.Fatalf("%s did not give up shards %v within %v of resuming", p.name, missing, within)
 	}
 }
 
@@ -391,8 +379,7 @@ func TestShardsDatabaseFails(t *testing.T) {
 		victim := slices.MaxFunc(reapers, func(a, b *reaper) int { return len(a.shards()) - len(b.shards()) })
 		lost := victim.shards()
 		t0 := time.Now()
-		victim.signal(syscall.SIGKILL)
-		victim.waitExit(t, 10*time.Second)
+		victim.end(t, syscall.SIGKILL)
 		reapers = slices.DeleteFunc(reapers, func(p *reaper) bool { return p == victim })
 		time.Sleep(hung)
 		thaw()

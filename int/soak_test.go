@@ -152,7 +152,7 @@ func TestSoak(t *testing.T) {
 			kinds = append(kinds, fmt.Sprintf("%s %d", k, n))
 		}
 		if ts := s.takeover[k]; len(ts) > 0 {
-			takeovers = append(takeovers, fmt.Sprintf("%s p50 %v max %v", k, median(ts), slices.Max(ts).Round(time.Millisecond)))
+			takeovers = append(takeovers, fmt.Sprintf("%s %s", k, spread(ts)))
 			all = append(all, ts...)
 		}
 	}

@@ -205,14 +205,43 @@ func (s *Server) CPUTime() (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	var ticks int64
+	var cpu time.Duration
 	for _, fields := range procs {
-		utime, _ := strconv.ParseInt(fields[11], 10, 64)
-		stime, _ := strconv.ParseInt(fields[12], 10, 64)
-		ticks += utime + stime
+		cpu += cpuOf(fields)
 	}
+	return cpu, nil
+}
+
+// ProcessCPU returns the CPU time (user and system) a process has used so far. Linux only.
+func ProcessCPU(pid int) (time.Duration, error) {
+	fields, err := statFields(pid)
+	if err != nil {
+		return 0, err
+	}
+	return cpuOf(fields), nil
+}
+
+// statFields returns the fields of /proc/PID/stat after the command (which may hold spaces):
+// state, ppid, ..., utime (index 11), stime (index 12).
+func statFields(pid int) ([]string, error) {
+	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return nil, err
+	}
+	_, rest, ok := strings.Cut(string(stat), ") ")
+	fields := strings.Fields(rest)
+	if !ok || len(fields) < 13 {
+		return nil, fmt.Errorf("pgcluster: /proc/%d/stat: unexpected format", pid)
+	}
+	return fields, nil
+}
+
+// cpuOf returns the user and system CPU time in a process's statFields.
+func cpuOf(fields []string) time.Duration {
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
 	// USER_HZ is 100 on every Linux this runs on.
-	return time.Duration(ticks) * 10 * time.Millisecond, nil
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 // Freeze stops every process of the cluster (SIGSTOP) until Thaw: every statement, and every
@@ -235,8 +264,8 @@ func (s *Server) signalAll(sig syscall.Signal) error {
 	return nil
 }
 
-// processes returns the cluster's processes (the postmaster and its children) with the fields
-// of /proc/PID/stat after the command: state, ppid, ..., utime (index 11), stime (index 12).
+// processes returns the cluster's processes (the postmaster and its children) with their
+// statFields.
 func (s *Server) processes() (map[int][]string, error) {
 	if s.dataDir == "" {
 		return nil, errors.New("pgcluster: processes are known only for a throwaway cluster")
@@ -256,13 +285,8 @@ func (s *Server) processes() (map[int][]string, error) {
 		if err != nil {
 			continue
 		}
-		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		fields, err := statFields(pid)
 		if err != nil {
-			continue
-		}
-		_, rest, ok := strings.Cut(string(stat), ") ")
-		fields := strings.Fields(rest)
-		if !ok || len(fields) < 13 {
 			continue
 		}
 		if e.Name() == postmaster || fields[1] == postmaster {

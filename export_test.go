@@ -1,0 +1,10 @@
+package goharvest
+
+import "github.com/goharvest/goharvest/outbox"
+
+// ShardMarkStatements returns what a shard's view of the binding (PostgresBinding.Shard) marks
+// with, for tests of its plan: the subquery that picks the rows, and the whole statement.
+func ShardMarkStatements(table string, shards, shard int) (pick, mark string) {
+	where, orderBy := outbox.ShardMarkClauses(shards, shard)
+	return pickStatement(table, " AND "+where, orderBy), markStatement(table, " AND "+where, orderBy)
+}
