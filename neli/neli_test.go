@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/testwait"
 )
@@ -25,6 +26,12 @@ const (
 	testHeartbeatTimeout = time.Second
 	testPollInterval     = 50 * time.Millisecond
 )
+
+var groups atomic.Int64
+
+// newGroup names a group (and, with ".leader", its leader topic) that no other test of this run
+// uses: the tests share one Kafka cluster.
+func newGroup(base string) string { return fmt.Sprintf("%s-%d", base, groups.Add(1)) }
 
 type timedEvent struct {
 	at time.Time
@@ -46,11 +53,11 @@ type contender struct {
 	events []timedEvent
 }
 
-func startContender(t *testing.T, b *kafkatest.Broker, group, name string, modify ...func(*Config)) *contender {
+func startContender(t *testing.T, addr, group, name string, modify ...func(*Config)) *contender {
 	t.Helper()
 	c := &contender{name: name, done: make(chan error, 1)}
 	cfg := Config{
-		KafkaConfig:      map[string]any{"bootstrap.servers": b.Addr()},
+		KafkaConfig:      map[string]any{"bootstrap.servers": addr},
 		LeaderTopic:      group + ".leader",
 		LeaderGroupID:    group,
 		Name:             name,
@@ -90,11 +97,11 @@ func startContender(t *testing.T, b *kafkatest.Broker, group, name string, modif
 	return c
 }
 
-func startContenders(t *testing.T, b *kafkatest.Broker, group string, n int, modify ...func(*Config)) []*contender {
+func startContenders(t *testing.T, addr, group string, n int, modify ...func(*Config)) []*contender {
 	t.Helper()
 	var cs []*contender
 	for i := range n {
-		cs = append(cs, startContender(t, b, group, fmt.Sprintf("c%d", i), modify...))
+		cs = append(cs, startContender(t, addr, group, fmt.Sprintf("c%d", i), modify...))
 	}
 	return cs
 }
@@ -238,8 +245,7 @@ func others(all []*contender, not *contender) []*contender {
 }
 
 func TestThreeContendersElectExactlyOneLeader(t *testing.T) {
-	b := kafkatest.Start(t)
-	cs := startContenders(t, b, "three", 3)
+	cs := startContenders(t, kafkacluster.Shared(t).Addr(), newGroup("three"), 3)
 	s := startSampler(t, cs...)
 	start := time.Now()
 	first := waitForLeader(t, 15*time.Second, cs...)
@@ -263,8 +269,7 @@ func TestThreeContendersElectExactlyOneLeader(t *testing.T) {
 func TestCloseHandsOverWithinTwoSeconds(t *testing.T) {
 	for _, hb := range []time.Duration{testHeartbeatTimeout, DefaultHeartbeatTimeout} {
 		t.Run(hb.String(), func(t *testing.T) {
-			b := kafkatest.Start(t)
-			cs := startContenders(t, b, "handover", 3, func(c *Config) { c.HeartbeatTimeout = hb })
+			cs := startContenders(t, kafkacluster.Shared(t).Addr(), newGroup("handover"), 3, func(c *Config) { c.HeartbeatTimeout = hb })
 			s := startSampler(t, cs...)
 			for round := range 2 {
 				waitForLeader(t, 15*time.Second, cs...)
@@ -289,8 +294,7 @@ func TestCloseHandsOverWithinTwoSeconds(t *testing.T) {
 // A leader whose loop stalls (a long GC pause, a stuck callback, a frozen process) must count
 // itself fenced before the group can give partition 0 to anyone else.
 func TestStalledLeaderIsFencedBeforeAnotherIsElected(t *testing.T) {
-	b := kafkatest.Start(t)
-	cs := startContenders(t, b, "stall", 3)
+	cs := startContenders(t, kafkacluster.Shared(t).Addr(), newGroup("stall"), 3)
 	s := startSampler(t, cs...)
 	waitForLeader(t, 15*time.Second, cs...)
 	time.Sleep(testHeartbeatTimeout) // let the group settle (see TestThreeContendersElectExactlyOneLeader)
@@ -340,14 +344,18 @@ func TestStalledLeaderIsFencedBeforeAnotherIsElected(t *testing.T) {
 }
 
 func TestBrokerRestartFencesLeaderAndLeadershipResumes(t *testing.T) {
-	b := kafkatest.Start(t)
-	cs := []*contender{startContender(t, b, "restart", "c0"), startContender(t, b, "restart", "c1")}
+	// A cluster of its own: the test stops it.
+	b := kafkacluster.Start(t)
+	cs := []*contender{startContender(t, b.Addr(), "restart", "c0"), startContender(t, b.Addr(), "restart", "c1")}
 	s := startSampler(t, cs...)
 	waitForLeader(t, 15*time.Second, cs...)
 	time.Sleep(testHeartbeatTimeout) // let the group settle (see TestThreeContendersElectExactlyOneLeader)
 	leader := waitForLeader(t, 5*time.Second, cs...)
 
-	if err := b.Restart(2 * testHeartbeatTimeout); err != nil {
+	node := b.Nodes()[0]
+	node.Kill()
+	time.Sleep(2 * testHeartbeatTimeout)
+	if err := node.Start(); err != nil {
 		t.Fatal(err)
 	}
 	fenced := false
@@ -368,13 +376,14 @@ func TestBrokerRestartFencesLeaderAndLeadershipResumes(t *testing.T) {
 }
 
 func TestBlockingEventHandlerDoesNotBlockTheLoop(t *testing.T) {
-	b := kafkatest.Start(t)
+	b := kafkacluster.Shared(t)
+	group := newGroup("blocking")
 	release := make(chan struct{})
 	handlerEntered := make(chan struct{}, 1)
 	n, err := New(Config{
 		KafkaConfig:      map[string]any{"bootstrap.servers": b.Addr()},
-		LeaderTopic:      "blocking.leader",
-		LeaderGroupID:    "blocking",
+		LeaderTopic:      group + ".leader",
+		LeaderGroupID:    group,
 		Name:             "only",
 		HeartbeatTimeout: testHeartbeatTimeout,
 		MinPollInterval:  testPollInterval,
@@ -417,15 +426,16 @@ func TestBlockingEventHandlerDoesNotBlockTheLoop(t *testing.T) {
 }
 
 func TestLeaderTopicIsCreatedWithOnePartition(t *testing.T) {
-	b := kafkatest.Start(t)
-	c := startContender(t, b, "created", "c0")
+	b := kafkacluster.Shared(t)
+	group := newGroup("created")
+	c := startContender(t, b.Addr(), group, "c0")
 	waitForLeader(t, 15*time.Second, c)
 	admin, err := kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": b.Addr()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer admin.Close()
-	topic := "created.leader"
+	topic := group + ".leader"
 	md, err := admin.GetMetadata(&topic, false, 5000)
 	if err != nil {
 		t.Fatal(err)
@@ -435,6 +445,7 @@ func TestLeaderTopicIsCreatedWithOnePartition(t *testing.T) {
 	}
 }
 
+// kfake only: a real broker refuses CreateTopics only under an authorizer with ACLs.
 func TestLeaderTopicCreationDeniedIsAClearError(t *testing.T) {
 	b := kafkatest.Start(t, kafkatest.WithKfake())
 	b.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Err: kerr.TopicAuthorizationFailed, Count: -1})

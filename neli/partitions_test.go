@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
 )
 
 // led returns who leads each partition now.
@@ -61,7 +61,7 @@ func moved(before, after map[int32]string) int {
 // contender leaving hands over only its own. A partition changes hands only after its old owner's
 // barrier has returned.
 func TestPartitionsSpreadEvenlyAndMoveLittle(t *testing.T) {
-	b := kafkatest.Start(t)
+	addr, group := kafkacluster.Shared(t).Addr(), newGroup("spread")
 	const partitions = 8
 	type interval struct {
 		who        string
@@ -85,12 +85,12 @@ func TestPartitionsSpreadEvenlyAndMoveLittle(t *testing.T) {
 			mu.Unlock()
 		}
 	}
-	cs := startContenders(t, b, "spread", 3, withBarrier)
+	cs := startContenders(t, addr, group, 3, withBarrier)
 	s := startSampler(t, cs...)
 	before := waitForBalance(t, 20*time.Second, partitions, 2, 3, cs...)
 	t.Logf("3 contenders: %v", before)
 
-	cs = append(cs, startContender(t, b, "spread", "c3", withBarrier))
+	cs = append(cs, startContender(t, addr, group, "c3", withBarrier))
 	s.mu.Lock()
 	s.contenders = cs
 	s.mu.Unlock()
@@ -145,8 +145,11 @@ func TestPartitionsSpreadEvenlyAndMoveLittle(t *testing.T) {
 }
 
 func TestLeaderTopicGrowsToThePartitionsConfigured(t *testing.T) {
-	b := kafkatest.Start(t, kafkatest.WithTopics(1, "grow.leader"))
-	c := startContender(t, b, "grow", "c0", func(c *Config) { c.Partitions = 4 })
+	b, group := kafkacluster.Shared(t), newGroup("grow")
+	if err := b.CreateTopic(group+".leader", 1); err != nil {
+		t.Fatal(err)
+	}
+	c := startContender(t, b.Addr(), group, "c0", func(c *Config) { c.Partitions = 4 })
 	owners := waitForBalance(t, 20*time.Second, 4, 4, 4, c)
 	if got := slices.Sorted(maps.Keys(owners)); !slices.Equal(got, []int32{0, 1, 2, 3}) {
 		t.Fatalf("leads %v, want partitions 0-3", got)
@@ -154,11 +157,14 @@ func TestLeaderTopicGrowsToThePartitionsConfigured(t *testing.T) {
 }
 
 func TestMorePartitionsThanConfiguredIsAnError(t *testing.T) {
-	b := kafkatest.Start(t, kafkatest.WithTopics(4, "shrink.leader"))
+	b, group := kafkacluster.Shared(t), newGroup("shrink")
+	if err := b.CreateTopic(group+".leader", 4); err != nil {
+		t.Fatal(err)
+	}
 	n, err := New(Config{
 		KafkaConfig:   map[string]any{"bootstrap.servers": b.Addr()},
-		LeaderTopic:   "shrink.leader",
-		LeaderGroupID: "shrink",
+		LeaderTopic:   group + ".leader",
+		LeaderGroupID: group,
 		Name:          "c0",
 		Partitions:    2,
 	})
@@ -176,9 +182,8 @@ func TestMorePartitionsThanConfiguredIsAnError(t *testing.T) {
 // the others take them only after that; when it resumes it gives them up, rejoins, and the
 // partitions are spread over all three again.
 func TestStalledContenderFencesAllItsPartitionsAndRejoins(t *testing.T) {
-	b := kafkatest.Start(t)
 	const partitions = 8
-	cs := startContenders(t, b, "stallmany", 3, func(c *Config) { c.Partitions = partitions })
+	cs := startContenders(t, kafkacluster.Shared(t).Addr(), newGroup("stallmany"), 3, func(c *Config) { c.Partitions = partitions })
 	s := startSampler(t, cs...)
 	before := waitForBalance(t, 20*time.Second, partitions, 2, 3, cs...)
 	stalled := cs[0]
