@@ -1,6 +1,7 @@
-# Every target runs on a fresh machine with Go, gcc and the PostgreSQL server binaries
-# (see .ci/run, which installs what is missing). Tests start their own throwaway Postgres
-# and an in-process Kafka-protocol broker; set GOHARVEST_TEST_DSN to use an existing server.
+# Every target runs on a fresh machine with Go, gcc, Java 17 with Maven and the PostgreSQL server
+# binaries (see .ci/run, which installs what is missing). Tests start their own throwaway Postgres
+# and Apache Kafka clusters (internal/kafkacluster: the broker's jars from Maven Central, cached
+# after the first fetch); set GOHARVEST_TEST_DSN to use an existing Postgres server.
 
 GO ?= go
 # The race detector and librdkafka make the suite slow on two cores; the timeout is a
@@ -8,16 +9,31 @@ GO ?= go
 # suite runs real processes, and the election tests measure timings that two busy cores would blur.
 TEST_TIMEOUT ?= 15m
 
-.PHONY: test lint bench demo chaos soak image
+.PHONY: test lint bench demo chaos soak image kafka kafka-versions
 
 # Modules inside this one, which ./... does not reach: the Kubernetes example's manifest test
 # has a module of its own, so that goharvest does not depend on Kubernetes packages.
 NESTED_MODULES := examples/kubernetes
 
 ## test: format check, vet, then every test (integration tests included) under the race detector
-test: lint
+test: lint kafka
 	$(GO) test -race -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./...
 	for m in $(NESTED_MODULES); do (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
+
+## kafka: fetch the pinned Apache Kafka broker (internal/kafkacluster.DefaultVersion) from Maven
+## Central into the tests' cache, once (GOHARVEST_KAFKA_VERSION picks another version)
+kafka:
+	$(GO) run ./internal/kafkacluster/fetchjars
+
+## kafka-versions: the tests of Kafka's semantics (the election, the harvester on Kafka, the
+## fixture) on each Kafka version README lists as tested: the oldest and the newest 4.x served
+KAFKA_VERSIONS ?= 4.0.1 4.4.0
+kafka-versions:
+	$(GO) run ./internal/kafkacluster/fetchjars $(KAFKA_VERSIONS)
+	for v in $(KAFKA_VERSIONS); do \
+		echo "== Kafka $$v"; \
+		GOHARVEST_KAFKA_VERSION=$$v $(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./internal/kafkacluster ./neli . || exit 1; \
+	done
 
 ## lint: fail on unformatted files and on go vet findings
 lint:

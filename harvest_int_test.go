@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgtest"
 	"github.com/goharvest/goharvest/internal/testwait"
@@ -29,27 +30,57 @@ import (
 	"github.com/goharvest/goharvest/stasher"
 )
 
-// intRig is a real outbox on Postgres and a real Kafka-protocol broker.
+// intRig is a real outbox on Postgres and Apache Kafka: the package's shared cluster, in which
+// each rig has a topic and election groups of its own, or a cluster of the test's own.
 type intRig struct {
-	t      *testing.T
-	dsn    string
-	pool   *pgxpool.Pool
-	broker *kafkatest.Broker
-	topic  string
-	run    string
+	t     *testing.T
+	dsn   string
+	pool  *pgxpool.Pool
+	addr  string // Kafka's bootstrap servers
+	id    string // sets this rig's topic and groups apart from other tests'
+	topic string
+	run   string
 }
 
-func newIntRig(t *testing.T, brokerOpts ...kafkatest.Option) *intRig {
+var rigs atomic.Int64
+
+// newIntRig is a rig on the package's shared Kafka cluster.
+func newIntRig(t *testing.T) *intRig {
+	t.Helper()
+	return newIntRigOn(t, kafkacluster.Shared(t))
+}
+
+// newIntRigOn is a rig on the Kafka cluster c.
+func newIntRigOn(t *testing.T, c *kafkacluster.Cluster) *intRig {
+	t.Helper()
+	r := newRig(t, fmt.Sprintf("rig%d", rigs.Add(1)), c.Addr())
+	if err := c.CreateTopic(r.topic, 8); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// newKfakeRig is a rig on kfake, for a test of a fault that only kfake can inject; the test says
+// which.
+func newKfakeRig(t *testing.T, opts ...kafkatest.Option) (*intRig, *kafkatest.Broker) {
+	t.Helper()
+	id := fmt.Sprintf("rig%d", rigs.Add(1))
+	broker := kafkatest.Start(t, append(opts, kafkatest.WithTopics(8, id+".events"))...)
+	return newRig(t, id, broker.Addr()), broker
+}
+
+// newRig is a rig with a database of its own, on Kafka at addr, whose topic (id.events) the
+// caller creates.
+func newRig(t *testing.T, id, addr string) *intRig {
 	t.Helper()
 	ctx := context.Background()
-	r := &intRig{t: t, dsn: pgtest.NewOutbox(t), topic: "events", run: t.Name()}
+	r := &intRig{t: t, dsn: pgtest.NewOutbox(t), addr: addr, id: id, topic: id + ".events", run: t.Name()}
 	pool, err := pgxpool.New(ctx, r.dsn)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
 	r.pool = pool
-	r.broker = kafkatest.Start(t, append([]kafkatest.Option{kafkatest.WithTopics(8, r.topic)}, brokerOpts...)...)
 	return r
 }
 
@@ -91,8 +122,9 @@ func (r *intRig) harvesterWith(group string, limits goharvest.Limits, registry p
 	if registry == nil {
 		registry = prometheus.NewRegistry()
 	}
+	group = r.id + "." + group
 	cfg := goharvest.Config{
-		BaseKafkaConfig:   goharvest.KafkaConfigMap{"bootstrap.servers": r.broker.Addr()},
+		BaseKafkaConfig:   goharvest.KafkaConfigMap{"bootstrap.servers": r.addr},
 		LeaderGroupID:     group,
 		LeaderTopic:       group + ".leader",
 		DataSource:        r.dsn,
@@ -153,7 +185,7 @@ func (e *eventRecorder) count(kind string) int {
 }
 
 func (r *intRig) verifier() *verifytest.Verifier {
-	return verifytest.Start(r.t, r.broker.Addr(), r.topic, r.run)
+	return verifytest.Start(r.t, r.addr, r.topic, r.run)
 }
 
 // checkDelivered asserts that every record arrived and no key went backwards, and returns the
@@ -182,7 +214,7 @@ func TestHarvestDrainsFiftyThousandRecordsInOrder(t *testing.T) {
 
 // 1% of produce requests fail with an error the harvester sees (its transaction is aborted and
 // the records sent again), and 1% time out after the broker stored the batch (librdkafka
-// retries; idempotence must drop the copy). With one record per key in flight, even a consumer
+// retries; idempotence must drop the copy). kfake only: a real broker fails no chosen request. With one record per key in flight, even a consumer
 // that reads the records of aborted transactions sees nothing worse than repeats; with runs, a
 // consumer that reads committed records sees the same.
 func TestHarvestSurvivesFailedProduceRequests(t *testing.T) {
@@ -198,11 +230,11 @@ func TestHarvestSurvivesFailedProduceRequests(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			perKey := 20000 / c.keys
-			r := newIntRig(t)
+			r, broker := newKfakeRig(t)
 			expected := r.load(c.keys, perKey)
-			v := c.verifier(t, r.broker.Addr(), r.topic, r.run)
-			visible := r.broker.FailProduce(100, kerr.UnknownServerError)
-			timedOut := r.broker.FailProduce(100, kerr.RequestTimedOut)
+			v := c.verifier(t, r.addr, r.topic, r.run)
+			visible := broker.FailProduce(100, kerr.UnknownServerError)
+			timedOut := broker.FailProduce(100, kerr.RequestTimedOut)
 			events := &eventRecorder{}
 			h := r.harvesterWith("harvest-int", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond, MaxKeyRun: c.maxKeyRun}, nil)
 			h.SetEventHandler(events.record)
@@ -337,9 +369,9 @@ func TestTraceContextRoundTrip(t *testing.T) {
 
 	spans := tracetest.NewSpanRecorder()
 	h, err := goharvest.New(goharvest.Config{
-		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": r.broker.Addr()},
-		LeaderGroupID:   "trace-int",
-		LeaderTopic:     "trace-int.leader",
+		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": r.addr},
+		LeaderGroupID:   r.id + ".trace-int",
+		LeaderTopic:     r.id + ".trace-int.leader",
 		DataSource:      r.dsn,
 		Limits:          goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond},
 		TracerProvider:  sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
@@ -352,7 +384,7 @@ func TestTraceContextRoundTrip(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- h.Run(runCtx) }()
 
-	cl, err := kgo.NewClient(kgo.SeedBrokers(r.broker.Addr()), kgo.ConsumeTopics(r.topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(r.addr, ",")...), kgo.ConsumeTopics(r.topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -511,7 +543,7 @@ func TestHarvestDeadLettersARefusedRow(t *testing.T) {
 	if n := events.count("goharvest.RecordDeadLettered"); n != 1 {
 		t.Errorf("%d RecordDeadLettered events, want 1", n)
 	}
-	values := consumeValues(t, r.broker.Addr(), r.topic, 1)
+	values := consumeValues(t, r.addr, r.topic, 1)
 	if fmt.Sprint(values) != "[next]" {
 		t.Errorf("published %v, want only the record behind the dead letter", values)
 	}
@@ -521,7 +553,7 @@ func TestHarvestDeadLettersARefusedRow(t *testing.T) {
 // a second, and returns their values.
 func consumeValues(t *testing.T, addr, topic string, n int) []string {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(addr, ",")...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		t.Fatal(err)

@@ -563,8 +563,10 @@ func TestRevokeAndFenceEndTheEpochBeforeTheNext(t *testing.T) {
 
 func TestStopMidRunThenStartAgain(t *testing.T) {
 	r := newRig(t, fastLimits())
-	r.kafka.delay = time.Millisecond
-	ids := r.load(30, 30)
+	// Enough records, each a little slow, that a loaded machine's poll of the progress cannot
+	// miss the whole run.
+	r.kafka.delay = 2 * time.Millisecond
+	ids := r.load(50, 60)
 	r.start()
 	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids)-200 })
 	r.stop()

@@ -5,17 +5,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
-
 	"github.com/goharvest/goharvest"
-	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
 )
 
 // A broker that refuses the producer's transaction timeout (above its transaction.max.timeout.ms)
 // refuses it every time: the harvester stops with an error that names the cause, rather than
 // retrying for ever while its readiness probe says all is well.
 func TestHarvestStopsWhenKafkaRefusesItsTransactions(t *testing.T) {
-	r := newIntRig(t, kafkatest.WithKfake(kfake.BrokerConfigs(map[string]string{"transaction.max.timeout.ms": "5000"})))
+	// A cluster of its own, which allows transactions of at most 5s: the harvester asks for 60s.
+	c := kafkacluster.Start(t, kafkacluster.BrokerConfig(map[string]string{"transaction.max.timeout.ms": "5000"}))
+	r := newIntRigOn(t, c)
 	r.load(2, 2)
 	h := r.harvesterWith("harvest-int", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil)
 	if err := h.Start(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/goharvest/goharvest"
-	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/stasher"
 )
@@ -27,7 +28,7 @@ type collector struct {
 
 func collect(t *testing.T, addr string, topics ...string) *collector {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topics...),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(addr, ",")...), kgo.ConsumeTopics(topics...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +131,7 @@ func TestDefaultPartitionerMatchesJavaClient(t *testing.T) {
 			if err := st.StashPgx(context.Background(), r.pool, records...); err != nil {
 				t.Fatal(err)
 			}
-			consumed := collect(t, r.broker.Addr(), r.topic)
+			consumed := collect(t, r.addr, r.topic)
 			stop := runHarvester(t, r.harvesterWith("partition-int", goharvest.Limits{}, nil, func(cfg *goharvest.Config) {
 				if c.partitioner != "" {
 					cfg.ProducerKafkaConfig = goharvest.KafkaConfigMap{"partitioner": c.partitioner}
@@ -229,7 +230,7 @@ func TestPayloadFormatsReachConsumer(t *testing.T) {
 				t.Fatal(err)
 			}
 			ids := rowIDs(t, r)
-			consumed := collect(t, r.broker.Addr(), r.topic)
+			consumed := collect(t, r.addr, r.topic)
 			stop := runHarvester(t, r.harvesterWith("payload-int", goharvest.Limits{}, nil, func(cfg *goharvest.Config) {
 				cfg.IDHeader = "goharvest-id"
 			}))
@@ -318,7 +319,7 @@ func TestIDHeaderIsTheSameOnEveryPublish(t *testing.T) {
 	for i, id := range rowIDs(t, r) {
 		idOf[records[i].KafkaKey] = strconv.FormatInt(id, 10)
 	}
-	consumed := collect(t, r.broker.Addr(), r.topic)
+	consumed := collect(t, r.addr, r.topic)
 	withIDs := func(cfg *goharvest.Config) { cfg.IDHeader = "goharvest-id" }
 	limits := goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}
 
@@ -405,7 +406,10 @@ func TestDebeziumStyleTableThroughView(t *testing.T) {
 	const aggregates, perAggregate = 20, 10
 	ctx := context.Background()
 	r := newIntRig(t)
-	r.broker = kafkatest.Start(t, kafkatest.WithTopics(8, "outbox.event.order"))
+	// The view names the topic from the aggregate type; the test's events go to it alone.
+	if err := kafkacluster.Shared(t).CreateTopic("outbox.event.order", 8); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := r.pool.Exec(ctx, debeziumOutboxSQL); err != nil {
 		t.Fatal(err)
 	}
@@ -422,7 +426,7 @@ func TestDebeziumStyleTableThroughView(t *testing.T) {
 		}
 	}
 	insert(1)
-	consumed := collect(t, r.broker.Addr(), "outbox.event.order")
+	consumed := collect(t, r.addr, "outbox.event.order")
 	// Without a notification, an idle harvester would not look again for 50s.
 	limits := goharvest.Limits{MarkBackoff: 50 * time.Second, MaxMarkBackoff: time.Minute}
 	stop := runHarvester(t, r.harvesterWith("debezium-int", limits, nil, func(cfg *goharvest.Config) {

@@ -16,7 +16,7 @@ import (
 // maxInFlightRecords.
 func TestBadInput(t *testing.T) {
 	maxInFlight := pick(100, 500)
-	r := newRig(t, rigOptions{noAutoCreate: true, extraYAML: fmt.Sprintf("    maxInFlightRecords: %d\n  producerKafkaConfig:\n    message.max.bytes: 4000", maxInFlight)})
+	r := newRig(t, rigOptions{extraYAML: fmt.Sprintf("    maxInFlightRecords: %d\n  producerKafkaConfig:\n    message.max.bytes: 4000", maxInFlight)})
 	ctx := context.Background()
 	insert := func(topic, key, value, headerKeys, headerValues string) int64 {
 		var id int64
@@ -30,18 +30,18 @@ func TestBadInput(t *testing.T) {
 	bad := map[string]int64{
 		"invalid topic name":      insert("no such topic!", "bad-name", "v", "{}", "{}"),
 		"missing topic":           insert("no-such-topic", "bad-topic", "v", "{}", "{}"),
-		"oversize value":          insert(topic, "bad-size", strings.Repeat("x", 5000), "{}", "{}"),
-		"mismatched header array": insert(topic, "bad-headers", "v", "{a,b}", "{x}"),
+		"oversize value":          insert(r.topic, "bad-size", strings.Repeat("x", 5000), "{}", "{}"),
+		"mismatched header array": insert(r.topic, "bad-headers", "v", "{a,b}", "{x}"),
 	}
 	// A later record on each bad key must wait behind the bad one.
 	for _, key := range []string{"bad-name", "bad-topic", "bad-size", "bad-headers"} {
-		insert(topic, key, "next", "{}", "{}")
+		insert(r.topic, key, "next", "{}", "{}")
 	}
 	// And a bad row with more rows of its key behind it than the in-flight budget.
 	behind := 3 * maxInFlight
 	bad["invalid topic name, many rows behind"] = insert("no such topic!", "bad-many", "v", "{}", "{}")
 	for range behind {
-		insert(topic, "bad-many", "next", "{}", "{}")
+		insert(r.topic, "bad-many", "next", "{}", "{}")
 	}
 	held := 8 + 1 + behind
 	r.startWriters(4, 1000, 2000)

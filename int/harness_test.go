@@ -1,5 +1,6 @@
 // Package int holds the fault-tolerance suite: real reaper processes, a real Postgres and a
-// Kafka-protocol broker, continuous writers, and faults injected while they run. Every scenario
+// 3-node Apache Kafka cluster (kfake where a scenario needs a fault only it can inject),
+// continuous writers, and faults injected while they run. Every scenario
 // ends by checking that each record was published at least once, that no key went backwards and
 // that the outbox is empty. The short variants run in make test; make chaos runs the long ones
 // (GOHARVEST_CHAOS=1) and prints the figures README reports.
@@ -19,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -28,6 +30,7 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/buildtest"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/leakcheck"
 	"github.com/goharvest/goharvest/internal/pgtest"
@@ -38,7 +41,14 @@ import (
 	"github.com/goharvest/goharvest/stasher"
 )
 
-func TestMain(m *testing.M) { os.Exit(leakcheck.After(pgtest.Run(m))) }
+// The scenarios share one 3-node cluster, as production runs: every topic replicated three ways
+// with min.insync.replicas 2. Topics are not created on demand, as production clusters often
+// have it: each scenario creates its own. A scenario that faults brokers starts a cluster of its
+// own (rigOptions.kafka).
+func TestMain(m *testing.M) {
+	kafkacluster.SetShared(kafkacluster.Nodes(3), kafkacluster.BrokerConfig(map[string]string{"auto.create.topics.enable": "false"}))
+	os.Exit(leakcheck.After(pgtest.Run(kafkacluster.Around(m))))
+}
 
 // long reports whether the long variants run (make chaos).
 func long() bool { return os.Getenv("GOHARVEST_CHAOS") != "" }
@@ -51,16 +61,18 @@ func pick[T any](short, chaos T) T {
 	return short
 }
 
-const topic = "events"
-
-// rig is one outbox, one broker, and the reapers and writers around them.
+// rig is one outbox, one Kafka cluster, and the reapers and writers around them.
 type rig struct {
 	t      *testing.T
 	run    string
 	dsn    string
 	pool   *pgxpool.Pool
-	broker *kafkatest.Broker
-	config string // reaper.yaml
+	topic  string
+	group  string                // the reapers' leader group
+	addr   string                // Kafka's bootstrap servers
+	kafka  *kafkacluster.Cluster // nil on kfake
+	fake   *kafkatest.Broker     // set on kfake only
+	config string                // reaper.yaml
 	shards int
 	bin    string
 	v      *verifytest.Verifier
@@ -70,10 +82,21 @@ type rig struct {
 	all       []*reaper        // every reaper started, in order
 }
 
+// kafkaChoice is which Kafka a scenario runs on.
+type kafkaChoice int
+
+const (
+	sharedKafka kafkaChoice = iota // the package's 3-node cluster
+	ownKafka                       // a 3-node cluster of the scenario's own, whose brokers it faults
+	kfakeOnly                      // kfake, for a fault only it can inject; the scenario says which
+)
+
+var rigs atomic.Int64
+
 type rigOptions struct {
+	kafka            kafkaChoice
 	heartbeatTimeout time.Duration
 	extraYAML        string // more lines under harvest.limits
-	noAutoCreate     bool   // the broker creates no topics on demand
 	// readCommitted makes the verifier read committed records only. Otherwise it also reads those
 	// of aborted transactions, the stricter check that one record per key in flight passes.
 	readCommitted bool
@@ -101,17 +124,26 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	}
 	t.Cleanup(pool.Close)
 	r.pool = pool
-	brokerOpts := []kafkatest.Option{kafkatest.WithTopics(8, topic)}
-	if o.noAutoCreate {
-		brokerOpts = append(brokerOpts, kafkatest.WithoutAutoTopicCreation())
+	id := fmt.Sprintf("scenario%d", rigs.Add(1))
+	r.topic, r.group = id+".events", id
+	switch o.kafka {
+	case sharedKafka, ownKafka:
+		r.kafka = kafkacluster.Shared(t)
+		if o.kafka == ownKafka {
+			r.kafka = kafkacluster.Start(t, kafkacluster.Nodes(3), kafkacluster.BrokerConfig(map[string]string{"auto.create.topics.enable": "false"}))
+		}
+		r.addr = r.kafka.Addr()
+		r.kafka.Topic(t, r.topic, 8)
+	case kfakeOnly:
+		r.fake = kafkatest.Start(t, kafkatest.WithTopics(8, r.topic), kafkatest.WithoutAutoTopicCreation())
+		r.addr = r.fake.Addr()
 	}
-	r.broker = kafkatest.Start(t, brokerOpts...)
 	r.config = filepath.Join(t.TempDir(), "reaper.yaml")
 	yaml := fmt.Sprintf(`harvest:
   baseKafkaConfig:
     bootstrap.servers: %s
-  leaderTopic: chaos.leader
-  leaderGroupID: chaos
+  leaderTopic: %s.leader
+  leaderGroupID: %s
   dataSource: ${DATABASE_URL}
   shards: %d
   limits:
@@ -122,7 +154,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 logging:
   level: info
   format: json
-`, r.broker.Addr(), o.shards, o.heartbeatTimeout, o.extraYAML)
+`, r.addr, id, id, o.shards, o.heartbeatTimeout, o.extraYAML)
 	if err := os.WriteFile(r.config, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -144,9 +176,9 @@ logging:
 		}
 	}
 	if o.readCommitted {
-		r.v = verifytest.Start(t, r.broker.Addr(), topic, r.run)
+		r.v = verifytest.Start(t, r.addr, r.topic, r.run)
 	} else {
-		r.v = verifytest.StartUncommitted(t, r.broker.Addr(), topic, r.run)
+		r.v = verifytest.StartUncommitted(t, r.addr, r.topic, r.run)
 	}
 	return r
 }
@@ -187,7 +219,7 @@ func (r *rig) finish(within time.Duration) verify.Report {
 // preload writes a backlog of stamped records over keys before any reaper runs.
 func (r *rig) preload(records, keys int) {
 	r.t.Helper()
-	r.preloaded = verifytest.StashBacklog(r.t, r.pool, topic, r.run, keys, records/keys, goharvest.String(strings.Repeat("v", 256)))
+	r.preloaded = verifytest.StashBacklog(r.t, r.pool, r.topic, r.run, keys, records/keys, goharvest.String(strings.Repeat("v", 256)))
 }
 
 // writers insert stamped records continuously, each key owned by one writer so its commit
@@ -223,7 +255,7 @@ func (r *rig) startWriters(n, keys int, perSecond int) {
 				for range 5 {
 					key := owned[j%len(owned)]
 					j++
-					batch = append(batch, verify.Record(topic, key, r.run, next[key], &value))
+					batch = append(batch, verify.Record(r.topic, key, r.run, next[key], &value))
 					next[key]++
 				}
 				err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {

@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/internal/verify"
@@ -19,9 +19,9 @@ import (
 // new content is what arrives, never its old (a malformed row's too); a key whose bad row has more rows behind it than
 // the in-flight budget holds back only itself, and its order holds once the row is fixed.
 func TestHeldRowsFixDeleteAndLateTopic(t *testing.T) {
-	const late = "late"
-	r := newRig(t, rigOptions{noAutoCreate: true, readCommitted: true,
+	r := newRig(t, rigOptions{readCommitted: true,
 		extraYAML: "    maxInFlightRecords: 100\n    heldCheckInterval: 200ms"})
+	late := r.topic + ".late" // created only once the rows naming it are fixed or deleted
 	ctx := context.Background()
 	insert := func(topic, key string, value string, headerKeys, headerValues []string) int64 {
 		var id int64
@@ -36,7 +36,7 @@ func TestHeldRowsFixDeleteAndLateTopic(t *testing.T) {
 		return id
 	}
 	stamped := func(topicName, key string, seq int64) int64 {
-		rec := verify.Record(topic, key, r.run, seq, nil)
+		rec := verify.Record(topicName, key, r.run, seq, nil)
 		var hk, hv []string
 		for _, h := range rec.KafkaHeaders {
 			hk, hv = append(hk, h.Key), append(hv, h.Value)
@@ -47,7 +47,7 @@ func TestHeldRowsFixDeleteAndLateTopic(t *testing.T) {
 	const behind = 300
 	badMany := stamped("bad topic!", "many", 0)
 	for i := range behind {
-		stamped(topic, "many", int64(i+1))
+		stamped(r.topic, "many", int64(i+1))
 	}
 	// Keys "del" and "fix": rows naming a topic that does not exist yet, each followed by another.
 	deleted := insert(late, "del", "deleted", nil, nil)
@@ -61,7 +61,7 @@ func TestHeldRowsFixDeleteAndLateTopic(t *testing.T) {
 	expected := map[string]int64{"many": behind + 1}
 	for i := range 200 {
 		key := fmt.Sprint("other-", i%20)
-		stamped(topic, key, expected[key])
+		stamped(r.topic, key, expected[key])
 		expected[key]++
 	}
 
@@ -75,7 +75,7 @@ func TestHeldRowsFixDeleteAndLateTopic(t *testing.T) {
 	if _, err := r.pool.Exec(ctx, "UPDATE outbox SET kafka_value = 'new' WHERE id = $1", fixed); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.pool.Exec(ctx, "UPDATE outbox SET kafka_topic = $1 WHERE id = $2", topic, badMany); err != nil {
+	if _, err := r.pool.Exec(ctx, "UPDATE outbox SET kafka_topic = $1 WHERE id = $2", r.topic, badMany); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r.pool.Exec(ctx, "UPDATE outbox SET kafka_header_values = '{x,y}', kafka_value = 'hdr-fixed' WHERE id = $1", malformed); err != nil {
@@ -85,7 +85,7 @@ func TestHeldRowsFixDeleteAndLateTopic(t *testing.T) {
 	// Give the held loop time to see the fix and the delete while the topic is still missing, then
 	// create it.
 	time.Sleep(time.Second)
-	createTopic(t, r.broker.Addr(), late)
+	r.kafka.Topic(t, late, 1)
 	if !testwait.Until(2*time.Minute, func() bool { return r.rows() == 0 }) {
 		t.Fatalf("%d rows left in the outbox", r.rows())
 	}
@@ -93,7 +93,7 @@ func TestHeldRowsFixDeleteAndLateTopic(t *testing.T) {
 	if !report.OK() {
 		t.Errorf("delivery check failed:\n%s", report)
 	}
-	got := consumeAll(t, r.broker.Addr(), late, 5)
+	got := consumeAll(t, r.addr, late, 5)
 	want := map[string][]string{"del": {"after-delete"}, "fix": {"new", "after-fix"}, "hdr": {"hdr-fixed", "after-hdr"}}
 	for key, values := range want {
 		if !slices.Equal(got[key], values) {
@@ -104,34 +104,10 @@ func TestHeldRowsFixDeleteAndLateTopic(t *testing.T) {
 		behind, got, late)
 }
 
-// createTopic creates a topic with one partition on the broker at addr.
-func createTopic(t *testing.T, addr, name string) {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	req := kmsg.NewPtrCreateTopicsRequest()
-	rt := kmsg.NewCreateTopicsRequestTopic()
-	rt.Topic, rt.NumPartitions, rt.ReplicationFactor = name, 1, 1
-	req.Topics = append(req.Topics, rt)
-	req.TimeoutMillis = 5000
-	resp, err := req.RequestWith(context.Background(), cl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, rt := range resp.Topics {
-		if rt.ErrorCode != 0 {
-			t.Fatalf("create topic %s: error code %d", name, rt.ErrorCode)
-		}
-	}
-}
-
 // consumeAll reads n committed records from the start of a topic and returns their values by key.
 func consumeAll(t *testing.T, addr, topicName string, n int) map[string][]string {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topicName),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(addr, ",")...), kgo.ConsumeTopics(topicName),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 	if err != nil {
 		t.Fatal(err)

@@ -17,9 +17,10 @@ import (
 
 // The broker holds some transaction commits (EndTxn) for longer than the heartbeat timeout. The
 // leader waits them out, calling CommitTransaction again, rather than aborting (which librdkafka
-// refuses while a commit is under way) and ending its epoch; it stays leader throughout.
+// refuses while a commit is under way) and ending its epoch; it stays leader throughout. kfake
+// only: it holds chosen EndTxn requests.
 func TestSlowTransactionCommits(t *testing.T) {
-	r := newRig(t, rigOptions{})
+	r := newRig(t, rigOptions{kafka: kfakeOnly})
 	r.startWriters(4, 1000, 2000)
 	reapers := []*reaper{r.startReaper("a"), r.startReaper("b")}
 	waitLeader(t, 30*time.Second, reapers...)
@@ -30,11 +31,11 @@ func TestSlowTransactionCommits(t *testing.T) {
 	var commits, delayed atomic.Int64
 	slow.Store(true)
 	hold := 1500 * time.Millisecond // the heartbeat timeout is 1s
-	r.broker.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		r.broker.KeepControl()
+	r.fake.ControlKey(int16(kmsg.EndTxn), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		r.fake.KeepControl()
 		if end, ok := req.(*kmsg.EndTxnRequest); ok && end.Commit && slow.Load() && commits.Add(1)%5 == 1 {
 			delayed.Add(1)
-			r.broker.SleepControl(func() { time.Sleep(hold) }) // the slow commit being simulated
+			r.fake.SleepControl(func() { time.Sleep(hold) }) // the slow commit being simulated
 		}
 		return nil, nil, false
 	})

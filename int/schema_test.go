@@ -23,7 +23,7 @@ func TestUnknownColumnType(t *testing.T) {
 	expected := map[string]int64{}
 	for i := range records {
 		key := "key-" + string(rune('a'+i%5))
-		rec := verify.Record(topic, key, r.run, expected[key], nil)
+		rec := verify.Record(r.topic, key, r.run, expected[key], nil)
 		expected[key]++
 		keys, values := []string{}, []string{}
 		for _, h := range rec.KafkaHeaders {

@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kerr"
-
 	"github.com/goharvest/goharvest/internal/pgtest"
 )
 
@@ -36,19 +34,19 @@ type soakFault struct {
 type soakKind int
 
 const (
-	soakKill      soakKind = iota // SIGKILL a reaper; a fresh one replaces it after hold
-	soakTerm                      // SIGTERM a reaper; a fresh one replaces it after hold
-	soakStop                      // SIGSTOP a reaper until the others have its shards and hold has passed, then SIGCONT
-	soakRestart                   // SIGTERM a reaper and start a fresh one at once (a rolling restart)
-	soakBroker                    // the broker goes down for hold and comes back on its port
-	soakProduce                   // the broker fails 1 in 20 produce requests for hold
-	soakDBFreeze                  // every Postgres process SIGSTOPped for hold
-	soakDBRestart                 // Postgres restarts
+	soakKill         soakKind = iota // SIGKILL a reaper; a fresh one replaces it after hold
+	soakTerm                         // SIGTERM a reaper; a fresh one replaces it after hold
+	soakStop                         // SIGSTOP a reaper until the others have its shards and hold has passed, then SIGCONT
+	soakRestart                      // SIGTERM a reaper and start a fresh one at once (a rolling restart)
+	soakBroker                       // a broker (slot picks which) is killed, and restarted after hold
+	soakBrokerFreeze                 // a broker (slot picks which) is frozen (SIGSTOP) for hold
+	soakDBFreeze                     // every Postgres process SIGSTOPped for hold
+	soakDBRestart                    // Postgres restarts
 	soakKinds
 )
 
 func (k soakKind) String() string {
-	return [...]string{"kill", "term", "stop-cont", "restart", "broker restart", "produce errors", "db freeze", "db restart"}[k]
+	return [...]string{"kill", "term", "stop-cont", "restart", "broker kill", "broker freeze", "db freeze", "db restart"}[k]
 }
 
 // hitsReaper reports whether the kind strikes one reaper, whose shards then move.
@@ -56,8 +54,11 @@ func (k soakKind) hitsReaper() bool { return k <= soakRestart }
 
 func (f soakFault) String() string {
 	s := f.kind.String()
-	if f.kind.hitsReaper() {
+	switch {
+	case f.kind.hitsReaper():
 		s += " reaper " + strconv.Itoa(f.slot)
+	case f.kind == soakBroker || f.kind == soakBrokerFreeze:
+		s += " node " + strconv.Itoa(f.slot+1)
 	}
 	if f.kind != soakRestart && f.kind != soakDBRestart {
 		s += " hold " + f.hold.String()
@@ -81,8 +82,8 @@ func soakSchedule(seed uint64, n int) []soakFault {
 			f.hold = ms(2500, 6000) // past the session timeout (2s): its shards move
 		case soakBroker:
 			f.hold = ms(0, 4000) // under the heartbeat timeout, leaders may keep their shards
-		case soakProduce:
-			f.hold = ms(1000, 5000)
+		case soakBrokerFreeze:
+			f.hold = ms(1000, 12000) // past broker.session.timeout.ms (9s), the cluster fences the node
 		case soakDBFreeze:
 			f.hold = ms(500, 5000)
 		}
@@ -130,7 +131,7 @@ func TestSoak(t *testing.T) {
 	}
 	t.Logf("soak for %v, SOAK_SEED=%d; the schedule (a run does as many faults as fit):%s", duration, seed, plan.String())
 
-	r, reapers := shardRig(t, rigOptions{extraYAML: "  producerKafkaConfig:\n    linger.ms: 100"})
+	r, reapers := shardRig(t, rigOptions{kafka: ownKafka, extraYAML: "  producerKafkaConfig:\n    linger.ms: 100"})
 	s := &soak{r: r, slots: reapers, server: pgtest.Shared(t), byKind: map[soakKind]int{}, takeover: map[soakKind][]time.Duration{}}
 	end := time.Now().Add(duration)
 	done := 0
@@ -213,8 +214,20 @@ func (s *soak) strike(f soakFault) {
 		time.Sleep(f.hold - time.Since(t0))
 		victim.signal(syscall.SIGCONT)
 		r.waitLost(victim, lost, t0, 30*time.Second)
-	case soakBroker:
-		if err := r.broker.Restart(f.hold); err != nil {
+	case soakBroker, soakBrokerFreeze:
+		node := r.kafka.Nodes()[f.slot]
+		if f.kind == soakBroker {
+			node.Kill()
+			time.Sleep(f.hold)
+			if err := node.Start(); err != nil {
+				r.t.Fatal(err)
+			}
+		} else {
+			node.Freeze()
+			time.Sleep(f.hold)
+			node.Thaw()
+		}
+		if err := r.kafka.WaitReady(2 * time.Minute); err != nil {
 			r.t.Fatal(err)
 		}
 		// The shards measured are those some reaper says it lost; a short outage may cost none.
@@ -228,10 +241,6 @@ func (s *soak) strike(f soakFault) {
 			}
 		}
 		taken = r.takeovers(t0, lost, time.Minute, s.slots...)
-	case soakProduce:
-		failing := r.broker.FailProduce(20, kerr.UnknownServerError)
-		time.Sleep(f.hold)
-		failing.Remove()
 	case soakDBFreeze:
 		if err := s.server.Freeze(); err != nil {
 			r.t.Fatal(err)

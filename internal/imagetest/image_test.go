@@ -32,6 +32,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/pgtest"
@@ -105,7 +106,8 @@ func TestImageRunsTheReaperFromScratch(t *testing.T) {
 	// The throwaway cluster listens on a socket in a directory the chroot cannot see, so this
 	// test's cluster also listens on loopback, which the chroot shares (so does the broker).
 	dsn := newDatabase(t)
-	broker := kafkatest.Start(t, kafkatest.WithTopics(4, "events"))
+	broker := kafkacluster.Shared(t)
+	broker.Topic(t, "events", 4)
 	admin := freeAddr(t)
 	writeFile(t, filepath.Join(fs, configPath), `harvest:
   baseKafkaConfig:

@@ -1,9 +1,11 @@
 package imagetest_test
 
 import (
+	"os"
 	"testing"
 
+	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/leakcheck"
 )
 
-func TestMain(m *testing.M) { leakcheck.Main(m) }
+func TestMain(m *testing.M) { os.Exit(leakcheck.After(kafkacluster.Run(m))) }

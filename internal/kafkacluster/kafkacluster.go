@@ -15,6 +15,7 @@ package kafkacluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -30,6 +31,8 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // testDefaults are the broker settings in which every test cluster departs from Kafka's
@@ -435,7 +438,9 @@ func (c *Cluster) probe(budget time.Duration) error {
 	if len(md.Brokers) < running {
 		return fmt.Errorf("%d of %d brokers registered", len(md.Brokers), running)
 	}
-	pc := kafka.ConfigMap{"bootstrap.servers": c.Addr(), "transactional.id": "kafkacluster.probe",
+	// A short transaction timeout, so that the probe suits a broker whose transaction.max.timeout.ms
+	// a test lowered.
+	pc := kafka.ConfigMap{"bootstrap.servers": c.Addr(), "transactional.id": "kafkacluster.probe", "transaction.timeout.ms": 1000,
 		"log_level": 0, "go.delivery.reports": false}
 	p, err := kafka.NewProducer(&pc)
 	if err != nil {
@@ -556,13 +561,19 @@ func Shared(tb testing.TB) *Cluster {
 	return c
 }
 
+// SetShared sets the options of the shared cluster, from TestMain before the tests run. Without
+// it the shared cluster has one node, or three if GOHARVEST_KAFKA_NODES is 3.
+func SetShared(opts ...Option) { sharedOpts = opts }
+
+var sharedOpts []Option
+
 func getShared() (*Cluster, error) {
 	sharedOnce.Do(func() {
-		nodes := 1
-		if os.Getenv(EnvNodes) == "3" {
-			nodes = 3
+		opts := sharedOpts
+		if opts == nil && os.Getenv(EnvNodes) == "3" {
+			opts = []Option{Nodes(3)}
 		}
-		shared, sharedErr = New(Nodes(nodes))
+		shared, sharedErr = New(opts...)
 	})
 	return shared, sharedErr
 }
@@ -572,13 +583,23 @@ type Runner interface{ Run() int }
 
 // Run runs the package's tests, then stops the shared cluster if one was started, keeping its
 // logs if a test failed.
-func Run(m Runner) int {
-	code := m.Run()
-	if shared != nil {
-		shared.Close(code != 0 || sharedFail)
-	}
-	return code
+func Run(m Runner) int { return Around(m).Run() }
+
+// Around returns a Runner that runs m and then stops the shared cluster as Run does, for a
+// TestMain that wraps m in other fixtures too: pgtest.Run(kafkacluster.Around(m)).
+func Around(m Runner) Runner {
+	return runnerFunc(func() int {
+		code := m.Run()
+		if shared != nil {
+			shared.Close(code != 0 || sharedFail)
+		}
+		return code
+	})
 }
+
+type runnerFunc func() int
+
+func (f runnerFunc) Run() int { return f() }
 
 // SharedAddr starts the shared cluster, for code without a testing.TB (a TestMain preparing
 // examples), and returns its bootstrap servers.
@@ -588,4 +609,49 @@ func SharedAddr() (string, error) {
 		return "", err
 	}
 	return c.Addr(), nil
+}
+
+// Topic creates topic name with partitions partitions for a test (see CreateTopic), failing the
+// test if it cannot, and returns the name.
+func (c *Cluster) Topic(tb testing.TB, name string, partitions int) string {
+	tb.Helper()
+	if err := c.CreateTopic(name, partitions); err != nil {
+		tb.Fatal(err)
+	}
+	return name
+}
+
+// Coordinator kinds, for Coordinator.
+const (
+	GroupCoordinator       = int8(0)
+	TransactionCoordinator = int8(1)
+)
+
+// Coordinator returns the node that coordinates a consumer group or a transactional ID (kind
+// GroupCoordinator or TransactionCoordinator): the leader of the partition of __consumer_offsets
+// or __transaction_state that the key hashes to.
+func (c *Cluster) Coordinator(kind int8, key string) (*Node, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(c.Addr(), ",")...))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for {
+		req := kmsg.NewPtrFindCoordinatorRequest()
+		req.CoordinatorType, req.CoordinatorKeys = kind, []string{key}
+		resp, err := req.RequestWith(ctx, cl)
+		if err == nil && len(resp.Coordinators) == 1 && resp.Coordinators[0].ErrorCode == 0 {
+			for _, n := range c.nodes {
+				if int32(n.ID) == resp.Coordinators[0].NodeID {
+					return n, nil
+				}
+			}
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("kafkacluster: coordinator of %q: %v", key, errors.Join(err, ctx.Err()))
+		}
+		time.Sleep(100 * time.Millisecond) // a coordinator moving after a failure
+	}
 }

@@ -14,13 +14,13 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/goharvest/goharvest"
-	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/leakcheck"
 	"github.com/goharvest/goharvest/internal/pgtest"
 	"github.com/goharvest/goharvest/internal/verify"
 )
 
-func TestMain(m *testing.M) { os.Exit(leakcheck.After(pgtest.Run(m))) }
+func TestMain(m *testing.M) { os.Exit(leakcheck.After(pgtest.Run(kafkacluster.Around(m)))) }
 
 func runMain(t *testing.T, args ...string) (int, string) {
 	t.Helper()
@@ -33,7 +33,8 @@ func runMain(t *testing.T, args ...string) (int, string) {
 
 func TestPumpWritesAndVerifiesThroughAHarvester(t *testing.T) {
 	dsn := pgtest.NewOutbox(t)
-	broker := kafkatest.Start(t, kafkatest.WithTopics(8, "pump"))
+	broker := kafkacluster.Shared(t)
+	broker.Topic(t, "pump", 8)
 	h, err := goharvest.New(goharvest.Config{
 		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": broker.Addr()},
 		LeaderGroupID:   "pump-test",
@@ -64,7 +65,8 @@ func TestPumpWritesAndVerifiesThroughAHarvester(t *testing.T) {
 // The checker is only worth something if it catches what it is for: a crafted topic with a
 // record missing and a key that goes backwards must fail verification.
 func TestVerifyCatchesInjectedLossAndReversal(t *testing.T) {
-	broker := kafkatest.Start(t, kafkatest.WithTopics(1, "crafted"))
+	broker := kafkacluster.Shared(t)
+	broker.Topic(t, "crafted", 1)
 	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": broker.Addr(), "go.delivery.reports": false})
 	if err != nil {
 		t.Fatal(err)

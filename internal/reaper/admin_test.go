@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest"
-	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/reaper"
 	"github.com/goharvest/goharvest/internal/testwait"
@@ -62,7 +62,7 @@ func TestAdminEndpoints(t *testing.T) {
 	if err := goharvest.CreateOutboxTable(context.Background(), dsn, "outbox"); err != nil {
 		t.Fatal(err)
 	}
-	broker := kafkatest.Start(t)
+	broker := kafkacluster.Shared(t)
 	addr := freeAddr(t)
 	config := filepath.Join(t.TempDir(), "reaper.yaml")
 	os.WriteFile(config, []byte(`harvest:

@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/pgtest"
 	"github.com/goharvest/goharvest/internal/reaper"
 )
@@ -24,7 +24,8 @@ import (
 func TestHeldDeadLetterAndRequeueCommands(t *testing.T) {
 	ctx := context.Background()
 	dsn := pgtest.NewDatabase(t)
-	broker := kafkatest.Start(t, kafkatest.WithTopics(1, "events"))
+	broker := kafkacluster.Shared(t)
+	broker.Topic(t, "held.events", 1)
 	addr := freeAddr(t)
 	config := filepath.Join(t.TempDir(), "reaper.yaml")
 	os.WriteFile(config, []byte(`harvest:
@@ -63,7 +64,7 @@ admin:
 		return id
 	}
 	bad := insert("bad topic!")
-	insert("events")
+	insert("held.events")
 	rows := func() int {
 		var n int
 		pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&n)

@@ -15,14 +15,14 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/buildtest"
-	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/leakcheck"
 	"github.com/goharvest/goharvest/internal/pgtest"
 	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/internal/verifytest"
 )
 
-func TestMain(m *testing.M) { os.Exit(leakcheck.After(pgtest.Run(m))) }
+func TestMain(m *testing.M) { os.Exit(leakcheck.After(pgtest.Run(kafkacluster.Around(m)))) }
 
 func buildReaper(t *testing.T) string {
 	return buildtest.Binary(t, "github.com/goharvest/goharvest/cmd/reaper")
@@ -67,7 +67,8 @@ func TestReaperBinaryPublishesAndStopsCleanlyOnSIGTERM(t *testing.T) {
 	bin := buildReaper(t)
 	ctx := context.Background()
 	dsn := pgtest.NewDatabase(t)
-	broker := kafkatest.Start(t, kafkatest.WithTopics(8, "events"))
+	broker := kafkacluster.Shared(t)
+	topic := broker.Topic(t, "process.events", 8)
 	config := filepath.Join(t.TempDir(), "reaper.yaml")
 	err := os.WriteFile(config, []byte(`harvest:
   baseKafkaConfig:
@@ -99,8 +100,8 @@ logging:
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	expected := verifytest.StashBacklog(t, pool, "events", t.Name(), keys, perKey, goharvest.String("v"))
-	v := verifytest.Start(t, broker.Addr(), "events", t.Name())
+	expected := verifytest.StashBacklog(t, pool, topic, t.Name(), keys, perKey, goharvest.String("v"))
+	v := verifytest.Start(t, broker.Addr(), topic, t.Name())
 
 	first := startReaper(t, bin, env, "-f", config)
 	v.WaitDistinct(t, 3000, time.Minute)
