@@ -4,6 +4,7 @@ package verifytest
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -39,7 +40,7 @@ func StartUncommitted(tb testing.TB, addr, topic, run string) *Verifier {
 
 func start(tb testing.TB, addr, topic, run string, isolation kgo.IsolationLevel) *Verifier {
 	tb.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic),
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(addr, ",")...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(isolation))
 	if err != nil {
 		tb.Fatal(err)
