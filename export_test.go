@@ -8,3 +8,8 @@ func ShardMarkStatements(table string, shards, shard int) (pick, mark string) {
 	where, orderBy := outbox.ShardMarkClauses(shards, shard)
 	return pickStatement(table, " AND "+where, orderBy), markStatement(table, " AND "+where, orderBy)
 }
+
+// EncodeNote and MaxNotedRecords let tests write a note as the harvester does (see note.go).
+var EncodeNote = encodeNote
+
+const MaxNotedRecords = maxNotedRecords

@@ -189,7 +189,8 @@ func StandardKafkaProducerProvider(logger *slog.Logger) KafkaProducerProvider {
 			return nil, fmt.Errorf("create producer: %w", err)
 		}
 		rdlog.Forward(p.Logs(), logger)
-		cp := &confluentProducer{p: p, deliveries: make(chan Delivery, 1024), log: logger, topics: map[string]topicState{}}
+		cp := &confluentProducer{p: p, deliveries: make(chan Delivery, 1024), log: logger, topics: map[string]topicState{},
+			closing: make(chan struct{})}
 		go cp.forward()
 		return cp, nil
 	}
@@ -208,6 +209,7 @@ type confluentProducer struct {
 	topicsMu sync.Mutex
 	topics   map[string]topicState
 	lookups  sync.WaitGroup // metadata lookups under way; Close waits for them
+	closing  chan struct{}  // closed by Close: lookups stop waiting for a topic to appear
 }
 
 // topicState is what the producer last learnt of a topic: usable (err nil) or not, and when;
@@ -223,6 +225,11 @@ const (
 	topicRecheck = time.Second
 	// metadataTimeout bounds one metadata request.
 	metadataTimeout = 5 * time.Second
+	// topicCreateWait is how long a lookup keeps asking about a topic that Kafka's metadata says
+	// is missing before it is rejected. A broker that creates topics on demand (Apache Kafka's
+	// default) answers the request that makes it create one "unknown topic", and lists the topic
+	// a moment later; rejecting at once would report a record failed that needed only to wait.
+	topicCreateWait = 2 * time.Second
 )
 
 // ErrTopicPending is returned by Produce while the producer finds out whether the message's
@@ -255,8 +262,28 @@ func (c *confluentProducer) checkTopic(topic string) error {
 	return ErrTopicPending
 }
 
-// lookUp asks for a topic's metadata and records what it learnt.
+// lookUp asks for a topic's metadata and records what it learnt. A topic found missing is asked
+// about again, at growing intervals, until topicCreateWait has passed or the producer closes.
 func (c *confluentProducer) lookUp(topic string) {
+	st := c.describe(topic)
+	giveUp := time.Now().Add(topicCreateWait)
+	for wait := 100 * time.Millisecond; st.err != nil && time.Now().Add(wait).Before(giveUp); wait *= 2 {
+		select {
+		case <-c.closing:
+		case <-time.After(wait):
+			st = c.describe(topic)
+			continue
+		}
+		break
+	}
+	c.topicsMu.Lock()
+	c.topics[topic] = st
+	c.topicsMu.Unlock()
+}
+
+// describe asks Kafka for a topic's metadata once: usable, missing (a RejectedError), or usable
+// as far as it can tell when Kafka did not answer (the produce itself will show what is wrong).
+func (c *confluentProducer) describe(topic string) topicState {
 	md, err := c.p.GetMetadata(&topic, false, int(metadataTimeout.Milliseconds()))
 	st := topicState{at: time.Now()}
 	if err == nil {
@@ -269,11 +296,7 @@ func (c *confluentProducer) lookUp(topic string) {
 				ByGoharvest: true}
 		}
 	}
-	// When Kafka did not answer, the topic counts as usable: the produce itself will show what is
-	// wrong.
-	c.topicsMu.Lock()
-	c.topics[topic] = st
-	c.topicsMu.Unlock()
+	return st
 }
 
 // forward turns librdkafka's delivery reports into Deliveries until Close closes Events.
@@ -387,6 +410,7 @@ func (c *confluentProducer) Abandon() {
 }
 
 func (c *confluentProducer) Close() {
+	close(c.closing)
 	c.lookups.Wait()
 	c.p.Close()
 }

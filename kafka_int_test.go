@@ -1,0 +1,244 @@
+package goharvest_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
+	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/stasher"
+)
+
+// These tests hold the confluent producer (StandardKafkaProducerProvider) to what the harvester
+// relies on, on Apache Kafka: the broker answers where kfake only imitated it.
+
+// producerFor returns a transactional producer of the ID txnID on the shared cluster, its
+// transactions initialised, closed when the test ends.
+func producerFor(t *testing.T, txnID string) goharvest.KafkaProducer {
+	t.Helper()
+	p, err := goharvest.StandardKafkaProducerProvider(slog.New(slog.DiscardHandler))(goharvest.KafkaConfigMap{
+		"bootstrap.servers": kafkacluster.Shared(t).Addr(), "transactional.id": txnID, "linger.ms": 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			p.Abandon()
+			go func() {
+				for range p.Deliveries() {
+				}
+			}()
+			p.Close()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := p.InitTransactions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// produceOne queues one message, retrying while the topic's metadata is looked up.
+func produceOne(t *testing.T, p goharvest.KafkaProducer, topic, value string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		err := p.Produce(goharvest.Message{Topic: topic, Key: []byte("k"), Value: []byte(value)})
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, goharvest.ErrTopicPending) || time.Now().After(deadline) {
+			t.Fatalf("produce: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A new epoch reads the note right after its InitTransactions. On Apache Kafka, EndTxn returns
+// once the commit is prepared and the markers (the note's among them) are written after; the note
+// read must nonetheless be the latest committed one, never an error or an older note, whether the
+// last transaction committed or was left open for the new producer to abort.
+func TestNoteReadRightAfterInitTransactionsIsSettled(t *testing.T) {
+	c := kafkacluster.Shared(t)
+	id := fmt.Sprintf("note-settled-%d", time.Now().UnixNano())
+	topic := c.Topic(t, id, 1)
+	place := goharvest.NotePlace{Group: id + ".notes", Topic: topic, Partition: 0}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	want := ""
+	for round := range 10 {
+		p := producerFor(t, id)
+		got, err := p.ReadNote(ctx, place)
+		if err != nil {
+			t.Fatalf("round %d: read the note right after InitTransactions: %v", round, err)
+		}
+		if got != want {
+			t.Fatalf("round %d: read note %q, want %q (the latest committed)", round, got, want)
+		}
+		if err := p.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		produceOne(t, p, topic, fmt.Sprint(round))
+		note := goharvest.EncodeNote([]int64{int64(round) + 1})
+		if err := p.WriteNote(ctx, place, note); err != nil {
+			t.Fatalf("round %d: write note: %v", round, err)
+		}
+		if round%2 == 0 {
+			if err := p.CommitTransaction(ctx); err != nil {
+				t.Fatalf("round %d: commit: %v", round, err)
+			}
+			want = note
+		} // odd rounds leave the transaction open: the next producer's InitTransactions aborts it
+	}
+}
+
+// The fullest note the harvester writes (MaxNotedRecords widely spread ids) fits the offset
+// metadata a broker with default settings accepts (offset.metadata.max.bytes, 4096), and reads
+// back whole.
+func TestFullNoteCommitsOnApacheKafka(t *testing.T) {
+	c := kafkacluster.Shared(t)
+	id := fmt.Sprintf("note-full-%d", time.Now().UnixNano())
+	topic := c.Topic(t, id, 1)
+	place := goharvest.NotePlace{Group: id + ".notes", Topic: topic, Partition: 0}
+	ids := make([]int64, goharvest.MaxNotedRecords)
+	for i := range ids {
+		ids[i] = math.MaxInt64 / goharvest.MaxNotedRecords * int64(i+1)
+	}
+	note := goharvest.EncodeNote(ids)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := producerFor(t, id)
+	if err := p.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	produceOne(t, p, topic, "v")
+	if err := p.WriteNote(ctx, place, note); err != nil {
+		t.Fatalf("write a note of %d bytes: %v", len(note), err)
+	}
+	if err := p.CommitTransaction(ctx); err != nil {
+		t.Fatalf("commit a note of %d bytes: %v", len(note), err)
+	}
+	got, err := producerFor(t, id).ReadNote(ctx, place)
+	if err != nil || got != note {
+		t.Fatalf("read back %d bytes (%v), want the %d written", len(got), err, len(note))
+	}
+}
+
+// A producer fenced by a newer one with its transactional ID (a new epoch, in this process or
+// another) learns it from the broker: Apache Kafka answers its requests INVALID_PRODUCER_EPOCH or
+// PRODUCER_FENCED, and its commit must fail as fatal (the epoch ends) with nothing it sent
+// visible to read_committed consumers.
+func TestFencedProducerCannotCommit(t *testing.T) {
+	c := kafkacluster.Shared(t)
+	id := fmt.Sprintf("fenced-%d", time.Now().UnixNano())
+	topic := c.Topic(t, id, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	old := producerFor(t, id)
+	if err := old.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	produceOne(t, old, topic, "before the fence")
+	_ = producerFor(t, id) // fences old
+	produceOne(t, old, topic, "after the fence")
+	err := old.CommitTransaction(ctx)
+	var txnErr *goharvest.TxnError
+	if !errors.As(err, &txnErr) || !txnErr.Fatal {
+		t.Fatalf("the fenced producer's commit returned %v, want a fatal TxnError", err)
+	}
+	t.Logf("fenced producer's commit: %v", err)
+	if values := consumeValues(t, c.Addr(), topic, 0); len(values) != 0 {
+		t.Fatalf("read_committed consumer saw %q from a fenced producer", values)
+	}
+}
+
+// BenchmarkTransactionCycle times one transaction of one record (begin, produce, delivery,
+// commit) back to back, as a harvester's epoch under light load commits them, on Apache Kafka
+// and on kfake. On Kafka, a transaction's markers are written after its commit returns, and the
+// next transaction's first AddPartitionsToTxn is answered CONCURRENT_TRANSACTIONS until they are;
+// librdkafka retries it after a backoff, which shows here as the difference between the two.
+func BenchmarkTransactionCycle(b *testing.B) {
+	for _, broker := range []string{"kafka", "kfake"} {
+		b.Run(broker, func(b *testing.B) {
+			var addr string
+			if broker == "kafka" {
+				addr = kafkacluster.Shared(b).Addr()
+			} else {
+				addr = kafkatest.Start(b).Addr()
+			}
+			id := fmt.Sprintf("cycle-%s-%d", broker, time.Now().UnixNano())
+			p, err := goharvest.StandardKafkaProducerProvider(slog.New(slog.DiscardHandler))(goharvest.KafkaConfigMap{
+				"bootstrap.servers": addr, "transactional.id": id, "linger.ms": 1,
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.Close()
+			ctx := context.Background()
+			if err := p.InitTransactions(ctx); err != nil {
+				b.Fatal(err)
+			}
+			cycle := func() {
+				if err := p.BeginTransaction(); err != nil {
+					b.Fatal(err)
+				}
+				for {
+					err := p.Produce(goharvest.Message{Topic: id, Key: []byte("k"), Value: []byte("v")})
+					if err == nil {
+						break
+					}
+					if !errors.Is(err, goharvest.ErrTopicPending) {
+						b.Fatal(err)
+					}
+					time.Sleep(time.Millisecond)
+				}
+				if d := <-p.Deliveries(); d.Err != nil {
+					b.Fatal(d.Err)
+				}
+				if err := p.CommitTransaction(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			cycle() // the topic's creation and first metadata are not what is measured
+			b.ResetTimer()
+			for b.Loop() {
+				cycle()
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1000, "ms/txn")
+		})
+	}
+}
+
+// A record for a topic that does not exist yet, on a cluster that creates topics on demand (as
+// Apache Kafka does by default), is published without being reported failed: Kafka's first answer
+// for such a topic says it is unknown while it creates it, and kfake's did not.
+func TestFirstRecordOfANewTopicIsNotReportedFailed(t *testing.T) {
+	r := newIntRig(t)
+	topic := r.id + ".created-on-demand"
+	st, _ := stasher.New("outbox")
+	if err := st.StashPgx(context.Background(), r.pool, goharvest.OutboxRecord{KafkaTopic: topic, KafkaKey: "k", KafkaValue: goharvest.String("v")}); err != nil {
+		t.Fatal(err)
+	}
+	events := &eventRecorder{}
+	h := r.harvesterWith("on-demand", goharvest.Limits{}, nil)
+	h.SetEventHandler(events.record)
+	if err := h.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { h.Stop(); h.Await() }()
+	r.waitEmpty(time.Minute)
+	if n := events.count("goharvest.RecordFailed"); n != 0 {
+		t.Errorf("%d RecordFailed events for a record whose topic Kafka creates on demand", n)
+	}
+	if values := consumeValues(t, r.addr, topic, 1); len(values) != 1 {
+		t.Errorf("consumed %q, want the one record", values)
+	}
+}
