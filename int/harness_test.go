@@ -46,7 +46,8 @@ import (
 // have it: each scenario creates its own. A scenario that faults brokers starts a cluster of its
 // own (rigOptions.kafka).
 func TestMain(m *testing.M) {
-	kafkacluster.SetShared(kafkacluster.Nodes(3), kafkacluster.BrokerConfig(map[string]string{"auto.create.topics.enable": "false"}))
+	kafkacluster.SetShared(kafkacluster.Nodes(3), kafkacluster.Proxied(),
+		kafkacluster.BrokerConfig(map[string]string{"auto.create.topics.enable": "false"}))
 	os.Exit(leakcheck.After(pgtest.Run(kafkacluster.Around(m))))
 }
 
@@ -68,11 +69,12 @@ type rig struct {
 	dsn    string
 	pool   *pgxpool.Pool
 	topic  string
-	group  string                // the reapers' leader group
-	addr   string                // Kafka's bootstrap servers
-	kafka  *kafkacluster.Cluster // nil on kfake
-	fake   *kafkatest.Broker     // set on kfake only
-	config string                // reaper.yaml
+	group  string                        // the reapers' leader group
+	addr   string                        // Kafka's bootstrap servers
+	kafka  *kafkacluster.Cluster         // nil on kfake
+	fake   *kafkatest.Broker             // set on kfake only
+	config string                        // reaper.yaml
+	yaml   func(bootstrap string) string // reaper.yaml's text, for Kafka at bootstrap
 	shards int
 	bin    string
 	v      *verifytest.Verifier
@@ -139,7 +141,8 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		r.addr = r.fake.Addr()
 	}
 	r.config = filepath.Join(t.TempDir(), "reaper.yaml")
-	yaml := fmt.Sprintf(`harvest:
+	r.yaml = func(bootstrap string) string {
+		return fmt.Sprintf(`harvest:
   baseKafkaConfig:
     bootstrap.servers: %s
   leaderTopic: %s.leader
@@ -154,8 +157,9 @@ func newRig(t *testing.T, o rigOptions) *rig {
 logging:
   level: info
   format: json
-`, r.addr, id, id, o.shards, o.heartbeatTimeout, o.extraYAML)
-	if err := os.WriteFile(r.config, []byte(yaml), 0o600); err != nil {
+`, bootstrap, id, id, o.shards, o.heartbeatTimeout, o.extraYAML)
+	}
+	if err := os.WriteFile(r.config, []byte(r.yaml(r.addr)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if o.shards > 1 {
@@ -340,9 +344,25 @@ func (p *reaper) counts() (remarks, fences int) {
 
 func (r *rig) startReaper(name string) *reaper {
 	r.t.Helper()
+	return r.startReaperWith(name, r.config)
+}
+
+// startReaperThrough starts a reaper that reaches Kafka through the cluster's proxies (see
+// kafkacluster.Proxied), so that Partition cuts it off, and it alone.
+func (r *rig) startReaperThrough(name string) *reaper {
+	r.t.Helper()
+	config := filepath.Join(r.t.TempDir(), "reaper-proxied.yaml")
+	if err := os.WriteFile(config, []byte(r.yaml(r.kafka.ProxiedAddr())), 0o600); err != nil {
+		r.t.Fatal(err)
+	}
+	return r.startReaperWith(name, config)
+}
+
+func (r *rig) startReaperWith(name, config string) *reaper {
+	r.t.Helper()
 	p := &reaper{name: name, done: make(chan struct{}), led: map[int]time.Time{}, granted: map[int]bool{}, pending: map[int]time.Time{}}
 	r.all = append(r.all, p)
-	p.cmd = exec.Command(r.bin, "-f", r.config)
+	p.cmd = exec.Command(r.bin, "-f", config)
 	p.cmd.Env = append(os.Environ(), "DATABASE_URL="+r.dsn)
 	// GOHARVEST_INT_LOGS keeps every reaper's log in a directory of one's choosing, to read after
 	// a run; otherwise the logs go with the test.

@@ -58,6 +58,7 @@ type options struct {
 	nodes   int
 	version string
 	config  map[string]string
+	proxied bool
 }
 
 // Nodes sets how many nodes the cluster has: 1 (the default) or 3. A 3-node cluster replicates
@@ -75,6 +76,7 @@ type Cluster struct {
 	dir     string
 	jars    string
 	nodes   []*Node
+	proxies []*proxy // with Proxied, one per node
 }
 
 // Node is one KRaft node, broker and controller at once.
@@ -82,6 +84,8 @@ type Node struct {
 	ID             int
 	Port           int // the client listener's
 	controllerPort int
+	proxiedPort    int // with Proxied: the PROXIED listener's
+	proxyPort      int // and the proxy's in front of it, which the listener advertises
 	dir            string
 	jars           string
 
@@ -109,14 +113,24 @@ func New(opts ...Option) (*Cluster, error) {
 		return nil, fmt.Errorf("kafkacluster: %w", err)
 	}
 	c := &Cluster{Version: o.version, dir: dir, jars: jars}
-	ports, err := freePorts(2 * o.nodes)
+	ports, err := freePorts(4 * o.nodes)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
 	for i := range o.nodes {
-		c.nodes = append(c.nodes, &Node{ID: i + 1, Port: ports[2*i], controllerPort: ports[2*i+1],
-			dir: filepath.Join(dir, fmt.Sprintf("node-%d", i+1)), jars: jars})
+		n := &Node{ID: i + 1, Port: ports[4*i], controllerPort: ports[4*i+1],
+			dir: filepath.Join(dir, fmt.Sprintf("node-%d", i+1)), jars: jars}
+		if o.proxied {
+			n.proxiedPort, n.proxyPort = ports[4*i+2], ports[4*i+3]
+			p, err := startProxy(n.proxyPort, net.JoinHostPort("127.0.0.1", strconv.Itoa(n.proxiedPort)))
+			if err != nil {
+				c.Close(false)
+				return nil, err
+			}
+			c.proxies = append(c.proxies, p)
+		}
+		c.nodes = append(c.nodes, n)
 	}
 	if err := c.format(o); err != nil {
 		c.Close(true)
@@ -171,6 +185,9 @@ func (c *Cluster) Close(keepLogs bool) {
 	for _, n := range c.nodes {
 		n.Kill()
 	}
+	for _, p := range c.proxies {
+		p.close()
+	}
 	if keepLogs {
 		fmt.Fprintf(os.Stderr, "kafkacluster: Kafka %s logs kept in %s\n", c.Version, c.dir)
 		return
@@ -216,6 +233,11 @@ func (c *Cluster) properties(n *Node, o options) map[string]string {
 			"default.replication.factor":       "3",
 			"min.insync.replicas":              "2",
 		})
+	}
+	if o.proxied {
+		p["listeners"] += fmt.Sprintf(",PROXIED://127.0.0.1:%d", n.proxiedPort)
+		p["advertised.listeners"] += fmt.Sprintf(",PROXIED://127.0.0.1:%d", n.proxyPort)
+		p["listener.security.protocol.map"] += ",PROXIED:PLAINTEXT"
 	}
 	maps.Copy(p, o.config)
 	return p
@@ -440,6 +462,11 @@ func (c *Cluster) probe(budget time.Duration) error {
 	}
 	// A short transaction timeout, so that the probe suits a broker whose transaction.max.timeout.ms
 	// a test lowered.
+	// The probe's topic is created, not left to the broker: a cluster may create no topics on
+	// demand, and then a transaction's offsets for a missing topic fail.
+	if err := c.CreateTopic(probeTopic, 1); err != nil {
+		return err
+	}
 	pc := kafka.ConfigMap{"bootstrap.servers": c.Addr(), "transactional.id": "kafkacluster.probe", "transaction.timeout.ms": 1000,
 		"log_level": 0, "go.delivery.reports": false}
 	p, err := kafka.NewProducer(&pc)
@@ -455,7 +482,7 @@ func (c *Cluster) probe(budget time.Duration) error {
 	if err := p.BeginTransaction(); err != nil {
 		return err
 	}
-	topic := "kafkacluster.probe"
+	topic := probeTopic
 	if err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
 		Value: []byte("ready?")}, nil); err != nil {
 		return err
@@ -473,6 +500,9 @@ func (c *Cluster) probe(budget time.Duration) error {
 	}
 	return nil
 }
+
+// probeTopic is the topic WaitReady's transactions write to.
+const probeTopic = "kafkacluster.probe"
 
 // CreateTopic creates a topic with the broker's default replication and waits until every
 // partition has a leader.

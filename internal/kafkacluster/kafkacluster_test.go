@@ -99,3 +99,42 @@ func consume(t *testing.T, addr, topic string, n int) map[string]bool {
 	}
 	return got
 }
+
+// A client that bootstraps from the proxied listeners is cut off by Partition, and reaches the
+// cluster again after Heal; a client of the ordinary listeners is never cut off.
+func TestPartitionCutsOffOnlyProxiedClients(t *testing.T) {
+	c := Start(t, Proxied())
+	topic := c.Topic(t, "partitioned", 1)
+	reachable := func(addr string) bool {
+		p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": addr, "message.timeout.ms": 3000})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		delivered := make(chan kafka.Event, 1)
+		if err := p.Produce(&kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: kafka.PartitionAny},
+			Value: []byte("x")}, delivered); err != nil {
+			t.Fatal(err)
+		}
+		m := (<-delivered).(*kafka.Message)
+		return m.TopicPartition.Error == nil
+	}
+	if !reachable(c.ProxiedAddr()) {
+		t.Fatal("the proxied listeners do not reach the cluster")
+	}
+	if err := c.Partition(); err != nil {
+		t.Fatal(err)
+	}
+	if reachable(c.ProxiedAddr()) {
+		t.Fatal("a proxied client reached the cluster during the partition")
+	}
+	if !reachable(c.Addr()) {
+		t.Fatal("the partition cut off a client of the ordinary listeners")
+	}
+	if err := c.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	if !reachable(c.ProxiedAddr()) {
+		t.Fatal("the proxied client does not reach the cluster after Heal")
+	}
+}
