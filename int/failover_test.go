@@ -24,6 +24,13 @@ func TestFailoverKeyRuns(t *testing.T) {
 	failover(t, "failover, key runs", rigOptions{extraYAML: "    maxKeyRun: 100", readCommitted: true, slowPurge: true}, 10, pick(4, 12))
 }
 
+// Failover as a user of a default setup sees it: Kafka's own group timings (sessions of at least
+// 6s, the first rebalance of a group held 3s) and goharvest's default heartbeat timeout (5s, so
+// 10s sessions), where the other scenarios run 1s timeouts on a broker that allows them.
+func TestFailoverWithDefaults(t *testing.T) {
+	failover(t, "failover, default timings", rigOptions{kafka: defaultKafka, heartbeatTimeout: 5 * time.Second}, 1000, pick(2, 6))
+}
+
 func failover(t *testing.T, scenario string, o rigOptions, keys, rounds int) {
 	r := newRig(t, o)
 	r.startWriters(4, keys, 2000)

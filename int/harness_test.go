@@ -88,9 +88,10 @@ type rig struct {
 type kafkaChoice int
 
 const (
-	sharedKafka kafkaChoice = iota // the package's 3-node cluster
-	ownKafka                       // a 3-node cluster of the scenario's own, whose brokers it faults
-	kfakeOnly                      // kfake, for a fault only it can inject; the scenario says which
+	sharedKafka  kafkaChoice = iota // the package's 3-node cluster
+	ownKafka                        // a 3-node cluster of the scenario's own, whose brokers it faults
+	defaultKafka                    // a 3-node cluster of the scenario's own with Kafka's default group timings
+	kfakeOnly                       // kfake, for a fault only it can inject; the scenario says which
 )
 
 var rigs atomic.Int64
@@ -129,10 +130,14 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	id := fmt.Sprintf("scenario%d", rigs.Add(1))
 	r.topic, r.group = id+".events", id
 	switch o.kafka {
-	case sharedKafka, ownKafka:
+	case sharedKafka, ownKafka, defaultKafka:
 		r.kafka = kafkacluster.Shared(t)
-		if o.kafka == ownKafka {
-			r.kafka = kafkacluster.Start(t, kafkacluster.Nodes(3), kafkacluster.BrokerConfig(map[string]string{"auto.create.topics.enable": "false"}))
+		opts := []kafkacluster.Option{kafkacluster.Nodes(3), kafkacluster.BrokerConfig(map[string]string{"auto.create.topics.enable": "false"})}
+		switch o.kafka {
+		case ownKafka:
+			r.kafka = kafkacluster.Start(t, opts...)
+		case defaultKafka:
+			r.kafka = kafkacluster.Start(t, append(opts, kafkacluster.GroupDefaults())...)
 		}
 		r.addr = r.kafka.Addr()
 		r.kafka.Topic(t, r.topic, 8)

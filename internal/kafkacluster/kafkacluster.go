@@ -55,11 +55,16 @@ var testDefaults = map[string]struct{ value, why string }{
 type Option func(*options)
 
 type options struct {
-	nodes   int
-	version string
-	config  map[string]string
-	proxied bool
+	nodes         int
+	version       string
+	config        map[string]string
+	proxied       bool
+	groupDefaults bool
 }
+
+// GroupDefaults keeps Kafka's own group timings (a 6s minimum session, a first rebalance held
+// 3s), which testDefaults shortens, for tests that measure what a user of a default broker sees.
+func GroupDefaults() Option { return func(o *options) { o.groupDefaults = true } }
 
 // Nodes sets how many nodes the cluster has: 1 (the default) or 3. A 3-node cluster replicates
 // every topic 3 times, internal ones included, with min.insync.replicas 2, as production does.
@@ -213,6 +218,9 @@ func (c *Cluster) properties(n *Node, o options) map[string]string {
 		"log.dirs":                       filepath.Join(n.dir, "data"),
 	}
 	for k, d := range testDefaults {
+		if o.groupDefaults && strings.HasPrefix(k, "group.") {
+			continue
+		}
 		p[k] = d.value
 	}
 	if len(c.nodes) == 1 {
