@@ -42,13 +42,15 @@ lint:
 	$(GO) vet ./...
 	for m in $(NESTED_MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 
-## bench: every benchmark once (about 6 minutes), against a throwaway Postgres and the in-process
-## broker, then one table of their figures (BENCH=Drain runs only those whose names match; BENCH
-## is taken as written, so that a regular expression's $ is not read as one of make's variables)
+## bench: every benchmark once (about 6 minutes), against a throwaway Postgres and Apache Kafka,
+## then one table of their figures (BENCH=Drain runs only those whose names match; BENCH is taken
+## as written, so that a regular expression's $ is not read as one of make's variables).
+## BROKER=kafka3 runs them on a 3-node cluster, BROKER=kfake on the fake broker.
 BENCH ?= .
+BROKER ?= kafka
 bench: SHELL := /bin/bash
-bench:
-	set -o pipefail; $(GO) test -run '^$$' -bench '$(value BENCH)' -benchtime 1x -count 1 -timeout 60m . \
+bench: kafka
+	set -o pipefail; GOHARVEST_BENCH_BROKER=$(BROKER) $(GO) test -run '^$$' -bench '$(value BENCH)' -benchtime 1x -count 1 -timeout 60m . \
 		| $(GO) run ./internal/benchtable
 
 ## chaos: the long variants of the fault-tolerance suite (int/); prints the figures README reports

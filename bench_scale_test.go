@@ -246,7 +246,7 @@ type scaleMeasurement struct {
 
 func measureScale(b *testing.B, rig *benchRig, children []*benchChild) *scaleMeasurement {
 	m := &scaleMeasurement{rig: rig, children: children, start: time.Now(), relay: processCPU(),
-		pg: mustCPU(b, rig.server), broker: pidCPU(b, rig.broker.Cmd.Process.Pid), machine: machineCPU(b)}
+		pg: mustCPU(b, rig.server), broker: rig.broker.cpu(b), machine: machineCPU(b)}
 	for _, c := range children {
 		m.child = append(m.child, pidCPU(b, c.cmd.Process.Pid))
 	}
@@ -260,7 +260,7 @@ func (m *scaleMeasurement) used(b *testing.B) (relays []time.Duration, pg, broke
 	for i, c := range m.children {
 		relays = append(relays, pidCPU(b, c.cmd.Process.Pid)-m.child[i])
 	}
-	return relays, mustCPU(b, m.rig.server) - m.pg, pidCPU(b, m.rig.broker.Cmd.Process.Pid) - m.broker
+	return relays, mustCPU(b, m.rig.server) - m.pg, m.rig.broker.cpu(b) - m.broker
 }
 
 // stop adds to the figures of measurement base (which reports this process's CPU as the relay's)
