@@ -55,9 +55,10 @@ var testDefaults = map[string]struct{ value, why string }{
 type Option func(*options)
 
 type options struct {
-	nodes   int
-	version string
-	config  map[string]string
+	nodes    int
+	version  string
+	config   map[string]string
+	security security // see security.go
 }
 
 // Nodes sets how many nodes the cluster has: 1 (the default) or 3. A 3-node cluster replicates
@@ -75,12 +76,14 @@ type Cluster struct {
 	dir     string
 	jars    string
 	nodes   []*Node
+	sec     *secured // nil for a plaintext cluster; see security.go
 }
 
 // Node is one KRaft node, broker and controller at once.
 type Node struct {
 	ID             int
 	Port           int // the client listener's
+	internalPort   int // the listener of brokers and the fixture's own clients: Port on a plaintext cluster
 	controllerPort int
 	dir            string
 	jars           string
@@ -109,14 +112,30 @@ func New(opts ...Option) (*Cluster, error) {
 		return nil, fmt.Errorf("kafkacluster: %w", err)
 	}
 	c := &Cluster{Version: o.version, dir: dir, jars: jars}
-	ports, err := freePorts(2 * o.nodes)
+	// A secured cluster's brokers talk to each other on a listener of their own (see security.go).
+	perNode := 2
+	if o.security != plaintext {
+		perNode = 3
+	}
+	ports, err := freePorts(perNode * o.nodes)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
 	for i := range o.nodes {
-		c.nodes = append(c.nodes, &Node{ID: i + 1, Port: ports[2*i], controllerPort: ports[2*i+1],
-			dir: filepath.Join(dir, fmt.Sprintf("node-%d", i+1)), jars: jars})
+		p := ports[perNode*i : perNode*(i+1)]
+		n := &Node{ID: i + 1, Port: p[0], internalPort: p[0], controllerPort: p[1],
+			dir: filepath.Join(dir, fmt.Sprintf("node-%d", i+1)), jars: jars}
+		if perNode == 3 {
+			n.internalPort = p[2]
+		}
+		c.nodes = append(c.nodes, n)
+	}
+	if o.security != plaintext {
+		if c.sec, err = newSecured(dir, o.security); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
 	}
 	if err := c.format(o); err != nil {
 		c.Close(true)
@@ -152,6 +171,17 @@ func (c *Cluster) Addr() string {
 	addrs := make([]string, len(c.nodes))
 	for i, n := range c.nodes {
 		addrs[i] = n.Addr()
+	}
+	return strings.Join(addrs, ",")
+}
+
+// internalAddr returns the bootstrap servers of the fixture's own clients (the readiness probe,
+// topics, ACLs): the client listener of a plaintext cluster, the brokers' own of a secured one,
+// where whatever is under test (ACLs, users) cannot get in their way.
+func (c *Cluster) internalAddr() string {
+	addrs := make([]string, len(c.nodes))
+	for i, n := range c.nodes {
+		addrs[i] = net.JoinHostPort("127.0.0.1", strconv.Itoa(n.internalPort))
 	}
 	return strings.Join(addrs, ",")
 }
@@ -217,6 +247,9 @@ func (c *Cluster) properties(n *Node, o options) map[string]string {
 			"min.insync.replicas":              "2",
 		})
 	}
+	if c.sec != nil {
+		c.sec.properties(n, p)
+	}
 	maps.Copy(p, o.config)
 	return p
 }
@@ -243,8 +276,11 @@ func (c *Cluster) format(o options) error {
 		if err := os.WriteFile(filepath.Join(n.dir, "log4j2.properties"), []byte(log4jConfig), 0o644); err != nil {
 			return fmt.Errorf("kafkacluster: %w", err)
 		}
-		if out, err := c.java(time.Minute, "kafka.tools.StorageTool", "format", "--cluster-id", clusterID,
-			"--config", filepath.Join(n.dir, "server.properties")); err != nil {
+		args := []string{"format", "--cluster-id", clusterID, "--config", filepath.Join(n.dir, "server.properties")}
+		if c.sec != nil {
+			args = append(args, c.sec.formatArgs()...)
+		}
+		if out, err := c.java(time.Minute, "kafka.tools.StorageTool", args...); err != nil {
 			return fmt.Errorf("kafkacluster: format node %d: %w\n%s", n.ID, err, out)
 		}
 	}
@@ -425,7 +461,7 @@ func (c *Cluster) probe(budget time.Duration) error {
 			running++
 		}
 	}
-	base := kafka.ConfigMap{"bootstrap.servers": c.Addr(), "log_level": 0}
+	base := kafka.ConfigMap{"bootstrap.servers": c.internalAddr(), "log_level": 0}
 	admin, err := kafka.NewAdminClient(&base)
 	if err != nil {
 		return err
@@ -440,7 +476,7 @@ func (c *Cluster) probe(budget time.Duration) error {
 	}
 	// A short transaction timeout, so that the probe suits a broker whose transaction.max.timeout.ms
 	// a test lowered.
-	pc := kafka.ConfigMap{"bootstrap.servers": c.Addr(), "transactional.id": "kafkacluster.probe", "transaction.timeout.ms": 1000,
+	pc := kafka.ConfigMap{"bootstrap.servers": c.internalAddr(), "transactional.id": "kafkacluster.probe", "transaction.timeout.ms": 1000,
 		"log_level": 0, "go.delivery.reports": false}
 	p, err := kafka.NewProducer(&pc)
 	if err != nil {
@@ -471,13 +507,16 @@ func (c *Cluster) probe(budget time.Duration) error {
 	if err := p.CommitTransaction(ctx); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
+	if c.sec != nil {
+		return c.sec.probe(c, budget)
+	}
 	return nil
 }
 
 // CreateTopic creates a topic with the broker's default replication and waits until every
 // partition has a leader.
 func (c *Cluster) CreateTopic(name string, partitions int) error {
-	cm := kafka.ConfigMap{"bootstrap.servers": c.Addr(), "log_level": 0}
+	cm := kafka.ConfigMap{"bootstrap.servers": c.internalAddr(), "log_level": 0}
 	admin, err := kafka.NewAdminClient(&cm)
 	if err != nil {
 		return err
@@ -631,7 +670,7 @@ const (
 // GroupCoordinator or TransactionCoordinator): the leader of the partition of __consumer_offsets
 // or __transaction_state that the key hashes to.
 func (c *Cluster) Coordinator(kind int8, key string) (*Node, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(c.Addr(), ",")...))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(c.internalAddr(), ",")...))
 	if err != nil {
 		return nil, err
 	}
