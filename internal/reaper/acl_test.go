@@ -159,11 +159,16 @@ func prepareOutbox(t *testing.T, c aclCase, records int) (dsn string, pool *pgxp
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	if _, err := pool.Exec(ctx, `INSERT INTO outbox (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
-		SELECT now(), $1, 'k' || (i % 10), 'v' || i, '{}', '{}' FROM generate_series(1, $2) AS i`, c.topic, records); err != nil {
+	insertRecords(t, pool, c.topic, records)
+	return dsn, pool
+}
+
+// insertRecords writes records for topic over 10 keys.
+func insertRecords(t *testing.T, pool *pgxpool.Pool, topic string, records int) {
+	if _, err := pool.Exec(context.Background(), `INSERT INTO outbox (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
+		SELECT now(), $1, 'k' || (i % 10), 'v' || i, '{}', '{}' FROM generate_series(1, $2) AS i`, topic, records); err != nil {
 		t.Fatal(err)
 	}
-	return dsn, pool
 }
 
 func outboxRows(t *testing.T, pool *pgxpool.Pool) int {
@@ -246,12 +251,101 @@ func TestReaperACLs(t *testing.T) {
 							t.Fatalf("exit %d:\n%s", code, run.logs)
 						}
 					}
-					if rows, written := outboxRows(t, pool), rig.written(t, c.topic); rows != records || written != 0 {
-						t.Fatalf("%d of %d rows left in the outbox, %d records written to %s; want all left, none written:\n%s",
-							rows, records, written, c.topic, run.logs)
-					}
+					checkNothingPublished(t, rig, c, pool, records, run)
 				})
 			}
+
+			// Another principal, with every ACL but the group's transactional IDs, joins the group
+			// and is left alone with it: it stops without publishing, and the group's own reaper,
+			// started again, publishes what was written meanwhile.
+			t.Run("another principal without the transactional ID", func(t *testing.T) {
+				c := rig.newCase(t, shards)
+				dsn, pool := prepareOutbox(t, c, records)
+				if err := rig.kafka.Grant(acls(c.readmeACLs())...); err != nil {
+					t.Fatal(err)
+				}
+				run := rig.startReaper(t, c, dsn)
+				eventually(t, "the outbox drained", 60*time.Second, func() (bool, string) {
+					return outboxRows(t, pool) == 0, run.logs.String()
+				})
+				intruder := c
+				intruder.user = c.user + "-other"
+				rig.kafka.NewUser(t, intruder.user)
+				needs := intruder.readmeACLs()
+				if err := rig.kafka.Grant(acls(needs[1:])...); err != nil {
+					t.Fatal(err)
+				}
+				other := rig.startReaper(t, intruder, dsn)
+				eventually(t, "the other principal's reaper in the election", 30*time.Second, func() (bool, string) {
+					return strings.Contains(other.logs.String(), "joined the election"), other.logs.String()
+				})
+				if code := run.stop(t); code != 0 {
+					t.Fatalf("exit %d:\n%s", code, run.logs)
+				}
+				before := rig.written(t, c.topic)
+				insertRecords(t, pool, c.topic, records)
+				select {
+				case code := <-other.done:
+					other.done <- code
+					if code != reaper.ExitFailed || !strings.Contains(other.logs.String(), needs[0].says) {
+						t.Fatalf("the other principal's reaper: exit %d, want %d and an error saying %q:\n%s", code, reaper.ExitFailed, needs[0].says, other.logs)
+					}
+				case <-time.After(30 * time.Second):
+					t.Fatalf("the other principal's reaper, alone in the group, still runs after 30s:\n%s", other.logs)
+				}
+				if rows, written := outboxRows(t, pool), rig.written(t, c.topic); rows != records || written != before {
+					t.Fatalf("%d of %d rows left, %d records written by the other principal; want all left, none written:\n%s",
+						rows, records, written-before, other.logs)
+				}
+				run = rig.startReaper(t, c, dsn)
+				eventually(t, "the group's reaper publishing again", 60*time.Second, func() (bool, string) {
+					return outboxRows(t, pool) == 0, run.logs.String()
+				})
+				if code := run.stop(t); code != 0 {
+					t.Fatalf("exit %d:\n%s", code, run.logs)
+				}
+			})
 		})
+	}
+
+	// A leader topic with fewer partitions than shards is grown, which needs ALTER on it.
+	t.Run("growing the leader topic", func(t *testing.T) {
+		c := rig.newCase(t, 4)
+		rig.kafka.Topic(t, c.leaderTopic, 1)
+		dsn, pool := prepareOutbox(t, c, records)
+		if err := rig.kafka.Grant(acls(c.readmeACLs())...); err != nil {
+			t.Fatal(err)
+		}
+		run := rig.startReaper(t, c, dsn)
+		select {
+		case code := <-run.done:
+			run.done <- code
+			if code != reaper.ExitFailed || !strings.Contains(run.logs.String(), "grant CREATE and ALTER on it") {
+				t.Fatalf("exit %d, want %d and an error asking for ALTER:\n%s", code, reaper.ExitFailed, run.logs)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("still running after 30s without ALTER on the leader topic:\n%s", run.logs)
+		}
+		checkNothingPublished(t, rig, c, pool, records, run)
+		if err := rig.kafka.Grant(kafkacluster.ACL{User: c.user, Operation: kafka.ACLOperationAlter, Resource: kafka.ResourceTopic, Name: c.leaderTopic}); err != nil {
+			t.Fatal(err)
+		}
+		run = rig.startReaper(t, c, dsn)
+		eventually(t, "the outbox drained", 60*time.Second, func() (bool, string) {
+			return outboxRows(t, pool) == 0, run.logs.String()
+		})
+		if code := run.stop(t); code != 0 {
+			t.Fatalf("exit %d:\n%s", code, run.logs)
+		}
+	})
+}
+
+// checkNothingPublished fails the test unless every record is still in the outbox and nothing,
+// committed or not, reached the topic.
+func checkNothingPublished(t *testing.T, rig *aclRig, c aclCase, pool *pgxpool.Pool, records int, run *reaperRun) {
+	t.Helper()
+	if rows, written := outboxRows(t, pool), rig.written(t, c.topic); rows != records || written != 0 {
+		t.Fatalf("%d of %d rows left in the outbox, %d records written to %s; want all left, none written:\n%s",
+			rows, records, written, c.topic, run.logs)
 	}
 }
