@@ -142,9 +142,10 @@ func (e *TxnError) Error() string { return e.Err.Error() }
 func (e *TxnError) Unwrap() error { return e.Err }
 
 // KafkaConfigError says that Kafka refused the producer's settings or permissions when it
-// registered its transactional ID: a missing ACL (WRITE on the transactional ID, IDEMPOTENT_WRITE
-// on the cluster), a transaction.timeout.ms above the broker's transaction.max.timeout.ms, a
-// broker without transactions. Retrying cannot cure it, so the harvester stops with it.
+// registered its transactional ID (a missing ACL: WRITE on the transactional ID; a
+// transaction.timeout.ms above the broker's transaction.max.timeout.ms; a broker without
+// transactions) or when it read its note (READ on the notes group). Retrying cannot cure it, so
+// the harvester stops with it.
 type KafkaConfigError struct{ Err error }
 
 func (e *KafkaConfigError) Error() string { return e.Err.Error() }

@@ -349,3 +349,49 @@ func checkNothingPublished(t *testing.T, rig *aclRig, c aclCase, pool *pgxpool.P
 			rows, records, written, c.topic, run.logs)
 	}
 }
+
+// README's table of ACLs is what TestReaperACLs grants, for one leader and for shards, and ALTER
+// on the leader topic, which growing it needs: no more, no fewer.
+func TestREADMEListsTheTestedACLs(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const header = "| Operation | Resource | Name | Pattern | Why |"
+	_, table, ok := strings.Cut(string(readme), header+"\n|---|---|---|---|---|\n")
+	if !ok {
+		t.Fatalf("README.md has no table headed %q", header)
+	}
+	var listed []string
+	for line := range strings.Lines(table) {
+		if !strings.HasPrefix(line, "|") {
+			break
+		}
+		cells := strings.Split(strings.Trim(strings.TrimSpace(line), "|"), " | ")
+		if len(cells) != 5 {
+			t.Fatalf("README's ACL row %q has %d cells, want 5", line, len(cells))
+		}
+		row := fmt.Sprintf("%s on %s %s", strings.TrimSpace(cells[0]), cells[1], strings.Trim(cells[2], "`"))
+		if cells[3] == "PREFIXED" {
+			row += " (PREFIXED)"
+		}
+		listed = append(listed, row)
+	}
+	var tested []string
+	for _, shards := range []int{1, 4} {
+		c := aclCase{user: "u", group: "GROUP", leaderTopic: "LEADER", topic: "TOPIC", shards: shards}
+		placeholders := strings.NewReplacer("LEADER", "<leaderTopic>", "TOPIC", "<topic>", "GROUP", "<leaderGroupID>")
+		for _, need := range c.readmeACLs() {
+			tested = append(tested, placeholders.Replace(need.acl.String()))
+		}
+		if shards > 1 {
+			tested = append(tested, "ALTER on Topic <leaderTopic>") // see "growing the leader topic"
+		}
+	}
+	slices.Sort(tested)
+	tested = slices.Compact(tested)
+	slices.Sort(listed)
+	if !slices.Equal(listed, tested) {
+		t.Fatalf("README lists the ACLs\n\t%s\nthe tests grant\n\t%s", strings.Join(listed, "\n\t"), strings.Join(tested, "\n\t"))
+	}
+}
