@@ -138,16 +138,7 @@ logging:
 		t.Errorf("the reaper runs as uid %s, want 65532", uid)
 	}
 	v.WaitDistinct(t, keys*perKey, time.Minute)
-	r.waitFor(t, 30*time.Second, "the outbox to empty", func() error {
-		var left int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&left); err != nil {
-			return err
-		}
-		if left > 0 {
-			return fmt.Errorf("%d rows left", left)
-		}
-		return nil
-	})
+	r.waitFor(t, 30*time.Second, "the outbox to empty", outboxEmpty(pool))
 	if published := metricValue(t, admin, "goharvest_records_published_total"); published < keys*perKey {
 		t.Errorf("goharvest_records_published_total is %v, want at least %d", published, keys*perKey)
 	}
@@ -216,17 +207,22 @@ logging:
 		SELECT now(), 'events-tls', 'k' || i, 'v', '{}', '{}' FROM generate_series(1, 10) AS i`); err != nil {
 		t.Fatal(err)
 	}
-	r.waitFor(t, 30*time.Second, "the outbox to empty over TLS", func() error {
+	r.waitFor(t, 30*time.Second, "the outbox to empty over TLS", outboxEmpty(pool))
+	r.stop(t)
+}
+
+// outboxEmpty is a check for waitFor: it fails while the outbox has rows.
+func outboxEmpty(pool *pgxpool.Pool) func() error {
+	return func() error {
 		var left int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&left); err != nil {
+		if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&left); err != nil {
 			return err
 		}
 		if left > 0 {
 			return fmt.Errorf("%d rows left", left)
 		}
 		return nil
-	})
-	r.stop(t)
+	}
 }
 
 // reaperProcess is a reaper running from the exported image.

@@ -10,7 +10,8 @@
 //
 //	func TestMain(m *testing.M) { os.Exit(kafkacluster.Run(m)) }
 //
-// A test that restarts or freezes brokers starts a cluster of its own with Start.
+// A test that restarts or freezes brokers starts a cluster of its own with Start, as does one that
+// needs TLS or SASL with ACLs (TLS, Secure; see security.go).
 package kafkacluster
 
 import (

@@ -291,41 +291,41 @@ func (c *Cluster) ConfigMap(tb testing.TB, user string) kafka.ConfigMap {
 	return cm
 }
 
-// admin returns an admin client of the internal listener, whose principal is a super user.
-func (c *Cluster) admin() (*kafka.AdminClient, error) {
-	return kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": c.internalAddr(), "log_level": 0})
-}
-
-func (c *Cluster) secure() error {
+// withAdmin calls f with an admin client of the internal listener, whose principal is a super
+// user, and a deadline of 30s, on a Secure cluster.
+func (c *Cluster) withAdmin(f func(context.Context, *kafka.AdminClient) error) error {
 	if c.sec == nil || c.sec.mode != saslSSL {
 		return errors.New("kafkacluster: users and ACLs need a cluster started with Secure()")
 	}
-	return nil
-}
-
-// AddUser creates SCRAM-SHA-512 credentials for user (or replaces them), and returns once every
-// running node authenticates the user: the controller stores credentials, and each broker learns
-// them from the metadata log a moment later.
-func (c *Cluster) AddUser(user, password string) error {
-	if err := c.secure(); err != nil {
-		return err
-	}
-	admin, err := c.admin()
+	admin, err := kafka.NewAdminClient(&kafka.ConfigMap{"bootstrap.servers": c.internalAddr(), "log_level": 0})
 	if err != nil {
 		return fmt.Errorf("kafkacluster: %w", err)
 	}
 	defer admin.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := admin.AlterUserScramCredentials(ctx, []kafka.UserScramCredentialUpsertion{{
-		User:                user,
-		ScramCredentialInfo: kafka.ScramCredentialInfo{Mechanism: kafka.ScramMechanismSHA512, Iterations: scramIterations},
-		Password:            []byte(password),
-	}}, nil)
+	return f(ctx, admin)
+}
+
+// AddUser creates SCRAM-SHA-512 credentials for user (or replaces them), and returns once every
+// running node authenticates the user: the controller stores credentials, and each broker learns
+// them from the metadata log a moment later.
+func (c *Cluster) AddUser(user, password string) error {
+	err := c.withAdmin(func(ctx context.Context, admin *kafka.AdminClient) error {
+		res, err := admin.AlterUserScramCredentials(ctx, []kafka.UserScramCredentialUpsertion{{
+			User:                user,
+			ScramCredentialInfo: kafka.ScramCredentialInfo{Mechanism: kafka.ScramMechanismSHA512, Iterations: scramIterations},
+			Password:            []byte(password),
+		}}, nil)
+		if err != nil {
+			return err
+		}
+		if err := res.Errors[user]; err.Code() != kafka.ErrNoError {
+			return err
+		}
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("kafkacluster: add user %s: %w", user, err)
-	}
-	if err := res.Errors[user]; err.Code() != kafka.ErrNoError {
 		return fmt.Errorf("kafkacluster: add user %s: %w", user, err)
 	}
 	c.sec.mu.Lock()
@@ -417,59 +417,51 @@ func (a ACL) binding() kafka.ACLBinding {
 
 // Grant creates acls, and returns once every running broker enforces them.
 func (c *Cluster) Grant(acls ...ACL) error {
-	if err := c.secure(); err != nil {
-		return err
-	}
-	admin, err := c.admin()
-	if err != nil {
-		return fmt.Errorf("kafkacluster: %w", err)
-	}
-	defer admin.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	bindings := make(kafka.ACLBindings, len(acls))
 	for i, a := range acls {
 		bindings[i] = a.binding()
 	}
-	res, err := admin.CreateACLs(ctx, bindings)
+	err := c.withAdmin(func(ctx context.Context, admin *kafka.AdminClient) error {
+		res, err := admin.CreateACLs(ctx, bindings)
+		if err != nil {
+			return err
+		}
+		for i, r := range res {
+			if r.Error.Code() != kafka.ErrNoError {
+				return fmt.Errorf("%v: %w", acls[i], r.Error)
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("kafkacluster: grant: %w", err)
-	}
-	for i, r := range res {
-		if r.Error.Code() != kafka.ErrNoError {
-			return fmt.Errorf("kafkacluster: grant %v: %w", acls[i], r.Error)
-		}
 	}
 	return c.waitACLs(acls, true)
 }
 
 // Revoke deletes acls, and returns once no running broker allows them any more.
 func (c *Cluster) Revoke(acls ...ACL) error {
-	if err := c.secure(); err != nil {
-		return err
-	}
-	admin, err := c.admin()
-	if err != nil {
-		return fmt.Errorf("kafkacluster: %w", err)
-	}
-	defer admin.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	filters := make(kafka.ACLBindingFilters, len(acls))
 	for i, a := range acls {
 		filters[i] = a.binding()
 	}
-	res, err := admin.DeleteACLs(ctx, filters)
+	err := c.withAdmin(func(ctx context.Context, admin *kafka.AdminClient) error {
+		res, err := admin.DeleteACLs(ctx, filters)
+		if err != nil {
+			return err
+		}
+		for i, r := range res {
+			if r.Error.Code() != kafka.ErrNoError {
+				return fmt.Errorf("%v: %w", acls[i], r.Error)
+			}
+			if len(r.ACLBindings) == 0 {
+				return fmt.Errorf("%v: no such ACL", acls[i])
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("kafkacluster: revoke: %w", err)
-	}
-	for i, r := range res {
-		if r.Error.Code() != kafka.ErrNoError {
-			return fmt.Errorf("kafkacluster: revoke %v: %w", acls[i], r.Error)
-		}
-		if len(r.ACLBindings) == 0 {
-			return fmt.Errorf("kafkacluster: revoke %v: no such ACL", acls[i])
-		}
 	}
 	return c.waitACLs(acls, false)
 }

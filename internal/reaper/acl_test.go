@@ -137,6 +137,40 @@ func (run *reaperRun) stop(t *testing.T) int {
 	}
 }
 
+// drains waits until the outbox is empty, then stops the reaper, which must exit 0.
+func (run *reaperRun) drains(t *testing.T, what string, pool *pgxpool.Pool) {
+	t.Helper()
+	eventually(t, what, 60*time.Second, func() (bool, string) {
+		return outboxRows(t, pool) == 0, run.logs.String()
+	})
+	if code := run.stop(t); code != 0 {
+		t.Fatalf("exit %d:\n%s", code, run.logs)
+	}
+}
+
+// stops waits until the reaper exits, which it must do within 30s, with ExitFailed and an error
+// saying says.
+func (run *reaperRun) stops(t *testing.T, says string) {
+	t.Helper()
+	select {
+	case code := <-run.done:
+		run.done <- code
+		if code != reaper.ExitFailed || !strings.Contains(run.logs.String(), says) {
+			t.Fatalf("exit %d, want %d and an error saying %q:\n%s", code, reaper.ExitFailed, says, run.logs)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("still running after 30s, want it stopped saying %q:\n%s", says, run.logs)
+	}
+}
+
+// grant grants needs' ACLs, failing the test if it cannot.
+func (r *aclRig) grant(t *testing.T, needs []aclNeed) {
+	t.Helper()
+	if err := r.kafka.Grant(acls(needs)...); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // prepareOutbox creates the outbox (with the shard index) and fills it with records for topic.
 func prepareOutbox(t *testing.T, c aclCase, records int) (dsn string, pool *pgxpool.Pool) {
 	ctx := context.Background()
@@ -212,16 +246,8 @@ func TestReaperACLs(t *testing.T) {
 			t.Run("README's ACLs", func(t *testing.T) {
 				c := rig.newCase(t, shards)
 				dsn, pool := prepareOutbox(t, c, records)
-				if err := rig.kafka.Grant(acls(c.readmeACLs())...); err != nil {
-					t.Fatal(err)
-				}
-				run := rig.startReaper(t, c, dsn)
-				eventually(t, "the outbox drained", 60*time.Second, func() (bool, string) {
-					return outboxRows(t, pool) == 0, run.logs.String()
-				})
-				if code := run.stop(t); code != 0 {
-					t.Fatalf("exit %d:\n%s", code, run.logs)
-				}
+				rig.grant(t, c.readmeACLs())
+				rig.startReaper(t, c, dsn).drains(t, "the outbox drained", pool)
 			})
 			for i := range len(aclCase{shards: shards}.readmeACLs()) {
 				c := rig.newCase(t, shards)
@@ -229,20 +255,10 @@ func TestReaperACLs(t *testing.T) {
 				missing := needs[i]
 				t.Run("without "+strings.ReplaceAll(missing.acl.String(), c.group, "<group>"), func(t *testing.T) {
 					dsn, pool := prepareOutbox(t, c, records)
-					if err := rig.kafka.Grant(acls(slices.Delete(slices.Clone(needs), i, i+1))...); err != nil {
-						t.Fatal(err)
-					}
+					rig.grant(t, slices.Delete(slices.Clone(needs), i, i+1))
 					run := rig.startReaper(t, c, dsn)
 					if missing.stops {
-						select {
-						case code := <-run.done:
-							run.done <- code
-							if code != reaper.ExitFailed || !strings.Contains(run.logs.String(), missing.says) {
-								t.Fatalf("exit %d, want %d and an error saying %q:\n%s", code, reaper.ExitFailed, missing.says, run.logs)
-							}
-						case <-time.After(30 * time.Second):
-							t.Fatalf("still running after 30s, want it stopped saying %q:\n%s", missing.says, run.logs)
-						}
+						run.stops(t, missing.says)
 					} else {
 						eventually(t, "a log line saying "+missing.says, 30*time.Second, func() (bool, string) {
 							return strings.Contains(run.logs.String(), missing.says), run.logs.String()
@@ -261,9 +277,7 @@ func TestReaperACLs(t *testing.T) {
 			t.Run("another principal without the transactional ID", func(t *testing.T) {
 				c := rig.newCase(t, shards)
 				dsn, pool := prepareOutbox(t, c, records)
-				if err := rig.kafka.Grant(acls(c.readmeACLs())...); err != nil {
-					t.Fatal(err)
-				}
+				rig.grant(t, c.readmeACLs())
 				run := rig.startReaper(t, c, dsn)
 				eventually(t, "the outbox drained", 60*time.Second, func() (bool, string) {
 					return outboxRows(t, pool) == 0, run.logs.String()
@@ -272,9 +286,7 @@ func TestReaperACLs(t *testing.T) {
 				intruder.user = c.user + "-other"
 				rig.kafka.NewUser(t, intruder.user)
 				needs := intruder.readmeACLs()
-				if err := rig.kafka.Grant(acls(needs[1:])...); err != nil {
-					t.Fatal(err)
-				}
+				rig.grant(t, needs[1:])
 				other := rig.startReaper(t, intruder, dsn)
 				eventually(t, "the other principal's reaper in the election", 30*time.Second, func() (bool, string) {
 					return strings.Contains(other.logs.String(), "joined the election"), other.logs.String()
@@ -284,26 +296,12 @@ func TestReaperACLs(t *testing.T) {
 				}
 				before := rig.written(t, c.topic)
 				insertRecords(t, pool, c.topic, records)
-				select {
-				case code := <-other.done:
-					other.done <- code
-					if code != reaper.ExitFailed || !strings.Contains(other.logs.String(), needs[0].says) {
-						t.Fatalf("the other principal's reaper: exit %d, want %d and an error saying %q:\n%s", code, reaper.ExitFailed, needs[0].says, other.logs)
-					}
-				case <-time.After(30 * time.Second):
-					t.Fatalf("the other principal's reaper, alone in the group, still runs after 30s:\n%s", other.logs)
-				}
+				other.stops(t, needs[0].says)
 				if rows, written := outboxRows(t, pool), rig.written(t, c.topic); rows != records || written != before {
 					t.Fatalf("%d of %d rows left, %d records written by the other principal; want all left, none written:\n%s",
 						rows, records, written-before, other.logs)
 				}
-				run = rig.startReaper(t, c, dsn)
-				eventually(t, "the group's reaper publishing again", 60*time.Second, func() (bool, string) {
-					return outboxRows(t, pool) == 0, run.logs.String()
-				})
-				if code := run.stop(t); code != 0 {
-					t.Fatalf("exit %d:\n%s", code, run.logs)
-				}
+				rig.startReaper(t, c, dsn).drains(t, "the group's reaper publishing again", pool)
 			})
 		})
 	}
@@ -313,30 +311,14 @@ func TestReaperACLs(t *testing.T) {
 		c := rig.newCase(t, 4)
 		rig.kafka.Topic(t, c.leaderTopic, 1)
 		dsn, pool := prepareOutbox(t, c, records)
-		if err := rig.kafka.Grant(acls(c.readmeACLs())...); err != nil {
-			t.Fatal(err)
-		}
+		rig.grant(t, c.readmeACLs())
 		run := rig.startReaper(t, c, dsn)
-		select {
-		case code := <-run.done:
-			run.done <- code
-			if code != reaper.ExitFailed || !strings.Contains(run.logs.String(), "grant CREATE and ALTER on it") {
-				t.Fatalf("exit %d, want %d and an error asking for ALTER:\n%s", code, reaper.ExitFailed, run.logs)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatalf("still running after 30s without ALTER on the leader topic:\n%s", run.logs)
-		}
+		run.stops(t, "grant CREATE and ALTER on it")
 		checkNothingPublished(t, rig, c, pool, records, run)
 		if err := rig.kafka.Grant(kafkacluster.ACL{User: c.user, Operation: kafka.ACLOperationAlter, Resource: kafka.ResourceTopic, Name: c.leaderTopic}); err != nil {
 			t.Fatal(err)
 		}
-		run = rig.startReaper(t, c, dsn)
-		eventually(t, "the outbox drained", 60*time.Second, func() (bool, string) {
-			return outboxRows(t, pool) == 0, run.logs.String()
-		})
-		if code := run.stop(t); code != 0 {
-			t.Fatalf("exit %d:\n%s", code, run.logs)
-		}
+		rig.startReaper(t, c, dsn).drains(t, "the outbox drained with ALTER", pool)
 	})
 }
 
