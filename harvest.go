@@ -587,6 +587,11 @@ func (h *Harvest) prepareEpoch(ctx context.Context, s *shard, unpurged []int64) 
 	var refused *KafkaConfigError
 	if errors.As(err, &refused) {
 		producer.Close()
+		if h.cfg.Shards > 1 {
+			// Each shard has a transactional ID of its own; one ACL can cover them all.
+			return nil, fmt.Errorf("harvest: Kafka refuses the producer's settings or permissions (a PREFIXED ACL on TransactionalId %s. covers every shard's): %w",
+				TransactionalID(h.cfg.LeaderGroupID, 0, 1), err)
+		}
 		return nil, fmt.Errorf("harvest: Kafka refuses the producer's settings or permissions: %w", err)
 	}
 	if err != nil {
@@ -596,9 +601,13 @@ func (h *Harvest) prepareEpoch(ctx context.Context, s *shard, unpurged []int64) 
 		producer.Close()
 		return nil, nil
 	}
-	if ctx.Err() != nil || !h.purgeNoted(ctx, s, producer) {
+	if ctx.Err() != nil {
 		producer.Close()
 		return nil, nil
+	}
+	if ok, err := h.purgeNoted(ctx, s, producer); !ok {
+		producer.Close()
+		return nil, err
 	}
 	// Only a start that got through every step ends an outage: a step that succeeds while a later
 	// one keeps failing would otherwise end it and begin it again on every attempt, and the
@@ -669,29 +678,34 @@ func (h *Harvest) notePlace(shard int) NotePlace {
 // purgeNoted purges the records that the shard's latest committed note lists: an earlier epoch
 // published them and may have stopped before purging them. InitTransactions has settled every
 // earlier transaction of the shard, so the note read is final. It reports false, to be retried,
-// when Kafka or the database fails.
-func (h *Harvest) purgeNoted(ctx context.Context, s *shard, producer KafkaProducer) bool {
+// when Kafka or the database fails, with an error when Kafka refuses to let it read the note
+// (a KafkaConfigError: retrying cannot help).
+func (h *Harvest) purgeNoted(ctx context.Context, s *shard, producer KafkaProducer) (bool, error) {
 	place := h.notePlace(s.id)
 	readCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.MaxPollInterval)
 	note, err := producer.ReadNote(readCtx, place)
 	cancel()
+	var refused *KafkaConfigError
+	if errors.As(err, &refused) {
+		return false, fmt.Errorf("harvest: Kafka refuses the permissions the note needs: %w", err)
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			h.kafkaTrouble.Fail(h.log, "read note", err, "shard", s.id)
 		}
-		return false
+		return false, nil
 	}
 	ids, err := decodeNote(note)
 	if err != nil {
 		// Not ours to interpret: someone else wrote to the group. Publishing on would risk a run
 		// going out again whole, so wait for an operator.
 		h.kafkaTrouble.Fail(h.log, "read note of group "+place.Group, err, "shard", s.id)
-		return false
+		return false, nil
 	}
 	if len(ids) == 0 {
-		return true
+		return true, nil
 	}
-	return h.purgeIDs(ctx, "purge noted records", ids)
+	return h.purgeIDs(ctx, "purge noted records", ids), nil
 }
 
 // purgeIDs deletes the rows of records that an earlier epoch published, before this one marks

@@ -142,21 +142,26 @@ func (e *TxnError) Error() string { return e.Err.Error() }
 func (e *TxnError) Unwrap() error { return e.Err }
 
 // KafkaConfigError says that Kafka refused the producer's settings or permissions when it
-// registered its transactional ID: a missing ACL (WRITE on the transactional ID, IDEMPOTENT_WRITE
-// on the cluster), a transaction.timeout.ms above the broker's transaction.max.timeout.ms, a
-// broker without transactions. Retrying cannot cure it, so the harvester stops with it.
+// registered its transactional ID (a missing ACL: WRITE on the transactional ID; a
+// transaction.timeout.ms above the broker's transaction.max.timeout.ms; a broker without
+// transactions) or when it read its note (READ on the notes group). Retrying cannot cure it, so
+// the harvester stops with it.
 type KafkaConfigError struct{ Err error }
 
 func (e *KafkaConfigError) Error() string { return e.Err.Error() }
 func (e *KafkaConfigError) Unwrap() error { return e.Err }
 
-// initError classifies a failed InitTransactions: the refusals of KafkaConfigError, or a
-// TxnError.
-func initError(err error) error {
+// initError classifies a failed InitTransactions of the producer with transactional ID txnID:
+// the refusals of KafkaConfigError, or a TxnError.
+func initError(txnID string, err error) error {
 	var kerr kafka.Error
 	if errors.As(err, &kerr) {
 		switch kerr.Code() {
-		case kafka.ErrTransactionalIDAuthorizationFailed, kafka.ErrClusterAuthorizationFailed,
+		case kafka.ErrTransactionalIDAuthorizationFailed:
+			// librdkafka's message names neither the ID nor the ACL.
+			return &KafkaConfigError{Err: fmt.Errorf("this client may not use transactional ID %q: grant WRITE on TransactionalId %s: %w",
+				txnID, txnID, err)}
+		case kafka.ErrClusterAuthorizationFailed,
 			kafka.ErrInvalidTransactionTimeout, kafka.ErrUnsupportedVersion, kafka.ErrUnsupportedForMessageFormat:
 			return &KafkaConfigError{Err: err}
 		}
@@ -189,7 +194,8 @@ func StandardKafkaProducerProvider(logger *slog.Logger) KafkaProducerProvider {
 			return nil, fmt.Errorf("create producer: %w", err)
 		}
 		rdlog.Forward(p.Logs(), logger)
-		cp := &confluentProducer{p: p, deliveries: make(chan Delivery, 1024), log: logger, topics: map[string]topicState{},
+		txnID, _ := config["transactional.id"].(string)
+		cp := &confluentProducer{p: p, txnID: txnID, deliveries: make(chan Delivery, 1024), log: logger, topics: map[string]topicState{},
 			closing: make(chan struct{})}
 		go cp.forward()
 		return cp, nil
@@ -203,6 +209,7 @@ func StandardNeliProvider() NeliProvider {
 
 type confluentProducer struct {
 	p          *kafka.Producer
+	txnID      string
 	deliveries chan Delivery
 	log        *slog.Logger
 
@@ -287,7 +294,13 @@ func (c *confluentProducer) describe(topic string) topicState {
 	md, err := c.p.GetMetadata(&topic, false, int(metadataTimeout.Milliseconds()))
 	st := topicState{at: time.Now()}
 	if err == nil {
-		if t, ok := md.Topics[topic]; !ok || t.Error.Code() != kafka.ErrNoError || len(t.Partitions) == 0 {
+		t, ok := md.Topics[topic]
+		switch {
+		case ok && t.Error.Code() == kafka.ErrTopicAuthorizationFailed:
+			// Kafka hides from a client without DESCRIBE whether the topic exists; WRITE implies it.
+			st.err = &RejectedError{Err: fmt.Errorf("topic %q: this client may not see or write to it (Kafka's metadata: %s): grant WRITE on topic %s",
+				topic, t.Error, topic), ByGoharvest: true}
+		case !ok || t.Error.Code() != kafka.ErrNoError || len(t.Partitions) == 0:
 			reason := "missing"
 			if ok && t.Error.Code() != kafka.ErrNoError {
 				reason = t.Error.String()
@@ -305,7 +318,15 @@ func (c *confluentProducer) forward() {
 	for ev := range c.p.Events() {
 		switch e := ev.(type) {
 		case *kafka.Message:
-			c.deliveries <- Delivery{Opaque: e.Opaque, Err: classify(e.TopicPartition.Error)}
+			err := classify(e.TopicPartition.Error)
+			var kerr kafka.Error
+			if errors.As(err, &kerr) && kerr.Code() == kafka.ErrTopicAuthorizationFailed && e.TopicPartition.Topic != nil {
+				// A client with DESCRIBE on the topic and not WRITE gets this far; Kafka's message
+				// names neither the topic nor the ACL.
+				topic := *e.TopicPartition.Topic
+				err = &RejectedError{Err: fmt.Errorf("this client may not write to topic %q: grant WRITE on topic %s: %w", topic, topic, kerr)}
+			}
+			c.deliveries <- Delivery{Opaque: e.Opaque, Err: err}
 		case kafka.Error:
 			// Client-level trouble (brokers down, authentication); the messages affected get their
 			// own delivery reports.
@@ -348,7 +369,7 @@ func (c *confluentProducer) Produce(msg Message) error {
 func (c *confluentProducer) Deliveries() <-chan Delivery { return c.deliveries }
 
 func (c *confluentProducer) InitTransactions(ctx context.Context) error {
-	return initError(c.p.InitTransactions(ctx))
+	return initError(c.txnID, c.p.InitTransactions(ctx))
 }
 
 func (c *confluentProducer) BeginTransaction() error { return txnError(c.p.BeginTransaction()) }
@@ -390,12 +411,12 @@ func (c *confluentProducer) ReadNote(ctx context.Context, place NotePlace) (stri
 		return "", nil // no transaction has written a note yet
 	}
 	if err != nil {
-		return "", fmt.Errorf("read note from group %q: %w", place.Group, err)
+		return "", noteError(place, err)
 	}
 	for _, g := range res.ConsumerGroupsTopicPartitions {
 		for _, tp := range g.Partitions {
 			if tp.Error != nil {
-				return "", fmt.Errorf("read note from group %q: %w", place.Group, tp.Error)
+				return "", noteError(place, tp.Error)
 			}
 			if tp.Metadata != nil && tp.Offset >= 0 {
 				return *tp.Metadata, nil
@@ -403,6 +424,24 @@ func (c *confluentProducer) ReadNote(ctx context.Context, place NotePlace) (stri
 		}
 	}
 	return "", nil
+}
+
+// noteError wraps a failure to read a note. A refusal for lack of permission is a
+// KafkaConfigError, with the ACL that would allow it: retrying cannot help, and a leader that
+// cannot read its shard's note must not publish it.
+func noteError(place NotePlace, err error) error {
+	var kerr kafka.Error
+	if errors.As(err, &kerr) {
+		switch kerr.Code() {
+		case kafka.ErrGroupAuthorizationFailed:
+			return &KafkaConfigError{Err: fmt.Errorf("this client may not read the notes of group %q: grant READ on group %s: %w",
+				place.Group, place.Group, err)}
+		case kafka.ErrTopicAuthorizationFailed:
+			return &KafkaConfigError{Err: fmt.Errorf("this client may not read the notes of group %q on topic %q: grant READ on topic %s: %w",
+				place.Group, place.Topic, place.Topic, err)}
+		}
+	}
+	return fmt.Errorf("read note from group %q: %w", place.Group, err)
 }
 
 func (c *confluentProducer) Abandon() {

@@ -8,6 +8,6 @@ import (
 	"github.com/goharvest/goharvest/internal/leakcheck"
 )
 
-// The election's tests run on Apache Kafka (one cluster for the package), but for one that needs
-// a fault only kfake can inject.
+// The election's tests run on Apache Kafka: one cluster for the package, and clusters of their
+// own for the tests that restart a broker or need ACLs.
 func TestMain(m *testing.M) { os.Exit(leakcheck.After(kafkacluster.Run(m))) }

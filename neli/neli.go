@@ -270,6 +270,9 @@ func (n *Neli) Pulse(ctx context.Context) (bool, error) {
 	if n.State() == Leader && time.Since(n.lastSent) >= n.heartbeatEvery {
 		n.sendHeartbeat()
 	}
+	if n.fatal != nil {
+		return false, n.fatal
+	}
 	return n.IsLeader(), nil
 }
 
@@ -278,6 +281,12 @@ func (n *Neli) subscribe(ctx context.Context) error {
 	if !n.topicChecked {
 		err := n.ensureTopic(ctx)
 		var fatal *fatalError
+		if errors.As(err, &fatal) {
+			return fatal.err
+		}
+		if err == nil {
+			err = n.checkPermissions(ctx)
+		}
 		if errors.As(err, &fatal) {
 			return fatal.err
 		}
@@ -364,6 +373,60 @@ func (n *Neli) ensureTopic(ctx context.Context) error {
 	return nil
 }
 
+// checkPermissions makes sure this contender may read and write the leader topic, before it
+// joins the group: without READ it cannot read its heartbeats back, without WRITE it cannot send
+// them, and either way it would be given partitions, lead each for a heartbeat timeout, fence
+// itself and rejoin, for ever. Kafka tells a client which operations it may perform on a topic
+// (KIP-430); a broker that does not say is not checked.
+func (n *Neli) checkPermissions(ctx context.Context) error {
+	admin, err := kafka.NewAdminClientFromConsumer(n.consumer)
+	if err != nil {
+		return fmt.Errorf("admin client: %w", err)
+	}
+	defer admin.Close()
+	topic := n.cfg.LeaderTopic
+	describeCtx, cancel := context.WithTimeout(ctx, n.cfg.HeartbeatTimeout)
+	defer cancel()
+	res, err := admin.DescribeTopics(describeCtx, kafka.NewTopicCollectionOfTopicNames([]string{topic}),
+		kafka.SetAdminOptionIncludeAuthorizedOperations(true))
+	if err != nil {
+		return fmt.Errorf("describe leader topic %s: %w", topic, err)
+	}
+	if len(res.TopicDescriptions) != 1 {
+		return fmt.Errorf("describe leader topic %s: %d descriptions", topic, len(res.TopicDescriptions))
+	}
+	d := res.TopicDescriptions[0]
+	switch d.Error.Code() {
+	case kafka.ErrNoError:
+	case kafka.ErrTopicAuthorizationFailed:
+		return &fatalError{n.permissionError("may not describe the leader topic", d.Error, "READ and WRITE on topic "+topic)}
+	default:
+		return fmt.Errorf("describe leader topic %s: %w", topic, d.Error)
+	}
+	if d.AuthorizedOperations == nil {
+		return nil
+	}
+	var missing []string
+	for _, op := range []kafka.ACLOperation{kafka.ACLOperationRead, kafka.ACLOperationWrite} {
+		if !slices.Contains(d.AuthorizedOperations, op) {
+			missing = append(missing, op.String())
+		}
+	}
+	if len(missing) > 0 {
+		return &fatalError{n.permissionError("may not "+strings.ToLower(strings.Join(missing, " or "))+" the leader topic (to read and send heartbeats)",
+			nil, strings.Join(missing, " and ")+" on topic "+topic)}
+	}
+	return nil
+}
+
+// permissionError says what this contender may not do, and which ACL would allow it.
+func (n *Neli) permissionError(what string, cause error, grant string) error {
+	if cause != nil {
+		return fmt.Errorf("neli: group %s, leader topic %s: this client %s (%w): grant %s", n.cfg.LeaderGroupID, n.cfg.LeaderTopic, what, cause, grant)
+	}
+	return fmt.Errorf("neli: group %s, leader topic %s: this client %s: grant %s", n.cfg.LeaderGroupID, n.cfg.LeaderTopic, what, grant)
+}
+
 // Ping asks Kafka for the leader topic's metadata, to check that the cluster answers.
 func (n *Neli) Ping(ctx context.Context) error {
 	timeout := n.cfg.HeartbeatTimeout
@@ -384,6 +447,15 @@ func (n *Neli) handle(ev kafka.Event) error {
 	case kafka.Error:
 		if e.IsFatal() {
 			return fmt.Errorf("neli: fatal Kafka error: %w", e)
+		}
+		// Permissions taken away while the election runs (checkPermissions found them at the
+		// start): retrying cannot help, and a contender that cannot join the group or read its
+		// heartbeats cannot lead.
+		switch e.Code() {
+		case kafka.ErrGroupAuthorizationFailed:
+			return n.permissionError("may not join the group", e, "READ on group "+n.cfg.LeaderGroupID)
+		case kafka.ErrTopicAuthorizationFailed:
+			return n.permissionError("may not read the leader topic", e, "READ on topic "+n.cfg.LeaderTopic)
 		}
 		if e.Code() == kafka.ErrUnknownTopicOrPart && n.topicChecked {
 			// Just after the topic is created, metadata may not have caught up yet.
@@ -554,6 +626,12 @@ func (n *Neli) sendHeartbeat() {
 		TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: heartbeatPartition},
 		Value:          []byte(n.cfg.Name + "|" + n.tenure + "|" + strconv.FormatUint(n.seq, 10)),
 	}, nil)
+	var kerr kafka.Error
+	if errors.As(err, &kerr) && kerr.Code() == kafka.ErrTopicAuthorizationFailed {
+		// As in handle: WRITE taken away while the election runs. Pulse returns it.
+		n.fatal = n.permissionError("may not write heartbeats to the leader topic", err, "WRITE on topic "+n.cfg.LeaderTopic)
+		return
+	}
 	if err != nil {
 		n.kafkaTrouble.Fail(n.log, "publish heartbeat", err)
 	}

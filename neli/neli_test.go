@@ -11,12 +11,8 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
-	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/goharvest/goharvest/internal/kafkacluster"
-	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/testwait"
 )
 
@@ -445,23 +441,62 @@ func TestLeaderTopicIsCreatedWithOnePartition(t *testing.T) {
 	}
 }
 
-// kfake only: a real broker refuses CreateTopics only under an authorizer with ACLs.
-func TestLeaderTopicCreationDeniedIsAClearError(t *testing.T) {
-	b := kafkatest.Start(t, kafkatest.WithKfake())
-	b.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.CreateTopics}, Err: kerr.TopicAuthorizationFailed, Count: -1})
-	n, err := New(Config{
-		KafkaConfig:   map[string]any{"bootstrap.servers": b.Addr()},
-		LeaderTopic:   "denied.leader",
-		LeaderGroupID: "denied",
-		Name:          "c0",
-	})
-	if err != nil {
-		t.Fatal(err)
+// The election stops with an error that names the permission its principal lacks, before it
+// leads anything: a contender that cannot create or read the leader topic, write its heartbeats
+// to it, or join its group could otherwise only retry forever, or lead for a heartbeat timeout at
+// a time.
+func TestMissingPermissionIsAClearError(t *testing.T) {
+	c := kafkacluster.Start(t, kafkacluster.Secure())
+	acl := func(user string, op kafka.ACLOperation, rt kafka.ResourceType, name string) kafkacluster.ACL {
+		return kafkacluster.ACL{User: user, Operation: op, Resource: rt, Name: name}
 	}
-	defer n.Close(context.Background())
-	_, err = n.Pulse(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "may not create it") || !strings.Contains(err.Error(), "denied.leader") {
-		t.Fatalf("got %v, want an error naming the topic and the missing permission", err)
+	all := func(user, group string) []kafkacluster.ACL {
+		return []kafkacluster.ACL{
+			acl(user, kafka.ACLOperationRead, kafka.ResourceGroup, group),
+			acl(user, kafka.ACLOperationCreate, kafka.ResourceTopic, group+".leader"),
+			acl(user, kafka.ACLOperationRead, kafka.ResourceTopic, group+".leader"),
+			acl(user, kafka.ACLOperationWrite, kafka.ResourceTopic, group+".leader"),
+		}
+	}
+	for i, want := range []string{"grant READ on group", "grant CREATE", "grant READ on", "grant WRITE on"} {
+		user := fmt.Sprintf("user%d", i)
+		group := fmt.Sprintf("denied%d", i)
+		acls := all(user, group)
+		missing := acls[i]
+		t.Run("without "+missing.String(), func(t *testing.T) {
+			props := c.NewUser(t, user)
+			if err := c.Grant(slices.Delete(acls, i, i+1)...); err != nil {
+				t.Fatal(err)
+			}
+			kc := map[string]any{}
+			for k, v := range props {
+				kc[k] = v
+			}
+			var acquired atomic.Bool
+			n, err := New(Config{KafkaConfig: kc, LeaderTopic: group + ".leader", LeaderGroupID: group, Name: "c0",
+				HeartbeatTimeout: testHeartbeatTimeout, MinPollInterval: testPollInterval,
+				OnEvent: func(e Event) {
+					if _, ok := e.(Acquired); ok {
+						acquired.Store(true)
+					}
+				}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer n.Close(context.Background())
+			deadline := time.Now().Add(10 * time.Second)
+			for err == nil && time.Now().Before(deadline) {
+				_, err = n.Pulse(context.Background())
+				time.Sleep(testPollInterval)
+			}
+			if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), missing.Name) {
+				t.Fatalf("got %v, want an error naming %s (%q)", err, missing, want)
+			}
+			t.Log(err)
+			if acquired.Load() {
+				t.Errorf("led the leader topic without %s", missing)
+			}
+		})
 	}
 }
 

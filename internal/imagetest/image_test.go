@@ -3,19 +3,12 @@ package imagetest_test
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"debug/elf"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -29,11 +22,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
-	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/pgtest"
 	"github.com/goharvest/goharvest/internal/reaper"
@@ -147,16 +138,7 @@ logging:
 		t.Errorf("the reaper runs as uid %s, want 65532", uid)
 	}
 	v.WaitDistinct(t, keys*perKey, time.Minute)
-	r.waitFor(t, 30*time.Second, "the outbox to empty", func() error {
-		var left int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&left); err != nil {
-			return err
-		}
-		if left > 0 {
-			return fmt.Errorf("%d rows left", left)
-		}
-		return nil
-	})
+	r.waitFor(t, 30*time.Second, "the outbox to empty", outboxEmpty(pool))
 	if published := metricValue(t, admin, "goharvest_records_published_total"); published < keys*perKey {
 		t.Errorf("goharvest_records_published_total is %v, want at least %d", published, keys*perKey)
 	}
@@ -173,10 +155,14 @@ logging:
 
 // testTLSBroker checks that the reaper in the image trusts what its CA bundle vouches for:
 // librdkafka, linked statically, must find the bundle at /etc/ssl/certs/ca-certificates.crt by
-// itself. A test CA is appended to the exported bundle, and the broker serves only TLS, with a
-// certificate from that CA; without the bundle the reaper never gets ready.
+// itself. The broker serves clients only TLS, with a certificate for 127.0.0.1 from a CA of its
+// own, which is appended to the exported bundle; without the bundle the reaper never gets ready.
 func testTLSBroker(t *testing.T, fs, dsn string) {
-	caPEM, serverCert := certificates(t)
+	broker := kafkacluster.Start(t, kafkacluster.TLS())
+	caPEM, err := os.ReadFile(broker.CAFile())
+	if err != nil {
+		t.Fatal(err)
+	}
 	bundle, err := os.OpenFile(filepath.Join(fs, "etc/ssl/certs/ca-certificates.crt"), os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -185,7 +171,6 @@ func testTLSBroker(t *testing.T, fs, dsn string) {
 	if err := errors.Join(err, bundle.Close()); err != nil {
 		t.Fatal(err)
 	}
-	broker := kafkatest.Start(t, kafkatest.WithKfake(kfake.TLS(&tls.Config{Certificates: []tls.Certificate{serverCert}})))
 	admin := freeAddr(t)
 	writeFile(t, filepath.Join(fs, "etc/reaper/tls.yaml"), `harvest:
   baseKafkaConfig:
@@ -210,48 +195,34 @@ logging:
 		}
 		return nil
 	})
+	// And it publishes over TLS.
+	broker.Topic(t, "events-tls", 1)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(ctx, `INSERT INTO outbox (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
+		SELECT now(), 'events-tls', 'k' || i, 'v', '{}', '{}' FROM generate_series(1, 10) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	r.waitFor(t, 30*time.Second, "the outbox to empty over TLS", outboxEmpty(pool))
 	r.stop(t)
 }
 
-// certificates returns a new CA's certificate, in PEM, and a server certificate for 127.0.0.1
-// that it signed.
-func certificates(t *testing.T) ([]byte, tls.Certificate) {
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
+// outboxEmpty is a check for waitFor: it fails while the outbox has rows.
+func outboxEmpty(pool *pgxpool.Pool) func() error {
+	return func() error {
+		var left int
+		if err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&left); err != nil {
+			return err
+		}
+		if left > 0 {
+			return fmt.Errorf("%d rows left", left)
+		}
+		return nil
 	}
-	ca := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: "goharvest imagetest CA"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serverKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	server := &x509.Certificate{
-		SerialNumber: big.NewInt(2),
-		Subject:      pkix.Name{CommonName: "127.0.0.1"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	serverDER, err := x509.CreateCertificate(rand.Reader, server, ca, &serverKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})
-	return caPEM, tls.Certificate{Certificate: [][]byte{serverDER}, PrivateKey: serverKey}
 }
 
 // reaperProcess is a reaper running from the exported image.

@@ -10,7 +10,8 @@
 //
 //	func TestMain(m *testing.M) { os.Exit(kafkacluster.Run(m)) }
 //
-// A test that restarts or freezes brokers starts a cluster of its own with Start.
+// A test that restarts or freezes brokers starts a cluster of its own with Start, as does one that
+// needs TLS or SASL with ACLs (TLS, Secure; see security.go).
 package kafkacluster
 
 import (
@@ -60,6 +61,7 @@ type options struct {
 	config        map[string]string
 	proxied       bool
 	groupDefaults bool
+	security      security // see security.go
 }
 
 // GroupDefaults keeps Kafka's own group timings (a 6s minimum session, a first rebalance held
@@ -82,12 +84,14 @@ type Cluster struct {
 	jars    string
 	nodes   []*Node
 	proxies []*proxy // with Proxied, one per node
+	sec     *secured // nil for a plaintext cluster; see security.go
 }
 
 // Node is one KRaft node, broker and controller at once.
 type Node struct {
 	ID             int
 	Port           int // the client listener's
+	internalPort   int // the listener of brokers and the fixture's own clients: Port on a plaintext cluster
 	controllerPort int
 	proxiedPort    int // with Proxied: the PROXIED listener's
 	proxyPort      int // and the proxy's in front of it, which the listener advertises
@@ -118,24 +122,42 @@ func New(opts ...Option) (*Cluster, error) {
 		return nil, fmt.Errorf("kafkacluster: %w", err)
 	}
 	c := &Cluster{Version: o.version, dir: dir, jars: jars}
-	ports, err := freePorts(4 * o.nodes)
+	// Each node has a client listener and a controller listener; a secured cluster's brokers talk
+	// to each other on a listener of their own (see security.go), and a proxied cluster's nodes
+	// have a listener behind a proxy (see proxy.go).
+	perNode := 4
+	ports, err := freePorts(perNode * o.nodes)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
 	for i := range o.nodes {
-		n := &Node{ID: i + 1, Port: ports[4*i], controllerPort: ports[4*i+1],
+		p := ports[perNode*i : perNode*(i+1)]
+		n := &Node{ID: i + 1, Port: p[0], internalPort: p[0], controllerPort: p[1],
 			dir: filepath.Join(dir, fmt.Sprintf("node-%d", i+1)), jars: jars}
+		if o.security != plaintext {
+			n.internalPort = p[2]
+		}
 		if o.proxied {
-			n.proxiedPort, n.proxyPort = ports[4*i+2], ports[4*i+3]
-			p, err := startProxy(n.proxyPort, net.JoinHostPort("127.0.0.1", strconv.Itoa(n.proxiedPort)))
+			n.proxiedPort, n.proxyPort = p[2], p[3]
+			proxy, err := startProxy(n.proxyPort, net.JoinHostPort("127.0.0.1", strconv.Itoa(n.proxiedPort)))
 			if err != nil {
 				c.Close(false)
 				return nil, err
 			}
-			c.proxies = append(c.proxies, p)
+			c.proxies = append(c.proxies, proxy)
 		}
 		c.nodes = append(c.nodes, n)
+	}
+	if o.security != plaintext {
+		if o.proxied {
+			os.RemoveAll(dir)
+			return nil, errors.New("kafkacluster: a proxied cluster is plaintext only")
+		}
+		if c.sec, err = newSecured(dir, o.security); err != nil {
+			os.RemoveAll(dir)
+			return nil, err
+		}
 	}
 	if err := c.format(o); err != nil {
 		c.Close(true)
@@ -171,6 +193,17 @@ func (c *Cluster) Addr() string {
 	addrs := make([]string, len(c.nodes))
 	for i, n := range c.nodes {
 		addrs[i] = n.Addr()
+	}
+	return strings.Join(addrs, ",")
+}
+
+// internalAddr returns the bootstrap servers of the fixture's own clients (the readiness probe,
+// topics, ACLs): the client listener of a plaintext cluster, the brokers' own of a secured one,
+// where whatever is under test (ACLs, users) cannot get in their way.
+func (c *Cluster) internalAddr() string {
+	addrs := make([]string, len(c.nodes))
+	for i, n := range c.nodes {
+		addrs[i] = net.JoinHostPort("127.0.0.1", strconv.Itoa(n.internalPort))
 	}
 	return strings.Join(addrs, ",")
 }
@@ -247,6 +280,9 @@ func (c *Cluster) properties(n *Node, o options) map[string]string {
 		p["advertised.listeners"] += fmt.Sprintf(",PROXIED://127.0.0.1:%d", n.proxyPort)
 		p["listener.security.protocol.map"] += ",PROXIED:PLAINTEXT"
 	}
+	if c.sec != nil {
+		c.sec.properties(n, p)
+	}
 	maps.Copy(p, o.config)
 	return p
 }
@@ -273,8 +309,11 @@ func (c *Cluster) format(o options) error {
 		if err := os.WriteFile(filepath.Join(n.dir, "log4j2.properties"), []byte(log4jConfig), 0o644); err != nil {
 			return fmt.Errorf("kafkacluster: %w", err)
 		}
-		if out, err := c.java(time.Minute, "kafka.tools.StorageTool", "format", "--cluster-id", clusterID,
-			"--config", filepath.Join(n.dir, "server.properties")); err != nil {
+		args := []string{"format", "--cluster-id", clusterID, "--config", filepath.Join(n.dir, "server.properties")}
+		if c.sec != nil {
+			args = append(args, c.sec.formatArgs()...)
+		}
+		if out, err := c.java(time.Minute, "kafka.tools.StorageTool", args...); err != nil {
 			return fmt.Errorf("kafkacluster: format node %d: %w\n%s", n.ID, err, out)
 		}
 	}
@@ -455,7 +494,7 @@ func (c *Cluster) probe(budget time.Duration) error {
 			running++
 		}
 	}
-	base := kafka.ConfigMap{"bootstrap.servers": c.Addr(), "log_level": 0}
+	base := kafka.ConfigMap{"bootstrap.servers": c.internalAddr(), "log_level": 0}
 	admin, err := kafka.NewAdminClient(&base)
 	if err != nil {
 		return err
@@ -475,7 +514,7 @@ func (c *Cluster) probe(budget time.Duration) error {
 	if err := c.CreateTopic(probeTopic, 1); err != nil {
 		return err
 	}
-	pc := kafka.ConfigMap{"bootstrap.servers": c.Addr(), "transactional.id": "kafkacluster.probe", "transaction.timeout.ms": 1000,
+	pc := kafka.ConfigMap{"bootstrap.servers": c.internalAddr(), "transactional.id": "kafkacluster.probe", "transaction.timeout.ms": 1000,
 		"log_level": 0, "go.delivery.reports": false}
 	p, err := kafka.NewProducer(&pc)
 	if err != nil {
@@ -506,6 +545,9 @@ func (c *Cluster) probe(budget time.Duration) error {
 	if err := p.CommitTransaction(ctx); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
+	if c.sec != nil {
+		return c.sec.probe(c, budget)
+	}
 	return nil
 }
 
@@ -515,7 +557,7 @@ const probeTopic = "kafkacluster.probe"
 // CreateTopic creates a topic with the broker's default replication and waits until every
 // partition has a leader.
 func (c *Cluster) CreateTopic(name string, partitions int) error {
-	cm := kafka.ConfigMap{"bootstrap.servers": c.Addr(), "log_level": 0}
+	cm := kafka.ConfigMap{"bootstrap.servers": c.internalAddr(), "log_level": 0}
 	admin, err := kafka.NewAdminClient(&cm)
 	if err != nil {
 		return err
@@ -669,7 +711,7 @@ const (
 // GroupCoordinator or TransactionCoordinator): the leader of the partition of __consumer_offsets
 // or __transaction_state that the key hashes to.
 func (c *Cluster) Coordinator(kind int8, key string) (*Node, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(c.Addr(), ",")...))
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(c.internalAddr(), ",")...))
 	if err != nil {
 		return nil, err
 	}
