@@ -7,7 +7,7 @@ GO ?= go
 # The race detector and librdkafka make the suite slow on two cores; the timeout is a
 # backstop against a hung test, not a budget. Packages run one at a time (-p 1): the fault
 # suite runs real processes, and the election tests measure timings that two busy cores would blur.
-TEST_TIMEOUT ?= 15m
+TEST_TIMEOUT ?= 30m
 
 .PHONY: test lint bench demo chaos soak image kafka kafka-versions
 

@@ -94,7 +94,7 @@ func (r *rig) lockTable(ctx context.Context, d time.Duration) {
 // connections stay open, and resumes. Under make chaos, a rolling restart (SIGTERM, a controlled
 // shutdown) of all three follows.
 func TestBrokerFaults(t *testing.T) {
-	r := newRig(t, rigOptions{kafka: ownKafka})
+	r := newRig(t, rigOptions{kafka: faultedKafka})
 	r.startWriters(4, 1000, 2000)
 	reapers := []*reaper{r.startReaper("a"), r.startReaper("b")}
 	waitLeader(t, 30*time.Second, reapers...)

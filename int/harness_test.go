@@ -43,8 +43,8 @@ import (
 
 // The scenarios share one 3-node cluster, as production runs: every topic replicated three ways
 // with min.insync.replicas 2. Topics are not created on demand, as production clusters often
-// have it: each scenario creates its own. A scenario that faults brokers starts a cluster of its
-// own (rigOptions.kafka).
+// have it: each scenario creates its own. A scenario that faults brokers restores them when it
+// ends (rigOptions.kafka).
 func TestMain(m *testing.M) {
 	kafkacluster.SetShared(kafkacluster.Nodes(3), kafkacluster.Proxied(),
 		kafkacluster.BrokerConfig(map[string]string{"auto.create.topics.enable": "false"}))
@@ -89,7 +89,7 @@ type kafkaChoice int
 
 const (
 	sharedKafka  kafkaChoice = iota // the package's 3-node cluster
-	ownKafka                        // a 3-node cluster of the scenario's own, whose brokers it faults
+	faultedKafka                    // the package's cluster, whose brokers the scenario faults; restored when it ends
 	defaultKafka                    // a 3-node cluster of the scenario's own with Kafka's default group timings
 	kfakeOnly                       // kfake, for a fault only it can inject; the scenario says which
 )
@@ -130,12 +130,15 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	id := fmt.Sprintf("scenario%d", rigs.Add(1))
 	r.topic, r.group = id+".events", id
 	switch o.kafka {
-	case sharedKafka, ownKafka, defaultKafka:
+	case sharedKafka, faultedKafka, defaultKafka:
 		r.kafka = kafkacluster.Shared(t)
 		opts := []kafkacluster.Option{kafkacluster.Nodes(3), kafkacluster.BrokerConfig(map[string]string{"auto.create.topics.enable": "false"})}
 		switch o.kafka {
-		case ownKafka:
-			r.kafka = kafkacluster.Start(t, opts...)
+		case faultedKafka:
+			// Faulting the shared cluster rather than starting one costs no three more JVMs on
+			// a 2-core machine, which left a cold cluster too slow for 1s heartbeats. Whatever
+			// the scenario left stopped or frozen runs again before the next scenario.
+			t.Cleanup(func() { restore(t, r.kafka) })
 		case defaultKafka:
 			r.kafka = kafkacluster.Start(t, append(opts, kafkacluster.GroupDefaults())...)
 		}
@@ -190,6 +193,21 @@ logging:
 		r.v = verifytest.StartUncommitted(t, r.addr, r.topic, r.run)
 	}
 	return r
+}
+
+// restore thaws every frozen node of c, starts every stopped one, and waits until c serves.
+func restore(t *testing.T, c *kafkacluster.Cluster) {
+	for _, n := range c.Nodes() {
+		n.Thaw()
+		if !n.Running() {
+			if err := n.Start(); err != nil {
+				t.Errorf("restore node %d: %v", n.ID, err)
+			}
+		}
+	}
+	if err := c.WaitReady(2 * time.Minute); err != nil {
+		t.Errorf("restore the cluster: %v", err)
+	}
 }
 
 // rows counts what is left in the outbox.

@@ -316,7 +316,7 @@ func describeOwners(spread map[int]*reaper, shards []int) []string {
 // restarted 3s later (past the heartbeat timeout, so every reaper fences itself from every
 // shard). Each shard's takeover is measured from the kill.
 func TestShardsBrokerFails(t *testing.T) {
-	r, reapers := shardRig(t, rigOptions{kafka: ownKafka})
+	r, reapers := shardRig(t, rigOptions{kafka: faultedKafka})
 	var ts []time.Duration
 	rounds := pick(1, 3)
 	every := make([]int, shardCount)

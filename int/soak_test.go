@@ -131,7 +131,7 @@ func TestSoak(t *testing.T) {
 	}
 	t.Logf("soak for %v, SOAK_SEED=%d; the schedule (a run does as many faults as fit):%s", duration, seed, plan.String())
 
-	r, reapers := shardRig(t, rigOptions{kafka: ownKafka, extraYAML: "  producerKafkaConfig:\n    linger.ms: 100"})
+	r, reapers := shardRig(t, rigOptions{kafka: faultedKafka, extraYAML: "  producerKafkaConfig:\n    linger.ms: 100"})
 	s := &soak{r: r, slots: reapers, server: pgtest.Shared(t), byKind: map[soakKind]int{}, takeover: map[soakKind][]time.Duration{}}
 	end := time.Now().Add(duration)
 	done := 0
