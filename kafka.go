@@ -277,11 +277,10 @@ func (c *confluentProducer) lookUp(topic string) {
 	for wait := 100 * time.Millisecond; st.err != nil && time.Now().Add(wait).Before(giveUp); wait *= 2 {
 		select {
 		case <-c.closing:
+			giveUp = time.Time{} // keep what was learnt; the producer is going away
 		case <-time.After(wait):
 			st = c.describe(topic)
-			continue
 		}
-		break
 	}
 	c.topicsMu.Lock()
 	c.topics[topic] = st

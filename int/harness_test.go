@@ -46,10 +46,14 @@ import (
 // have it: each scenario creates its own. A scenario that faults brokers restores them when it
 // ends (rigOptions.kafka).
 func TestMain(m *testing.M) {
-	kafkacluster.SetShared(kafkacluster.Nodes(3), kafkacluster.Proxied(),
-		kafkacluster.BrokerConfig(map[string]string{"auto.create.topics.enable": "false"}))
+	kafkacluster.SetShared(append(clusterOptions, kafkacluster.Proxied())...)
 	os.Exit(leakcheck.After(pgtest.Run(kafkacluster.Around(m))))
 }
+
+// clusterOptions are those of every cluster the scenarios run on: 3 nodes, no topic created on
+// demand.
+var clusterOptions = []kafkacluster.Option{kafkacluster.Nodes(3),
+	kafkacluster.BrokerConfig(map[string]string{"auto.create.topics.enable": "false"})}
 
 // long reports whether the long variants run (make chaos).
 func long() bool { return os.Getenv("GOHARVEST_CHAOS") != "" }
@@ -132,7 +136,6 @@ func newRig(t *testing.T, o rigOptions) *rig {
 	switch o.kafka {
 	case sharedKafka, faultedKafka, defaultKafka:
 		r.kafka = kafkacluster.Shared(t)
-		opts := []kafkacluster.Option{kafkacluster.Nodes(3), kafkacluster.BrokerConfig(map[string]string{"auto.create.topics.enable": "false"})}
 		switch o.kafka {
 		case faultedKafka:
 			// Faulting the shared cluster rather than starting one costs no three more JVMs on
@@ -140,7 +143,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 			// the scenario left stopped or frozen runs again before the next scenario.
 			t.Cleanup(func() { restore(t, r.kafka) })
 		case defaultKafka:
-			r.kafka = kafkacluster.Start(t, append(opts, kafkacluster.GroupDefaults())...)
+			r.kafka = kafkacluster.Start(t, append(clusterOptions, kafkacluster.GroupDefaults())...)
 		}
 		r.addr = r.kafka.Addr()
 		r.kafka.Topic(t, r.topic, 8)

@@ -37,11 +37,6 @@ func WithoutAutoTopicCreation() Option {
 	return func(b *Broker) { b.noAutoCreate = true }
 }
 
-// WithKfake passes options straight to kfake.
-func WithKfake(opts ...kfake.Opt) Option {
-	return func(b *Broker) { b.opts = append(b.opts, opts...) }
-}
-
 // Start starts a broker that is closed when the test ends. Its log is kept on disk in a test
 // directory, so Restart can bring the broker back with its topics, offsets and data. Group
 // session timeouts down to 100ms are allowed so that tests of leader election run quickly.
