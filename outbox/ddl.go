@@ -5,8 +5,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/goharvest/goharvest/internal/pgname"
 )
 
@@ -81,7 +79,7 @@ func TableDDLWith(table string, opts TableOptions) (string, error) {
 	// marks, so they can go inside the SQL string literals as they are.
 	function := "goharvest_notify"
 	if schema, _, qualified := strings.Cut(table, "."); qualified {
-		function = pgx.Identifier{schema, function}.Sanitize()
+		function = pgname.Quote(schema, function)
 	}
 	cols := textPayloadColumns
 	if opts.Bytea {
@@ -129,7 +127,7 @@ func ShardIndexDDL(table string, shards int) (string, error) {
 	// An index lives in its table's schema, so its name is not qualified. It is cut, as Postgres
 	// would cut it, to 63 bytes, keeping the suffix that tells the indexes apart.
 	suffix := "_shards" + strconv.Itoa(shards)
-	index := pgx.Identifier{name[:min(len(name), 63-len(suffix))] + suffix}.Sanitize()
+	index := pgname.Quote(name[:min(len(name), 63-len(suffix))] + suffix)
 	return fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (%s, id)", index, quoted, ShardSQL("kafka_key", shards)), nil
 }
 

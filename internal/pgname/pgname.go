@@ -5,8 +5,6 @@ package pgname
 import (
 	"fmt"
 	"strings"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // maxIdentifierLen is PostgreSQL's NAMEDATALEN-1; longer names are silently truncated by the
@@ -27,7 +25,26 @@ func QuoteTable(name string) (string, error) {
 			return "", fmt.Errorf("table name %q: %w", name, err)
 		}
 	}
-	return pgx.Identifier(parts).Sanitize(), nil
+	return quote(parts), nil
+}
+
+// Quote quotes identifiers that QuoteTable would accept as parts of a table name (or names made
+// of such parts and more of the same characters), joined with dots. It panics on any other: such
+// a name comes from a programming error, not from configuration.
+func Quote(parts ...string) string {
+	for _, part := range parts {
+		if err := checkIdentifier(part); err != nil {
+			panic(fmt.Sprintf("pgname.Quote: %v", err))
+		}
+	}
+	return quote(parts)
+}
+
+// quote quotes checked identifiers. A checked identifier holds no quote mark and no NUL, the
+// only characters that quoting would have to escape, so wrapping each part is enough; this keeps
+// the package, and package outbox that writers import, free of any database driver.
+func quote(parts []string) string {
+	return `"` + strings.Join(parts, `"."`) + `"`
 }
 
 func checkIdentifier(s string) error {

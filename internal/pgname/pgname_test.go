@@ -36,3 +36,15 @@ func TestQuoteTable(t *testing.T) {
 		}
 	}
 }
+
+func TestQuote(t *testing.T) {
+	if got := Quote("app", "goharvest_notify"); got != `"app"."goharvest_notify"` {
+		t.Errorf("Quote = %s", got)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error(`Quote("out\"box") did not panic`)
+		}
+	}()
+	Quote(`out"box`)
+}
