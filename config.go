@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goharvest/goharvest/internal/pgname"
+	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/internal/strictyaml"
 	"github.com/goharvest/goharvest/internal/timing"
 	"github.com/goharvest/goharvest/neli"
@@ -51,21 +52,21 @@ const (
 
 // Defaults of Limits. A zero field takes its default.
 const (
-	DefaultIOErrorBackoff        = 500 * time.Millisecond
-	DefaultPollDuration          = timing.DefaultPollDuration
-	DefaultMinPollInterval       = timing.DefaultMinPollInterval
-	DefaultHeartbeatTimeout      = timing.DefaultHeartbeatTimeout
-	DefaultQueueTimeout          = 30 * time.Second
-	DefaultMarkBackoff           = 10 * time.Millisecond
-	DefaultMaxMarkBackoff        = time.Second
-	DefaultMaxInFlightRecords    = 2000
-	DefaultMaxKeyRun             = 1
-	DefaultSendConcurrency       = 8
-	DefaultSendBuffer            = 10
-	DefaultMarkQueryRecords      = 500
-	DefaultMinMetricsInterval    = 5 * time.Second
-	DefaultBacklogSampleInterval = 10 * time.Second
-	DefaultHeldCheckInterval     = time.Second
+	DefaultIOErrorBackoff        = seam.DefaultIOErrorBackoff
+	DefaultPollDuration          = seam.DefaultPollDuration
+	DefaultMinPollInterval       = seam.DefaultMinPollInterval
+	DefaultHeartbeatTimeout      = seam.DefaultHeartbeatTimeout
+	DefaultQueueTimeout          = seam.DefaultQueueTimeout
+	DefaultMarkBackoff           = seam.DefaultMarkBackoff
+	DefaultMaxMarkBackoff        = seam.DefaultMaxMarkBackoff
+	DefaultMaxInFlightRecords    = seam.DefaultMaxInFlightRecords
+	DefaultMaxKeyRun             = seam.DefaultMaxKeyRun
+	DefaultSendConcurrency       = seam.DefaultSendConcurrency
+	DefaultSendBuffer            = seam.DefaultSendBuffer
+	DefaultMarkQueryRecords      = seam.DefaultMarkQueryRecords
+	DefaultMinMetricsInterval    = seam.DefaultMinMetricsInterval
+	DefaultBacklogSampleInterval = seam.DefaultBacklogSampleInterval
+	DefaultHeldCheckInterval     = seam.DefaultHeldCheckInterval
 )
 
 // KafkaConfigMap holds librdkafka properties, such as "bootstrap.servers" or "compression.type".
@@ -364,37 +365,12 @@ func (c Config) WithDefaults() Config {
 }
 
 // WithDefaults returns a copy of l in which every zero field holds its default.
-func (l Limits) WithDefaults() Limits {
-	setDefault(&l.IOErrorBackoff, DefaultIOErrorBackoff)
-	election := l.election().WithDefaults()
-	l.HeartbeatTimeout, l.PollDuration, l.MinPollInterval = election.HeartbeatTimeout, election.PollDuration, election.MinPollInterval
-	setDefault(&l.MaxPollInterval, l.HeartbeatTimeout/2)
-	setDefault(&l.QueueTimeout, DefaultQueueTimeout)
-	setDefault(&l.DrainInterval, min(l.MaxPollInterval, l.QueueTimeout))
-	setDefault(&l.MarkBackoff, DefaultMarkBackoff)
-	setDefault(&l.MaxMarkBackoff, max(DefaultMaxMarkBackoff, l.MarkBackoff))
-	setDefault(&l.MaxInFlightRecords, DefaultMaxInFlightRecords)
-	setDefault(&l.MaxKeyRun, DefaultMaxKeyRun)
-	setDefault(&l.SendConcurrency, DefaultSendConcurrency)
-	setDefault(&l.SendBuffer, DefaultSendBuffer)
-	setDefault(&l.MarkQueryRecords, DefaultMarkQueryRecords)
-	setDefault(&l.MinMetricsInterval, DefaultMinMetricsInterval)
-	setDefault(&l.BacklogSampleInterval, DefaultBacklogSampleInterval)
-	setDefault(&l.HeldCheckInterval, DefaultHeldCheckInterval)
-	return l
-}
+func (l Limits) WithDefaults() Limits { return Limits(seam.Limits(l).WithDefaults()) }
 
 // election returns the durations l shares with package neli, whose defaults and ranges package
 // timing holds.
 func (l Limits) election() timing.Election {
 	return timing.Election{HeartbeatTimeout: l.HeartbeatTimeout, PollDuration: l.PollDuration, MinPollInterval: l.MinPollInterval}
-}
-
-func setDefault[T comparable](field *T, def T) {
-	var zero T
-	if *field == zero {
-		*field = def
-	}
 }
 
 // producerOwnedProperties are set by goharvest on its producer; a value from the user would break

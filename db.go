@@ -1,12 +1,7 @@
 package goharvest
 
 import (
-	"context"
-	"errors"
-	"fmt"
-
-	"github.com/google/uuid"
-
+	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/neli"
 	"github.com/goharvest/goharvest/outbox"
 )
@@ -24,90 +19,58 @@ type OutboxRecord = outbox.Record
 // String returns a pointer to s, for OutboxRecord.KafkaValue.
 func String(s string) *string { return &s }
 
-// MarkedRecord is a record returned by DatabaseBinding.Mark. A row that cannot be turned into a
-// message (say its header arrays differ in length) is still marked and returned in its place,
-// with Err set and whatever fields could be read, so that the harvester can report it by ID and
-// hold back its key rather than crash or drop it.
-type MarkedRecord struct {
-	OutboxRecord
-	// Err is a *RecordError when the row is malformed; such a record must not be published.
-	Err error
-}
-
-// RecordError says that the outbox row with the given ID cannot be published as it stands.
-type RecordError struct {
-	ID     int64
-	Reason string
-}
-
-func (e *RecordError) Error() string {
-	return fmt.Sprintf("outbox record %d: %s", e.ID, e.Reason)
-}
-
-// DatabaseBinding is the harvester's access to the outbox table. Every method may be called
-// from several goroutines at once. Implementations must check every result and rows error: a
-// statement that silently fails would lose or duplicate messages.
-type DatabaseBinding interface {
-	// Mark atomically sets leader_id to leaderID on up to limit of the oldest rows whose
-	// leader_id is NULL or different from leaderID, and returns them sorted by ID. Rows this
-	// leader has marked already are skipped; rows marked by any other leader ID are taken over.
-	Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]MarkedRecord, error)
-
-	// Purge deletes the rows with the given IDs, once Kafka has acknowledged them, and returns
-	// how many it deleted. IDs that no longer exist are ignored.
-	Purge(ctx context.Context, ids []int64) (int, error)
-
-	// Reset clears leader_id on those of the given rows that leaderID still holds, so that they
-	// are marked again, and returns how many it cleared. A row that another leader has taken over
-	// since is left alone.
-	Reset(ctx context.Context, leaderID uuid.UUID, ids []int64) (int, error)
-
-	// Dispose releases the binding's connections. It is called once, after the last call to the
-	// other methods has returned.
-	Dispose()
-}
-
-// SchemaChecker is implemented by bindings that can check the outbox table's columns before
-// publishing starts (PostgresBinding does). The harvester checks before every epoch.
-type SchemaChecker interface {
-	CheckSchema(ctx context.Context) error
-}
-
-// Listener is implemented by bindings that can tell the harvester when records are written
-// (PostgresBinding does, with LISTEN/NOTIFY), so that an idle outbox need not be polled often.
-// Polling remains the fallback: a notification only brings the next mark forward.
-type Listener interface {
-	// Listen calls wake whenever records may have been written, and once as soon as it is
-	// listening, until ctx is done (then it returns nil) or it fails (then it returns the error
-	// and the harvester calls it again after Limits.IOErrorBackoff). An error wrapping
-	// ErrNotificationsLost says that notifications cannot arrive at all; the harvester then polls
-	// and does not call Listen again until its next leader epoch.
-	Listen(ctx context.Context, wake func()) error
-}
+// The database binding's seams. They are declared, with their contracts, in package
+// internal/seam, where the engine reads them; internal/storetest holds every binding (the
+// Postgres binding and the tests' in-memory one) to the same contract.
+type (
+	// MarkedRecord is a record returned by DatabaseBinding.Mark; a malformed row comes back with
+	// Err set (see seam.MarkedRecord).
+	MarkedRecord = seam.MarkedRecord
+	// RecordError says that an outbox row cannot be published as it stands.
+	RecordError = seam.RecordError
+	// DatabaseBinding is the harvester's access to the outbox table (see seam.DatabaseBinding).
+	// The binding a DatabaseBindingProvider returns must also be a HeldRowBinding: Start refuses
+	// one that is not, since without it a held record could be sent again with content never
+	// read again. A wrapper that embeds a binding must pass those methods on too.
+	DatabaseBinding = seam.DatabaseBinding
+	// HeldRowBinding is what the harvester needs to hold back a record that cannot be published
+	// (see seam.HeldRowBinding).
+	HeldRowBinding = seam.HeldRowBinding
+	// RereadRecord is a row read afresh, with its version.
+	RereadRecord = seam.RereadRecord
+	// DeadLetterInfo is what the dead-letter table records about a row besides its columns.
+	DeadLetterInfo = seam.DeadLetterInfo
+	// HeldRecord describes a record that holds back its key (see Harvest.HeldRecords).
+	HeldRecord = seam.HeldRecord
+	// SchemaChecker is implemented by bindings that can check the outbox table's columns.
+	SchemaChecker = seam.SchemaChecker
+	// SchemaError says that the outbox table lacks a column the harvester needs, or has one of a
+	// type it cannot read.
+	SchemaError = seam.SchemaError
+	// Listener is implemented by bindings that can tell the harvester when records are written.
+	Listener = seam.Listener
+	// Sharder is implemented by bindings that can publish an outbox in shards.
+	Sharder = seam.Sharder
+	// Pinger is implemented by bindings and electors that can check their connection.
+	Pinger = seam.Pinger
+	// BacklogSampler is implemented by bindings that can count the outbox's backlog cheaply.
+	BacklogSampler = seam.BacklogSampler
+)
 
 // ErrNotificationsLost says that a Listener's LISTEN succeeded but notifications do not reach
 // it, as behind a connection pooler in transaction mode.
-// Sharder is implemented by bindings that can publish an outbox in shards (Config.Shards > 1).
-type Sharder interface {
-	// Shard returns a binding whose Mark (and MarkExcept, for a HeldRowBinding) returns only the
-	// rows whose key is in shard of shards (outbox.Shard), and whose Backlog, for a
-	// BacklogSampler, counts only those. Its Dispose must leave the parent usable.
-	Shard(shard, shards int) DatabaseBinding
-}
-
-var ErrNotificationsLost = errors.New("notifications do not arrive")
+var ErrNotificationsLost = seam.ErrNotificationsLost
 
 // The Postgres binding offers every optional capability; checked here, so that renaming a method
 // cannot silently turn a feature off.
 var (
-	_ DatabaseBinding = (*PostgresBinding)(nil)
-	_ SchemaChecker   = (*PostgresBinding)(nil)
-	_ Listener        = (*PostgresBinding)(nil)
-	_ Pinger          = (*PostgresBinding)(nil)
-	_ BacklogSampler  = (*PostgresBinding)(nil)
-	_ HeldRowBinding  = (*PostgresBinding)(nil)
-	_ Sharder         = (*PostgresBinding)(nil)
-	_ Elector         = (*neli.Neli)(nil)
-	_ Pinger          = (*neli.Neli)(nil)
-	_ KafkaProducer   = (*confluentProducer)(nil)
+	_ seam.Store     = (*PostgresBinding)(nil)
+	_ SchemaChecker  = (*PostgresBinding)(nil)
+	_ Listener       = (*PostgresBinding)(nil)
+	_ Pinger         = (*PostgresBinding)(nil)
+	_ BacklogSampler = (*PostgresBinding)(nil)
+	_ Sharder        = (*PostgresBinding)(nil)
+	_ Elector        = (*neli.Neli)(nil)
+	_ Pinger         = (*neli.Neli)(nil)
+	_ KafkaProducer  = (*confluentProducer)(nil)
 )

@@ -125,17 +125,6 @@ var outboxColumns = []struct {
 	{"leader_id", []string{"uuid"}},
 }
 
-// SchemaError says that the outbox table lacks a column the harvester needs, or has one of a
-// type it cannot read. Retrying does not help until the table is altered.
-type SchemaError struct {
-	Table    string
-	Problems []string
-}
-
-func (e *SchemaError) Error() string {
-	return fmt.Sprintf("outbox table %s: %s", e.Table, strings.Join(e.Problems, "; "))
-}
-
 // CheckSchema checks that the outbox table has every column the harvester reads, of a type it
 // can read. A mismatch is a *SchemaError naming each column; other errors (the database being
 // unreachable) are returned as they are.

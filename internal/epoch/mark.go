@@ -1,10 +1,12 @@
-package goharvest
+package epoch
 
 import (
 	"errors"
 	"hash/fnv"
 	"sync"
 	"time"
+
+	"github.com/goharvest/goharvest/internal/seam"
 )
 
 // budget is the pipeline's one count of records in flight: records this epoch has marked and not
@@ -41,7 +43,7 @@ func (b *budget) reserve(max, limit int) (room int, mark uint64) {
 }
 
 // marked counts records just marked.
-func (b *budget) marked(records []MarkedRecord) {
+func (b *budget) marked(records []seam.MarkedRecord) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, r := range records {
@@ -87,47 +89,49 @@ func (b *budget) snapshot() (keys []string, records int) {
 
 // markLoop marks batches while the pipeline has room, backing off while the outbox is empty. It
 // owns idle, its backoff, and busy, whether it counts its epoch in busyEpochs.
-func (p *pipeline) markLoop() {
-	idle := p.limits.MarkBackoff
+func (p *Epoch) markLoop() {
+	idle := p.Limits.MarkBackoff
 	busy := false // counted in busyEpochs
 	setBusy := func(b bool) {
 		switch {
 		case b && !busy:
-			p.busyEpochs.Add(1)
+			p.BusyEpochs.Add(1)
 		case !b && busy:
-			p.busyEpochs.Add(-1)
+			p.BusyEpochs.Add(-1)
 		}
 		busy = b
 	}
 	defer setBusy(false)
 	for p.ctx.Err() == nil {
-		room, seq := p.budget.reserve(p.limits.MaxInFlightRecords, p.limits.MarkQueryRecords)
+		room, seq := p.budget.reserve(p.Limits.MaxInFlightRecords, p.Limits.MarkQueryRecords)
 		if room <= 0 {
-			p.markerWaits(p.limits.DrainInterval, p.budget.room)
+			p.markerWaits(p.Limits.DrainInterval, p.budget.room)
 			continue
 		}
 		began := time.Now()
-		records, err := p.mark(p.ctx, room)
-		p.metrics.markSeconds.Observe(time.Since(began).Seconds())
+		records, err := p.Claim.Claim(p.ctx, room, p.held.heldKeys())
+		p.Metrics.MarkSeconds.Observe(time.Since(began).Seconds())
 		if err != nil {
 			if p.ctx.Err() != nil {
 				return
 			}
-			p.dbTrouble.Fail(p.log, "mark", err)
-			// The update may have committed with its reply lost: those rows would carry this leader
-			// ID and never be marked again under it. Only a new leader ID brings them back.
-			p.requestRemark("mark failed", err)
-			return
+			p.DBTrouble.Fail(p.Log, "mark", err)
+			if p.Claim.FailedClaimEndsEpoch() {
+				p.requestRemark("mark failed", err)
+				return
+			}
+			p.sleep(p.Limits.IOErrorBackoff, nil)
+			continue
 		}
-		p.dbTrouble.OK(p.log)
+		p.DBTrouble.OK(p.Log)
 		setBusy(len(records) > 0)
 		if len(records) == 0 {
 			p.markerWaits(idle, p.written)
-			idle = min(2*idle, p.limits.MaxMarkBackoff)
+			idle = min(2*idle, p.Limits.MaxMarkBackoff)
 			continue
 		}
-		idle = p.limits.MarkBackoff
-		p.metrics.marked.Add(float64(len(records)))
+		idle = p.Limits.MarkBackoff
+		p.Metrics.Marked.Add(float64(len(records)))
 		p.budget.marked(records)
 		p.activity.posted(len(records))
 		for _, rec := range records {
@@ -143,7 +147,7 @@ func (p *pipeline) markLoop() {
 
 // markerWaits sleeps like sleep, with the transaction loop told meanwhile that the marker adds
 // nothing (the pipeline is full, or the outbox empty).
-func (p *pipeline) markerWaits(d time.Duration, ch <-chan struct{}) {
+func (p *Epoch) markerWaits(d time.Duration, ch <-chan struct{}) {
 	p.activity.markerIdle(true)
 	p.sleep(d, ch)
 	p.activity.markerIdle(false)
@@ -152,10 +156,10 @@ func (p *pipeline) markerWaits(d time.Duration, ch <-chan struct{}) {
 // listenLoop has the binding wake the marker when records are written, and keeps it listening
 // through database outages. While it cannot listen, the marker's polling carries on alone.
 // Notifications that cannot arrive at all (ErrNotificationsLost) are not retried this epoch.
-func (p *pipeline) listenLoop(l Listener) {
-	trouble := p.notify
+func (p *Epoch) listenLoop() {
+	l, trouble := p.Features.Listen, p.Notify
 	wake := func() {
-		trouble.OK(p.log)
+		trouble.OK(p.Log)
 		p.written.poke()
 	}
 	for {
@@ -163,16 +167,16 @@ func (p *pipeline) listenLoop(l Listener) {
 		if p.ctx.Err() != nil {
 			return
 		}
-		trouble.Fail(p.log, "listen", err, "pollInterval", p.limits.MaxMarkBackoff)
-		if errors.Is(err, ErrNotificationsLost) {
+		trouble.Fail(p.Log, "listen", err, "pollInterval", p.Limits.MaxMarkBackoff)
+		if errors.Is(err, seam.ErrNotificationsLost) {
 			return
 		}
-		p.sleep(p.limits.IOErrorBackoff, nil)
+		p.sleep(p.Limits.IOErrorBackoff, nil)
 	}
 }
 
 // sleep waits for d, for a wake-up on ch (if not nil), or for the pipeline to stop.
-func (p *pipeline) sleep(d time.Duration, ch <-chan struct{}) {
+func (p *Epoch) sleep(d time.Duration, ch <-chan struct{}) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

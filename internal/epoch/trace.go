@@ -1,8 +1,9 @@
-package goharvest
+package epoch
 
 import (
 	"context"
 
+	"github.com/goharvest/goharvest/outbox"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
@@ -14,7 +15,7 @@ import (
 // flight's, so it has the flight's owner (see flight).
 
 // headerCarrier lets OpenTelemetry read a record's headers.
-type headerCarrier KafkaHeaders
+type headerCarrier outbox.Headers
 
 func (c headerCarrier) Get(key string) string {
 	for _, h := range c {
@@ -37,24 +38,24 @@ func (c headerCarrier) Keys() []string {
 
 // startSpan begins the record's publish span, once, linked to the trace in its traceparent
 // header (the request that wrote it), when tracing is on.
-func (p *pipeline) startSpan(f *flight) {
-	if p.tracer == nil || f.span != nil {
+func (p *Epoch) startSpan(f *flight) {
+	if p.Tracer == nil || f.span != nil {
 		return
 	}
 	written := propagation.TraceContext{}.Extract(context.Background(), headerCarrier(f.rec.KafkaHeaders))
-	_, f.span = p.tracer.Start(context.Background(), "publish "+f.rec.KafkaTopic,
+	_, f.span = p.Tracer.Start(context.Background(), "publish "+f.rec.KafkaTopic,
 		trace.WithSpanKind(trace.SpanKindProducer),
 		trace.WithLinks(trace.LinkFromContext(written)),
 		trace.WithAttributes(
 			attribute.String("messaging.system", "kafka"),
 			attribute.String("messaging.destination.name", f.rec.KafkaTopic),
 			attribute.Int64("goharvest.record.id", f.rec.ID),
-			attribute.String("goharvest.leader.id", p.leaderID.String()),
+			attribute.String("goharvest.leader.id", p.LeaderID.String()),
 		))
 }
 
 // endSpan ends the record's publish span, if any: committed (err nil) or given up in this epoch.
-func (p *pipeline) endSpan(f *flight, err error) {
+func (p *Epoch) endSpan(f *flight, err error) {
 	if f.span == nil {
 		return
 	}

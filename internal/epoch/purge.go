@@ -1,17 +1,19 @@
-package goharvest
+package epoch
 
 import (
 	"context"
 	"time"
+
+	"github.com/goharvest/goharvest/internal/seam"
 )
 
 // commitLoop purges acknowledged records and resets failed ones, in batches: it takes what has
 // gathered while the previous statement ran. Only after a purge commits does it release the
 // records' keys, so a key's next record is never sent while this one could still be marked
 // again. The committers share the outcomes mailbox; each owns the batch it takes.
-func (p *pipeline) commitLoop() {
+func (p *Epoch) commitLoop() {
 	for {
-		batch, ok := p.outcomes.wait(maxCommitBatch)
+		batch, ok := p.outcomes.wait(MaxCommitBatch)
 		if !ok {
 			return
 		}
@@ -26,16 +28,16 @@ func (p *pipeline) commitLoop() {
 		purge = p.purgeChecked(purge)
 		if len(purge) > 0 {
 			began := time.Now()
-			if p.commit("purge", purge, p.db.Purge) {
-				p.metrics.purgeSeconds.Observe(time.Since(began).Seconds())
+			if p.commit("purge", purge, p.Store.Purge) {
+				p.Metrics.PurgeSeconds.Observe(time.Since(began).Seconds())
 				p.ledger.forget(purge)
 				p.finish(purge)
 			}
 		}
 		if len(reset) > 0 && p.commit("reset", reset, func(ctx context.Context, ids []int64) (int, error) {
-			return p.db.Reset(ctx, p.leaderID, ids)
+			return len(ids), p.Claim.Release(ctx, ids)
 		}) {
-			p.metrics.reset.Add(float64(len(reset)))
+			p.Metrics.Reset.Add(float64(len(reset)))
 		}
 	}
 }
@@ -43,7 +45,7 @@ func (p *pipeline) commitLoop() {
 // commit runs one batched statement, retrying with backoff while the database is unavailable.
 // It gives up (returning false) only when the epoch's final flush runs out of time: the rows
 // then stay in the outbox and are published again, which duplicates but never reorders.
-func (p *pipeline) commit(op string, batch []*flight, exec func(context.Context, []int64) (int, error)) bool {
+func (p *Epoch) commit(op string, batch []*flight, exec func(context.Context, []int64) (int, error)) bool {
 	ids := make([]int64, len(batch))
 	for i, f := range batch {
 		ids[i] = f.rec.ID
@@ -52,7 +54,7 @@ func (p *pipeline) commit(op string, batch []*flight, exec func(context.Context,
 	for {
 		_, err := exec(ctx, ids)
 		if err == nil {
-			p.dbTrouble.OK(p.log)
+			p.DBTrouble.OK(p.Log)
 			return true
 		}
 		if ctx.Err() != nil {
@@ -71,18 +73,18 @@ func (p *pipeline) commit(op string, batch []*flight, exec func(context.Context,
 				p.unpurgedMu.Unlock()
 			}
 			if carried > 0 {
-				p.log.Warn("gave up on purge at the end of the epoch; the next epoch this harvester leads purges them first",
+				p.Log.Warn("gave up on purge at the end of the epoch; the next epoch this harvester leads purges them first",
 					"records", carried, "error", err)
 			}
 			if len(ids) > carried {
-				p.log.Warn("gave up on "+op+" at the end of the epoch; the next epoch marks the records again",
+				p.Log.Warn("gave up on "+op+" at the end of the epoch; the next epoch marks the records again",
 					"records", len(ids)-carried, "error", err)
 			}
 			return false
 		}
-		p.dbTrouble.Fail(p.log, op, err)
+		p.DBTrouble.Fail(p.Log, op, err)
 		select {
-		case <-time.After(p.limits.IOErrorBackoff):
+		case <-time.After(p.Limits.IOErrorBackoff):
 		case <-ctx.Done():
 		}
 	}
@@ -91,16 +93,16 @@ func (p *pipeline) commit(op string, batch []*flight, exec func(context.Context,
 // finish takes purged records off the in-flight budget and hands them back to their workers,
 // which release their keys. A worker that has stopped never reads its mailbox; posting to it
 // costs nothing.
-func (p *pipeline) finish(batch []*flight) {
+func (p *Epoch) finish(batch []*flight) {
 	// Any mark that returns these rows again began before the records left the budget.
 	purgedAt := p.budget.give(batch...)
 	for _, f := range batch {
 		f.purgedAt = purgedAt
 		f.worker.tell(workerMsg{finished: f})
 	}
-	p.metrics.purged.Add(float64(len(batch)))
-	p.meter.Add(int64(len(batch)))
-	if stats, ok := p.meter.Read(); ok {
-		p.emit(MeterRead{Stats: stats})
+	p.Metrics.Purged.Add(float64(len(batch)))
+	p.Meter.Add(int64(len(batch)))
+	if stats, ok := p.Meter.Read(); ok {
+		p.Emit(seam.MeterRead{Stats: stats})
 	}
 }

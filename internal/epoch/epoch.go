@@ -1,19 +1,7 @@
-package goharvest
-
-import (
-	"context"
-	"log/slog"
-	"sync"
-	"sync/atomic"
-	"time"
-
-	"github.com/google/uuid"
-	"go.opentelemetry.io/otel/trace"
-
-	"github.com/goharvest/goharvest/internal/outage"
-	"github.com/goharvest/goharvest/metric"
-)
-
+// Package epoch publishes one leader epoch of one shard: the pipeline that claims rows, sends
+// them to Kafka in transactions and purges them. Package owner starts and ends epochs; this
+// package imports no driver: it reaches the outbox and Kafka through package seam.
+//
 // The pipeline publishes one leader epoch: everything it does carries one leader ID and goes
 // through one transactional producer, which is closed before the next epoch starts. The
 // producer's InitTransactions fenced every earlier epoch's producer, so nothing from an old
@@ -45,20 +33,37 @@ import (
 // starts another under a new leader ID, which marks everything not yet purged again, from the
 // head, in order.
 //
-// The stages, one file each: the marker (pipeline_mark.go), the send workers (pipeline_send.go,
-// and held.go for held keys), the transaction loop and the delivery reader (pipeline_txn.go),
-// the committers (pipeline_purge.go) and tracing (pipeline_trace.go). Each piece of mutable
+// The stages, one file each: the marker (mark.go, which claims rows through a Claimer: claim.go),
+// the send workers (worker.go; the records they own and who writes what of them, flight.go; held
+// keys, held.go), the transaction loop and the delivery reader (txn.go), the committers
+// (purge.go) and tracing (trace.go). Each piece of mutable
 // state has one owner, named where it is declared: a goroutine, or one lock. Stages pass work on
 // through mailboxes and wakes (mailbox.go), whose sends never block; the one blocking send, the
 // marker's to a worker's inbox, waits only for a worker, which itself waits on nothing but
 // txnMu and the producer, each bounded in time.
+package epoch
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/goharvest/goharvest/internal/outage"
+	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/metric"
+)
 
 const (
 	// committers is how many purge statements may run at once; with two, one gathers a batch
 	// while the other executes.
 	committers = 2
-	// maxCommitBatch bounds the ids in one purge or reset statement.
-	maxCommitBatch = 5000
+	// MaxCommitBatch bounds the ids in one purge or reset statement.
+	MaxCommitBatch = 5000
 	// maxRetryBackoff bounds the wait before retrying a record Kafka refused.
 	maxRetryBackoff = time.Minute
 	// busyBackoff is the wait before sending again a record the producer could not take (its
@@ -77,78 +82,46 @@ const (
 	maxTxnFailures = 3
 )
 
-// flight is one record on its way through the pipeline. It belongs to the send worker that owns
-// its key. While the record is out (from produce until the worker hears that its transaction
-// aborted, or that it was purged, or went stale) the transaction loop and the committers read
-// it, and write only the fields marked as theirs below; the worker then writes none of it.
-type flight struct {
-	rec      MarkedRecord
-	worker   *sendWorker
-	attempts int
-	span     trace.Span // the publish span, when tracing is on (ended by the transaction loop)
-	// held and done belong to the worker: held stops the key's queue at this record (waiting out
-	// a backoff, or malformed); done means purged, to be dropped from the queue.
-	held, done bool
-	// noted means a committed note lists this record (written by the transaction loop before the
-	// record reaches the committers).
-	noted bool
-	// markSeq numbers the mark that returned this record; purgedAt is the number of the latest
-	// mark begun when its purge had committed (written by the committers; see sendWorker.purged).
-	markSeq, purgedAt uint64
-	// failure is what the delivery report said about the latest send (nil: success or not yet
-	// reported). Guarded by activity.mu: the delivery reader writes it while others may read.
-	failure error
-	// The worker owns these too; see held.go. free: not counted in the in-flight budget (a held
-	// key's record). due: backoff over, to be sent once read afresh. fresh: read afresh since the
-	// last attempt. doomed: to be moved to the dead-letter table, never sent. version: the row
-	// version read afresh ("" for content from the mark). firstFailure, lastErr: its failures.
-	free, due, fresh, doomed bool
-	version                  string
-	firstFailure             time.Time
-	lastErr                  error
-}
-
-// outcome is Kafka's verdict on a flight, for the committers.
-type outcome struct {
-	f      *flight
-	failed bool // reset rather than purge
-}
-
-type pipelineDeps struct {
-	leaderID  uuid.UUID
-	limits    Limits
-	db        DatabaseBinding
-	producer  KafkaProducer
-	log       *slog.Logger
-	emit      func(Event)
-	meter     *metric.Meter
-	dbTrouble *outage.Logger
-	metrics   *metrics
-	// tracer records a span per published record; nil when tracing is off.
-	tracer trace.Tracer
-	// leading reports whether this harvester may still publish; workers ask before each send.
-	leading func() bool
-	// notes is where this epoch's transactions write their notes.
-	notes NotePlace
-	// idHeader names the header that carries each record's id; "" for none (Config.IDHeader).
-	idHeader string
-	// failures remembers held records' failures across epochs (held.go).
-	failures *failureMemo
-	// notify reports listening trouble once per outage, across epochs.
-	notify *outage.Logger
-	// onRemark, if set, is called once when the epoch asks for a remark, so that its owner learns
-	// of it without watching remark().
-	onRemark func()
-	// busyEpochs counts the harvester's epochs with a backlog: the marker adds its epoch while
-	// its latest mark found rows, and the transaction loop spaces its commits by the count (see
+type Deps struct {
+	// LeaderID is the epoch's leader ID: every claim of the epoch carries it.
+	LeaderID uuid.UUID
+	Limits   seam.Limits
+	// Store is the outbox (or one shard's view of it), and Features what else it offers.
+	Store    seam.Store
+	Features seam.Features
+	// Claim is how the epoch claims its rows (claim.go); nil takes MarkClaim.
+	Claim     Claimer
+	Producer  seam.KafkaProducer
+	Log       *slog.Logger
+	Emit      func(seam.Event)
+	Meter     *metric.Meter
+	DBTrouble *outage.Logger
+	Metrics   *Metrics
+	// Tracer records a span per published record; nil when tracing is off.
+	Tracer trace.Tracer
+	// Leading reports whether this harvester may still publish; workers ask before each send.
+	Leading func() bool
+	// Notes is where this epoch's transactions write their notes.
+	Notes seam.NotePlace
+	// IDHeader names the header that carries each record's id; "" for none (Config.IDHeader).
+	IDHeader string
+	// Failures remembers held records' failures across epochs (held.go).
+	Failures *Failures
+	// Notify reports listening trouble once per outage, across epochs.
+	Notify *outage.Logger
+	// OnRemark, if set, is called once when the epoch asks for a remark, so that its owner learns
+	// of it without watching Remark().
+	OnRemark func()
+	// BusyEpochs counts the harvester's epochs with a backlog: the marker adds its epoch while
+	// its latest claim found rows, and the transaction loop spaces its commits by the count (see
 	// lingerFor).
-	busyEpochs *atomic.Int32
+	BusyEpochs *atomic.Int32
 }
 
 // pipeline is one epoch's stages and the state they share. Fields not marked otherwise are set
 // by startPipeline and only read afterwards.
-type pipeline struct {
-	pipelineDeps
+type Epoch struct {
+	Deps
 
 	ctx    context.Context // cancelled to stop marking and sending
 	cancel context.CancelFunc
@@ -212,28 +185,33 @@ type pipeline struct {
 	committing sync.WaitGroup // committers
 }
 
-func startPipeline(deps pipelineDeps) *pipeline {
+// Start starts publishing an epoch with a producer whose InitTransactions has fenced every
+// earlier epoch of the shard, and whose notes have been purged (see package owner).
+func Start(deps Deps) *Epoch {
+	if deps.Claim == nil {
+		deps.Claim = MarkClaim(deps.Store, deps.LeaderID)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	flushCtx, flushCancel := context.WithCancel(context.Background())
-	p := &pipeline{
-		pipelineDeps: deps,
-		ctx:          ctx,
-		cancel:       cancel,
-		flushCtx:     flushCtx,
-		flushCancel:  flushCancel,
-		outcomes:     newMailbox[outcome](),
-		budget:       budget{keys: map[string]int{}, room: newWake()},
-		activity:     activity{settled: closedChan(), wake: newWake()},
-		written:      newWake(),
-		produced:     newWake(),
-		remarkCh:     make(chan struct{}),
-		heldWake:     newWake(),
-		deadTrouble:  &outage.Logger{What: "dead-letter table (held records stay held)"},
+	p := &Epoch{
+		Deps:        deps,
+		ctx:         ctx,
+		cancel:      cancel,
+		flushCtx:    flushCtx,
+		flushCancel: flushCancel,
+		outcomes:    newMailbox[outcome](),
+		budget:      budget{keys: map[string]int{}, room: newWake()},
+		activity:    activity{settled: closedChan(), wake: newWake()},
+		written:     newWake(),
+		produced:    newWake(),
+		remarkCh:    make(chan struct{}),
+		heldWake:    newWake(),
+		deadTrouble: &outage.Logger{What: "dead-letter table (held records stay held)"},
 	}
-	for range deps.limits.SendConcurrency {
+	for range deps.Limits.SendConcurrency {
 		w := &sendWorker{
 			p:      p,
-			in:     make(chan *flight, deps.limits.SendBuffer),
+			in:     make(chan *flight, deps.Limits.SendBuffer),
 			box:    newMailbox[workerMsg](),
 			queues: map[string]*keyQueue{},
 			purged: map[int64]uint64{},
@@ -242,13 +220,11 @@ func startPipeline(deps pipelineDeps) *pipeline {
 		p.sending.Go(w.run)
 	}
 	p.sending.Go(p.markLoop)
-	if l, ok := deps.db.(Listener); ok {
-		p.sending.Go(func() { p.listenLoop(l) })
+	if deps.Features.Listen != nil {
+		p.sending.Go(p.listenLoop)
 	}
 	p.sending.Go(p.txnLoop)
-	if b, ok := deps.db.(HeldRowBinding); ok {
-		p.sending.Go(func() { p.heldLoop(b) })
-	}
+	p.sending.Go(p.heldLoop)
 	p.delivering.Go(p.readDeliveries)
 	for range committers {
 		p.committing.Go(p.commitLoop)
@@ -256,23 +232,27 @@ func startPipeline(deps pipelineDeps) *pipeline {
 	return p
 }
 
-// remark returns a channel that is closed when the epoch should end and a new leader ID begin.
-func (p *pipeline) remark() <-chan struct{} { return p.remarkCh }
+// Remark returns a channel that is closed when the epoch should end and a new leader ID begin.
+func (p *Epoch) Remark() <-chan struct{} { return p.remarkCh }
 
-func (p *pipeline) requestRemark(reason string, err error) {
+// RemarkedOnError reports whether the remark was asked for because of an error, after which the
+// owner backs off before the next epoch. Read it once Remark's channel is closed.
+func (p *Epoch) RemarkedOnError() bool { return p.remarkErr.Load() }
+
+func (p *Epoch) requestRemark(reason string, err error) {
 	if err != nil {
 		p.remarkErr.Store(true)
 	}
 	p.remarkOnce.Do(func() {
-		p.log.Info("remark requested", "reason", reason, "error", err, "leaderID", p.leaderID)
+		p.Log.Info("remark requested", "reason", reason, "error", err, "leaderID", p.LeaderID)
 		close(p.remarkCh)
-		if p.onRemark != nil {
-			p.onRemark()
+		if p.OnRemark != nil {
+			p.OnRemark()
 		}
 	})
 }
 
-// stop ends the epoch: it stops marking and sending, commits the current transaction (or aborts
+// Stop ends the epoch: it stops marking and sending, commits the current transaction (or aborts
 // it when time runs out), commits the purges and resets that gathered, and returns the ids of
 // records committed to Kafka whose purge it had to give up. It returns within about timeout (see
 // neli/doc.go for why that matters): every wait below ends by the same deadline, and so does a
@@ -280,10 +260,10 @@ func (p *pipeline) requestRemark(reason string, err error) {
 // when it began (see attempt). The producer is closed in the background, since closing it may
 // wait for a topic lookup; closed is closed once it is.
 //
-// The order matters: the senders stop first, so that stop, ending the last transaction, is the
+// The order matters: the senders stop first, so that Stop, ending the last transaction, is the
 // only one to touch txnMu's state; the committers then take the last outcomes; the delivery
 // reader ends only once the producer is closed, since that closes its channel.
-func (p *pipeline) stop(timeout time.Duration) (unpurged []int64, closed <-chan struct{}) {
+func (p *Epoch) Stop(timeout time.Duration) (unpurged []int64, closed <-chan struct{}) {
 	deadline := time.Now().Add(timeout)
 	p.flushDeadline.Store(&deadline)
 	giveUp := time.AfterFunc(timeout, p.flushCancel)
@@ -295,9 +275,9 @@ func (p *pipeline) stop(timeout time.Duration) (unpurged []int64, closed <-chan 
 	p.endTxn(p.flushCtx, false)
 
 	if !p.activity.awaitReports(deadline) {
-		p.log.Warn("in-flight records not reported in time; abandoning them (they will be published again)",
+		p.Log.Warn("in-flight records not reported in time; abandoning them (they will be published again)",
 			"records", p.activity.unreportedCount(), "waited", timeout)
-		p.producer.Abandon()
+		p.Producer.Abandon()
 	}
 	p.outcomes.close()
 	p.committing.Wait()
@@ -305,7 +285,7 @@ func (p *pipeline) stop(timeout time.Duration) (unpurged []int64, closed <-chan 
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		p.producer.Close()
+		p.Producer.Close()
 		p.delivering.Wait()
 	}()
 	p.unpurgedMu.Lock()
@@ -313,6 +293,9 @@ func (p *pipeline) stop(timeout time.Duration) (unpurged []int64, closed <-chan 
 	return p.unpurged, done
 }
 
-// inFlight returns the keys of the records in flight (see budget), each once, and how many
+// InFlight returns the keys of the records in flight (see budget), each once, and how many
 // records that is.
-func (p *pipeline) inFlight() (keys []string, records int) { return p.budget.snapshot() }
+func (p *Epoch) InFlight() (keys []string, records int) { return p.budget.snapshot() }
+
+// Held returns the records that hold back their keys now, oldest first.
+func (p *Epoch) Held() []seam.HeldRecord { return p.held.list() }

@@ -1,4 +1,4 @@
-package goharvest
+package epoch
 
 import (
 	"encoding/base64"
@@ -27,13 +27,13 @@ import (
 // notePrefix starts every note, naming its format.
 const notePrefix = "goharvest/1:"
 
-// maxNotedRecords bounds the records one note lists. Each takes at most 10 bytes before base64,
+// MaxNotedRecords bounds the records one note lists. Each takes at most 10 bytes before base64,
 // so a full note stays below the 4,096 bytes Kafka allows offset metadata by default
 // (offset.metadata.max.bytes).
-const maxNotedRecords = 280
+const MaxNotedRecords = 280
 
-// encodeNote writes ids (in any order) as a note: sorted, as varint deltas, in base64.
-func encodeNote(ids []int64) string {
+// EncodeNote writes ids (in any order) as a note: sorted, as varint deltas, in base64.
+func EncodeNote(ids []int64) string {
 	sorted := slices.Clone(ids)
 	slices.Sort(sorted)
 	buf := make([]byte, 0, len(sorted)*2)
@@ -45,8 +45,8 @@ func encodeNote(ids []int64) string {
 	return notePrefix + base64.RawURLEncoding.EncodeToString(buf)
 }
 
-// decodeNote reads the ids a note lists; "" lists none.
-func decodeNote(note string) ([]int64, error) {
+// DecodeNote reads the ids a note lists; "" lists none.
+func DecodeNote(note string) ([]int64, error) {
 	if note == "" {
 		return nil, nil
 	}
@@ -74,7 +74,7 @@ func decodeNote(note string) ([]int64, error) {
 
 // ledger holds the records that committed notes list and that are not purged yet; each new note
 // lists them again, since it replaces the one before. noted counts those and the records the
-// current transaction's note will list, and stays within maxNotedRecords. Both are guarded by mu.
+// current transaction's note will list, and stays within MaxNotedRecords. Both are guarded by mu.
 type ledger struct {
 	mu    sync.Mutex
 	ids   map[int64]struct{}
@@ -85,7 +85,7 @@ type ledger struct {
 func (l *ledger) reserve() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.noted >= maxNotedRecords {
+	if l.noted >= MaxNotedRecords {
 		return false
 	}
 	l.noted++
@@ -133,5 +133,5 @@ func (l *ledger) note(extra []*flight) string {
 	for _, f := range extra {
 		ids = append(ids, f.rec.ID)
 	}
-	return encodeNote(ids)
+	return EncodeNote(ids)
 }

@@ -1,4 +1,4 @@
-package goharvest
+package epoch
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/goharvest/goharvest/internal/seam"
 )
 
 // txnGather is the least a transaction stays open after the transaction loop finds its first
@@ -154,8 +156,8 @@ func (a *activity) awaitReports(deadline time.Time) bool {
 
 // readDeliveries notes what each delivery report says, for the transaction loop, until the
 // producer is closed. Success means little before the transaction commits.
-func (p *pipeline) readDeliveries() {
-	for d := range p.producer.Deliveries() {
+func (p *Epoch) readDeliveries() {
+	for d := range p.Producer.Deliveries() {
 		f, _ := d.Opaque.(*flight)
 		p.activity.reported(f, d.Err)
 	}
@@ -165,7 +167,7 @@ func (p *pipeline) readDeliveries() {
 // has passed since the previous commit ended (and txnGather since the loop found the first
 // record), or the transaction cannot grow (see activity.stalled). It owns lastEnd and its timer;
 // ending a transaction happens under txnMu (see endTxn).
-func (p *pipeline) txnLoop() {
+func (p *Epoch) txnLoop() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	var lastEnd time.Time
@@ -177,7 +179,7 @@ func (p *pipeline) txnLoop() {
 			case <-p.produced:
 			}
 		}
-		due := lastEnd.Add(lingerFor(p.busyEpochs.Load()))
+		due := lastEnd.Add(lingerFor(p.BusyEpochs.Load()))
 		if gathered := time.Now().Add(txnGather); gathered.After(due) {
 			due = gathered
 		}
@@ -191,7 +193,7 @@ func (p *pipeline) txnLoop() {
 
 // awaitCommit waits until due, or until the transaction cannot grow; false if the epoch stops
 // meanwhile.
-func (p *pipeline) awaitCommit(timer *time.Timer, due time.Time) bool {
+func (p *Epoch) awaitCommit(timer *time.Timer, due time.Time) bool {
 	defer timer.Stop()
 	for !p.activity.stalled() {
 		wait := time.Until(due)
@@ -209,7 +211,7 @@ func (p *pipeline) awaitCommit(timer *time.Timer, due time.Time) bool {
 	return true
 }
 
-func (p *pipeline) txnEmpty() bool {
+func (p *Epoch) txnEmpty() bool {
 	p.txnMx.Lock()
 	defer p.txnMx.Unlock()
 	return len(p.txn) == 0
@@ -220,7 +222,7 @@ func (p *pipeline) txnEmpty() bool {
 // next, it then begins the next transaction. It runs under txnMu, so no record is produced
 // meanwhile; what it passes on goes through mailboxes, which never block, so it cannot wait on a
 // worker or a committer that waits for txnMu.
-func (p *pipeline) endTxn(ctx context.Context, next bool) {
+func (p *Epoch) endTxn(ctx context.Context, next bool) {
 	p.txnMu.Lock()
 	defer p.txnMu.Unlock()
 	p.txnMx.Lock()
@@ -237,9 +239,9 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 	err := p.fatal
 	if err == nil {
 		err = p.commitTxn(ctx, batch, extra)
-		p.metrics.commitSeconds.Observe(time.Since(began).Seconds())
+		p.Metrics.CommitSeconds.Observe(time.Since(began).Seconds())
 	}
-	p.log.Debug("transaction ended", "records", len(batch), "noted", len(extra), "took", time.Since(began), "error", err)
+	p.Log.Debug("transaction ended", "records", len(batch), "noted", len(extra), "took", time.Since(began), "error", err)
 	outcomes := make([]outcome, 0, len(batch))
 	if err == nil {
 		p.txnFailures = 0
@@ -247,7 +249,7 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 			f.noted = true
 		}
 		p.ledger.add(extra)
-		p.metrics.published.Add(float64(len(batch)))
+		p.Metrics.Published.Add(float64(len(batch)))
 		for _, f := range batch {
 			p.endSpan(f, nil)
 			outcomes = append(outcomes, outcome{f: f})
@@ -261,9 +263,9 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 	p.ledger.unreserve(len(extra))
 
 	if err != p.fatal {
-		p.metrics.errors.WithLabelValues(errorKindKafka).Inc()
+		p.Metrics.Errors.WithLabelValues(ErrorKindKafka).Inc()
 	}
-	var txnErr *TxnError
+	var txnErr *seam.TxnError
 	fatal := errors.As(err, &txnErr) && txnErr.Fatal
 	if !fatal {
 		if abortErr := p.abortTxn(ctx); abortErr != nil {
@@ -277,8 +279,8 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 		p.fatal = err
 	}
 	// The abort has the producer report on every message of the transaction.
-	p.activity.awaitReports(p.until(p.limits.MaxPollInterval))
-	if refused := (*RejectedError)(nil); !errors.As(err, &refused) {
+	p.activity.awaitReports(p.until(p.Limits.MaxPollInterval))
+	if refused := (*seam.RejectedError)(nil); !errors.As(err, &refused) {
 		// A record that was refused fails its transaction, but says nothing of the producer: it is
 		// held (held.go), and only its key waits. Other failures, repeated, end the epoch.
 		p.txnFailures++
@@ -286,7 +288,7 @@ func (p *pipeline) endTxn(ctx context.Context, next bool) {
 	if fatal || p.txnFailures >= maxTxnFailures || p.ctx.Err() != nil {
 		// The epoch ends: the records are reset, and the next epoch marks them again.
 		for _, f := range batch {
-			var rejected *RejectedError
+			var rejected *seam.RejectedError
 			if failure := p.activity.failure(f); errors.As(failure, &rejected) {
 				p.rejected(f, failure)
 			}
@@ -323,7 +325,7 @@ func runsButLast(batch []*flight) []*flight {
 
 // returnRuns sends the runs of aborted transaction gen back to their workers, to be sent again
 // from their first records; the records Kafka refused wait out a backoff first.
-func (p *pipeline) returnRuns(gen uint64, batch []*flight) {
+func (p *Epoch) returnRuns(gen uint64, batch []*flight) {
 	runs := map[string]*abortedRun{}
 	var firsts []*flight // each run's first record, whose worker owns the key
 	for _, f := range batch {
@@ -333,7 +335,7 @@ func (p *pipeline) returnRuns(gen uint64, batch []*flight) {
 			runs[r.key] = r
 			firsts = append(firsts, f)
 		}
-		var rejected *RejectedError
+		var rejected *seam.RejectedError
 		if failure := p.activity.failure(f); errors.As(failure, &rejected) {
 			r.hold = append(r.hold, heldRecord{f: f, backoff: p.rejected(f, failure)})
 		}
@@ -352,7 +354,7 @@ func (p *pipeline) returnRuns(gen uint64, batch []*flight) {
 // CommitTransaction again until it resolves. So a slow commit is waited out, one bounded call at
 // a time, for as long as the epoch lasts; only the epoch's final flush running out of time gives
 // up on it.
-func (p *pipeline) commitTxn(ctx context.Context, batch, extra []*flight) error {
+func (p *Epoch) commitTxn(ctx context.Context, batch, extra []*flight) error {
 	for _, f := range batch {
 		if failure := p.activity.failure(f); failure != nil {
 			return fmt.Errorf("record %d: %w", f.rec.ID, failure)
@@ -366,29 +368,29 @@ func (p *pipeline) commitTxn(ctx context.Context, batch, extra []*flight) error 
 	}
 	if len(extra) > 0 {
 		noteCtx, cancel := p.attempt(ctx)
-		err := p.producer.WriteNote(noteCtx, p.notes, p.ledger.note(extra))
+		err := p.Producer.WriteNote(noteCtx, p.Notes, p.ledger.note(extra))
 		cancel()
 		if err != nil {
 			return fmt.Errorf("write note: %w", err)
 		}
 	}
-	return p.retry(ctx, p.producer.CommitTransaction)
+	return p.retry(ctx, p.Producer.CommitTransaction)
 }
 
 // abortTxn aborts the current transaction, calling again while librdkafka says to.
-func (p *pipeline) abortTxn(ctx context.Context) error {
-	return p.retry(ctx, p.producer.AbortTransaction)
+func (p *Epoch) abortTxn(ctx context.Context) error {
+	return p.retry(ctx, p.Producer.AbortTransaction)
 }
 
 // retry calls a transactional API until it succeeds, fails for good, or ctx ends. Each call gets
 // its own deadline (see attempt), so that none outlasts the epoch's final flush; a call that
 // fails at once is not repeated at once.
-func (p *pipeline) retry(ctx context.Context, call func(context.Context) error) error {
+func (p *Epoch) retry(ctx context.Context, call func(context.Context) error) error {
 	for {
 		callCtx, cancel := p.attempt(ctx)
 		err := call(callCtx)
 		cancel()
-		var txnErr *TxnError
+		var txnErr *seam.TxnError
 		if !errors.As(err, &txnErr) || !txnErr.Retriable || ctx.Err() != nil {
 			return err
 		}
@@ -402,12 +404,12 @@ func (p *pipeline) retry(ctx context.Context, call func(context.Context) error) 
 // attempt returns the context for one call to the producer's transactional API. librdkafka takes
 // only a context's deadline, as the call's timeout, and cannot be interrupted, so each call gets
 // MaxPollInterval, and no more than the epoch's final flush has left.
-func (p *pipeline) attempt(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithDeadline(ctx, p.until(p.limits.MaxPollInterval))
+func (p *Epoch) attempt(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithDeadline(ctx, p.until(p.Limits.MaxPollInterval))
 }
 
 // until returns the time d from now, or the end of the epoch's final flush if that comes first.
-func (p *pipeline) until(d time.Duration) time.Time {
+func (p *Epoch) until(d time.Duration) time.Time {
 	t := time.Now().Add(d)
 	if end := p.flushDeadline.Load(); end != nil && end.Before(t) {
 		return *end
@@ -415,8 +417,8 @@ func (p *pipeline) until(d time.Duration) time.Time {
 	return t
 }
 
-func (p *pipeline) beginTxn() {
-	if err := p.producer.BeginTransaction(); err != nil {
+func (p *Epoch) beginTxn() {
+	if err := p.Producer.BeginTransaction(); err != nil {
 		p.requestRemark("begin transaction", err)
 	}
 }

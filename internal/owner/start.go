@@ -1,0 +1,268 @@
+package owner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/google/uuid"
+
+	"github.com/goharvest/goharvest/internal/epoch"
+	"github.com/goharvest/goharvest/internal/seam"
+)
+
+// epochStart is an epoch being prepared on a goroutine of its own: the schema check, a new
+// producer whose InitTransactions fences the producers of every earlier epoch of the shard, and
+// the purge of records earlier epochs published and did not purge. It belongs to the owner
+// goroutine.
+type epochStart struct {
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the fields below are set
+	// producer is ready to publish; nil when a step failed and the start is to be retried.
+	producer seam.KafkaProducer
+	// err is a failure that retrying cannot cure (Kafka refusing the harvester's settings); it
+	// stops the harvester.
+	err error
+}
+
+// beginEpoch starts preparing an epoch of a shard. Every step that cannot be cancelled
+// (librdkafka's InitTransactions honours only a deadline) is bounded by MaxPollInterval, so that
+// abandonStart, which a handover waits for, returns within that bound.
+func (h *Owner) beginEpoch(ctx context.Context, s *shard) *epochStart {
+	ctx, cancel := context.WithCancel(ctx)
+	st := &epochStart{cancel: cancel, done: make(chan struct{})}
+	prevClosed, unpurged := s.prevClosed, s.unpurged
+	go func() {
+		defer h.signal()
+		defer close(st.done)
+		// The previous epoch's producer closes in the background; the next one waits for it, so
+		// that one process never has two for a shard.
+		select {
+		case <-prevClosed:
+		case <-ctx.Done():
+			return
+		}
+		st.producer, st.err = h.prepareEpoch(ctx, s, unpurged)
+	}()
+	return st
+}
+
+// prepareEpoch runs the steps of an epoch's start and returns its producer, or nil when a step
+// failed and should be retried after IOErrorBackoff.
+func (h *Owner) prepareEpoch(ctx context.Context, s *shard, unpurged []int64) (seam.KafkaProducer, error) {
+	// Each step first checks that the start has not been abandoned: above all InitTransactions,
+	// which would otherwise fence a leader elected meanwhile.
+	if ctx.Err() != nil || !h.schemaReady(ctx) {
+		return nil, nil
+	}
+	// Records this harvester committed to Kafka and could not purge when its last epoch ended
+	// would otherwise be marked and published again.
+	if len(unpurged) > 0 {
+		if !h.purgeIDs(ctx, "purge records the last epoch published", unpurged) {
+			return nil, nil
+		}
+		h.log.Info("purged records the last epoch published and could not purge", "records", len(unpurged), "shard", s.id)
+	}
+	if ctx.Err() != nil {
+		return nil, nil
+	}
+	producer, err := h.cfg.NewProducer(s.id)
+	if err != nil {
+		return nil, fmt.Errorf("harvest: create producer: %w", err)
+	}
+	if ctx.Err() != nil {
+		producer.Close()
+		return nil, nil
+	}
+	initCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.MaxPollInterval)
+	err = producer.InitTransactions(initCtx)
+	cancel()
+	if err == nil {
+		err = producer.BeginTransaction()
+	}
+	var refused *seam.KafkaConfigError
+	if errors.As(err, &refused) {
+		producer.Close()
+		if h.cfg.Shards > 1 {
+			// Each shard has a transactional ID of its own; one ACL can cover them all.
+			return nil, fmt.Errorf("harvest: Kafka refuses the producer's settings or permissions (a PREFIXED ACL on TransactionalId %s. covers every shard's): %w",
+				h.cfg.TransactionalID, err)
+		}
+		return nil, fmt.Errorf("harvest: Kafka refuses the producer's settings or permissions: %w", err)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			h.kafkaTrouble.Fail(h.log, "init transactions", err, "shard", s.id)
+		}
+		producer.Close()
+		return nil, nil
+	}
+	if ctx.Err() != nil {
+		producer.Close()
+		return nil, nil
+	}
+	if ok, err := h.purgeNoted(ctx, s, producer); !ok {
+		producer.Close()
+		return nil, err
+	}
+	// Only a start that got through every step ends an outage: a step that succeeds while a later
+	// one keeps failing would otherwise end it and begin it again on every attempt, and the
+	// outage would never count as lasting (for the log and for Ready).
+	h.dbTrouble.OK(h.log)
+	h.kafkaTrouble.OK(h.log)
+	return producer, nil
+}
+
+// abandonStart cancels a shard's epoch start under way and waits for it, closing its producer if
+// it got one. It returns within about MaxPollInterval (see beginEpoch).
+func (h *Owner) abandonStart(s *shard) {
+	st := s.starting
+	if st == nil {
+		return
+	}
+	s.starting = nil
+	st.cancel()
+	<-st.done
+	if st.producer != nil {
+		st.producer.Close()
+	}
+}
+
+// launchEpoch begins publishing a shard under a new leader ID through a prepared producer.
+func (h *Owner) launchEpoch(s *shard, producer seam.KafkaProducer) {
+	s.unpurged = nil
+	leaderID := uuid.New()
+	p := epoch.Start(epoch.Deps{
+		LeaderID:   leaderID,
+		Limits:     h.cfg.Limits,
+		Store:      s.db,
+		Features:   s.features,
+		Producer:   producer,
+		Log:        h.log.With("shard", s.id),
+		Emit:       h.emit,
+		Meter:      h.meter,
+		DBTrouble:  h.dbTrouble,
+		Notify:     h.notifyTrouble,
+		Metrics:    h.metrics,
+		Tracer:     h.cfg.Tracer,
+		Leading:    func() bool { return slices.Contains(h.elector.Partitions(), int32(s.id)) },
+		Notes:      h.notePlace(s.id),
+		IDHeader:   h.cfg.IDHeader,
+		Failures:   h.failures,
+		OnRemark:   h.signal,
+		BusyEpochs: &h.busyEpochs,
+	})
+	h.mu.Lock()
+	s.epoch = p
+	h.mu.Unlock()
+	h.metrics.Leader.Set(float64(len(h.epochs())))
+	if s.acquired {
+		h.metrics.Remarks.Inc()
+		h.log.Info("leader refreshed", "leaderID", leaderID, "shard", s.id)
+		h.emit(seam.LeaderRefreshed{Shard: s.id, LeaderID: leaderID})
+	} else {
+		h.metrics.Elections.Inc()
+		h.log.Info("leader acquired", "leaderID", leaderID, "shard", s.id)
+		h.emit(seam.LeaderAcquired{Shard: s.id, LeaderID: leaderID})
+	}
+}
+
+// notePlace is where a shard's transactions leave their notes (see note.go).
+func (h *Owner) notePlace(shard int) seam.NotePlace {
+	return seam.NotePlace{Group: h.cfg.NoteGroup, Topic: h.cfg.LeaderTopic, Partition: int32(shard)}
+}
+
+// purgeNoted purges the records that the shard's latest committed note lists: an earlier epoch
+// published them and may have stopped before purging them. InitTransactions has settled every
+// earlier transaction of the shard, so the note read is final. It reports false, to be retried,
+// when Kafka or the database fails, with an error when Kafka refuses to let it read the note
+// (a KafkaConfigError: retrying cannot help).
+func (h *Owner) purgeNoted(ctx context.Context, s *shard, producer seam.KafkaProducer) (bool, error) {
+	place := h.notePlace(s.id)
+	readCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.MaxPollInterval)
+	note, err := producer.ReadNote(readCtx, place)
+	cancel()
+	var refused *seam.KafkaConfigError
+	if errors.As(err, &refused) {
+		return false, fmt.Errorf("harvest: Kafka refuses the permissions the note needs: %w", err)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			h.kafkaTrouble.Fail(h.log, "read note", err, "shard", s.id)
+		}
+		return false, nil
+	}
+	ids, err := epoch.DecodeNote(note)
+	if err != nil {
+		// Not ours to interpret: someone else wrote to the group. Publishing on would risk a run
+		// going out again whole, so wait for an operator.
+		h.kafkaTrouble.Fail(h.log, "read note of group "+place.Group, err, "shard", s.id)
+		return false, nil
+	}
+	if len(ids) == 0 {
+		return true, nil
+	}
+	return h.purgeIDs(ctx, "purge noted records", ids), nil
+}
+
+// purgeIDs deletes the rows of records that an earlier epoch published, before this one marks
+// anything. It reports false, to be retried, when the database fails.
+func (h *Owner) purgeIDs(ctx context.Context, op string, ids []int64) bool {
+	n := 0
+	for batch := range slices.Chunk(ids, epoch.MaxCommitBatch) {
+		purgeCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
+		purged, err := h.db.Purge(purgeCtx, batch)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				h.dbTrouble.Fail(h.log, op, err)
+			}
+			return false
+		}
+		n += purged
+	}
+	if n > 0 {
+		h.log.Info("purged records an earlier leader published and had not purged", "records", n, "op", op)
+	}
+	return true
+}
+
+// schemaReady checks the outbox table's columns, if the binding can. A table the harvester
+// cannot read is reported (once until it changes, with every column at fault) and publishing
+// waits; an operator's ALTER TABLE is picked up on the next check.
+func (h *Owner) schemaReady(ctx context.Context) bool {
+	checker := h.features.Schema
+	if checker == nil {
+		return true
+	}
+	checkCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
+	defer cancel()
+	err := checker.CheckSchema(checkCtx)
+	var schemaErr *seam.SchemaError
+	switch {
+	case errors.As(err, &schemaErr):
+		h.mu.Lock()
+		changed := schemaErr.Error() != h.schemaProblem
+		h.schemaProblem = schemaErr.Error()
+		h.mu.Unlock()
+		if changed {
+			h.log.Error("cannot publish: the outbox table does not fit; alter it and publishing starts", "error", err)
+			h.emit(seam.SchemaRejected{Err: err})
+		}
+		return false
+	case err != nil:
+		if ctx.Err() == nil {
+			h.dbTrouble.Fail(h.log, "check schema", err)
+		}
+		return false
+	}
+	h.mu.Lock()
+	fixed := h.schemaProblem != ""
+	h.schemaProblem = ""
+	h.mu.Unlock()
+	if fixed {
+		h.log.Info("the outbox table fits now")
+	}
+	return true
+}
