@@ -1,6 +1,9 @@
 package goharvest
 
-import "github.com/goharvest/goharvest/outbox"
+import (
+	"github.com/goharvest/goharvest/internal/epoch"
+	"github.com/goharvest/goharvest/outbox"
+)
 
 // ShardMarkStatements returns what a shard's view of the binding (PostgresBinding.Shard) marks
 // with, for tests of its plan: the subquery that picks the rows, and the whole statement.
@@ -10,6 +13,6 @@ func ShardMarkStatements(table string, shards, shard int) (pick, mark string) {
 }
 
 // EncodeNote and MaxNotedRecords let tests write a note as the harvester does (see note.go).
-var EncodeNote = encodeNote
+var EncodeNote = epoch.EncodeNote
 
-const MaxNotedRecords = maxNotedRecords
+const MaxNotedRecords = epoch.MaxNotedRecords

@@ -59,8 +59,9 @@ const (
 // internal/epoch) with the drivers this package provides plugged in: the database binding, the
 // Kafka producer and the leader election that Config names.
 type Harvest struct {
-	cfg   Config
-	owner *owner.Owner
+	cfg            Config
+	producerConfig KafkaConfigMap // shard 0's producer settings (producerSettings)
+	owner          *owner.Owner
 }
 
 // New validates the config (after applying defaults to a copy) and returns a harvester ready
@@ -75,7 +76,7 @@ func New(config Config) (*Harvest, error) {
 	if cfg.TracerProvider != nil {
 		tracer = cfg.TracerProvider.Tracer("github.com/goharvest/goharvest")
 	}
-	h := &Harvest{cfg: cfg}
+	h := &Harvest{cfg: cfg, producerConfig: producerConfig}
 	h.owner = owner.New(owner.Config{
 		Name:            cfg.Name,
 		Shards:          cfg.Shards,

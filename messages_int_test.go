@@ -295,7 +295,7 @@ func rowIDs(t *testing.T, r *intRig) []int64 {
 
 // failedPurges is a Postgres binding whose purges all fail, as if the leader had stopped
 // between each commit and its purge: every record it publishes is published again later.
-type failedPurges struct{ goharvest.DatabaseBinding }
+type failedPurges struct{ *goharvest.PostgresBinding }
 
 func (failedPurges) Purge(context.Context, []int64) (int, error) {
 	return 0, errors.New("injected purge failure")

@@ -69,3 +69,7 @@ func (q *keyQueue) index(f *flight) int { return slices.Index(q.flights, f) }
 
 // key returns the queue's key.
 func (q *keyQueue) key() string { return q.flights[0].rec.KafkaKey }
+
+// RecordID returns the id of the flight's record. The flight is the opaque value of the record's
+// message, so that a test's producer can tell which record a message publishes.
+func (f *flight) RecordID() int64 { return f.rec.ID }

@@ -1,4 +1,4 @@
-package goharvest
+package owner
 
 import (
 	"context"
@@ -9,15 +9,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goharvest/goharvest/internal/epoch"
+	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/google/uuid"
-
-	"github.com/goharvest/goharvest/neli"
 )
 
 // fakeDB is an in-memory outbox with the semantics of the Postgres binding.
 type fakeDB struct {
 	mu     sync.Mutex
-	rows   map[int64]*OutboxRecord
+	rows   map[int64]*seam.OutboxRecord
 	nextID int64
 	down   bool // every call fails while set
 	// failPurges makes purges fail while set, as if the leader stopped after a commit and
@@ -40,7 +40,7 @@ type fakeDB struct {
 	// versions counts the updates of each row other than marking (held.go's row versions).
 	versions map[int64]int
 	// deadLetters holds the rows moved to the dead-letter table.
-	deadLetters map[int64]DeadLetterInfo
+	deadLetters map[int64]seam.DeadLetterInfo
 	rereads     int
 }
 
@@ -67,10 +67,10 @@ func (d *fakeDB) wait(ctx context.Context) error {
 	}
 }
 
-func newFakeDB() *fakeDB { return &fakeDB{rows: map[int64]*OutboxRecord{}} }
+func newFakeDB() *fakeDB { return &fakeDB{rows: map[int64]*seam.OutboxRecord{}} }
 
 // insert adds records in order, returning their ids.
-func (d *fakeDB) insert(recs ...OutboxRecord) []int64 {
+func (d *fakeDB) insert(recs ...seam.OutboxRecord) []int64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var ids []int64
@@ -85,7 +85,7 @@ func (d *fakeDB) insert(recs ...OutboxRecord) []int64 {
 
 // insertAt adds a record with a given id, as a transaction that took a lower id and committed
 // late would.
-func (d *fakeDB) insertAt(id int64, r OutboxRecord) {
+func (d *fakeDB) insertAt(id int64, r seam.OutboxRecord) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r.ID = id
@@ -131,11 +131,11 @@ func (d *fakeDB) markCount() int {
 
 var errDBDown = errors.New("fake database down")
 
-func (d *fakeDB) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]MarkedRecord, error) {
+func (d *fakeDB) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]seam.MarkedRecord, error) {
 	return d.MarkExcept(ctx, leaderID, limit, nil)
 }
 
-func (d *fakeDB) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, heldKeys []string) ([]MarkedRecord, error) {
+func (d *fakeDB) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, heldKeys []string) ([]seam.MarkedRecord, error) {
 	time.Sleep(d.markDelay)
 	if err := d.wait(ctx); err != nil {
 		return nil, err
@@ -157,12 +157,12 @@ func (d *fakeDB) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, 
 		}
 	}
 	slices.Sort(ids)
-	var out []MarkedRecord
+	var out []seam.MarkedRecord
 	for _, id := range ids[:min(limit, len(ids))] {
 		r := d.rows[id]
 		l := leaderID
 		r.LeaderID = &l
-		out = append(out, MarkedRecord{OutboxRecord: *r, Err: d.markErr[id]})
+		out = append(out, seam.MarkedRecord{OutboxRecord: *r, Err: d.markErr[id]})
 	}
 	return out, nil
 }
@@ -216,10 +216,10 @@ func (d *fakeDB) Reset(ctx context.Context, leaderID uuid.UUID, ids []int64) (in
 
 func (d *fakeDB) Dispose() {}
 
-var _ HeldRowBinding = (*fakeDB)(nil)
+var _ seam.Store = (*fakeDB)(nil)
 
 // update changes a row as an operator would, giving it a new version.
-func (d *fakeDB) update(id int64, change func(*OutboxRecord)) {
+func (d *fakeDB) update(id int64, change func(*seam.OutboxRecord)) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if r := d.rows[id]; r != nil {
@@ -239,17 +239,17 @@ func (d *fakeDB) delete(id int64) {
 
 func (d *fakeDB) version(id int64) string { return fmt.Sprint(d.versions[id]) }
 
-func (d *fakeDB) Reread(ctx context.Context, ids []int64) ([]RereadRecord, error) {
+func (d *fakeDB) Reread(ctx context.Context, ids []int64) ([]seam.RereadRecord, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.rereads++
 	if d.down {
 		return nil, errDBDown
 	}
-	var out []RereadRecord
+	var out []seam.RereadRecord
 	for _, id := range ids {
 		if r := d.rows[id]; r != nil {
-			out = append(out, RereadRecord{MarkedRecord: MarkedRecord{OutboxRecord: *r, Err: d.markErr[id]}, Version: d.version(id)})
+			out = append(out, seam.RereadRecord{MarkedRecord: seam.MarkedRecord{OutboxRecord: *r, Err: d.markErr[id]}, Version: d.version(id)})
 		}
 	}
 	return out, nil
@@ -272,7 +272,7 @@ func (d *fakeDB) PurgeUnchanged(ctx context.Context, versions map[int64]string) 
 	return purged, nil
 }
 
-func (d *fakeDB) DeadLetter(ctx context.Context, id int64, version string, info DeadLetterInfo) (bool, error) {
+func (d *fakeDB) DeadLetter(ctx context.Context, id int64, version string, info seam.DeadLetterInfo) (bool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.down {
@@ -283,7 +283,7 @@ func (d *fakeDB) DeadLetter(ctx context.Context, id int64, version string, info 
 	}
 	delete(d.rows, id)
 	if d.deadLetters == nil {
-		d.deadLetters = map[int64]DeadLetterInfo{}
+		d.deadLetters = map[int64]seam.DeadLetterInfo{}
 	}
 	d.deadLetters[id] = info
 	return true, nil
@@ -365,7 +365,7 @@ func (k *fakeKafka) violate(format string, args ...any) {
 	k.violations = append(k.violations, fmt.Sprintf(format, args...))
 }
 
-func (k *fakeKafka) provider(KafkaConfigMap) (KafkaProducer, error) {
+func (k *fakeKafka) provider(shard int) (seam.KafkaProducer, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.producers++
@@ -373,7 +373,7 @@ func (k *fakeKafka) provider(KafkaConfigMap) (KafkaProducer, error) {
 	if k.open > 1 {
 		k.violate("producer %d created while an older one is still open", k.producers)
 	}
-	return &fakeProducer{k: k, index: k.producers, deliveries: make(chan Delivery, 100_000)}, nil
+	return &fakeProducer{k: k, index: k.producers, deliveries: make(chan seam.Delivery, 100_000)}, nil
 }
 
 type sentMessage struct {
@@ -387,7 +387,7 @@ type fakeProducer struct {
 	k          *fakeKafka
 	index      int
 	epoch      int
-	deliveries chan Delivery
+	deliveries chan seam.Delivery
 	wg         sync.WaitGroup
 	txn        []*sentMessage // guarded by k.mu
 	txnNo      int            // numbers the current transaction (guarded by k.mu)
@@ -401,7 +401,7 @@ type fakeProducer struct {
 }
 
 // errFatal is what a producer in librdkafka's fatal state returns.
-var errFatal = &TxnError{Err: errors.New("Local: Fatal error"), Fatal: true}
+var errFatal = &seam.TxnError{Err: errors.New("Local: Fatal error"), Fatal: true}
 
 // errErroneousState is what librdkafka's produce returns while the transaction must be aborted
 // or is being committed.
@@ -415,7 +415,7 @@ func waitOut(ctx context.Context) error {
 	} else {
 		panic("a transactional call without a deadline would wait forever in librdkafka")
 	}
-	return &TxnError{Err: errors.New("Local: Timed out"), Retriable: true}
+	return &seam.TxnError{Err: errors.New("Local: Timed out"), Retriable: true}
 }
 
 // endTxn forgets the current transaction (committed or not). Called with k.mu held.
@@ -429,7 +429,7 @@ func (p *fakeProducer) endTxn() {
 	p.abortable, p.committing = false, false
 }
 
-func (p *fakeProducer) WriteNote(_ context.Context, place NotePlace, note string) error {
+func (p *fakeProducer) WriteNote(_ context.Context, place seam.NotePlace, note string) error {
 	p.k.mu.Lock()
 	defer p.k.mu.Unlock()
 	if place.Group == "" || place.Topic == "" {
@@ -437,13 +437,13 @@ func (p *fakeProducer) WriteNote(_ context.Context, place NotePlace, note string
 	}
 	if p.k.failNotes > 0 {
 		p.k.failNotes--
-		return &TxnError{Err: errors.New("offset commit failed"), Abortable: true}
+		return &seam.TxnError{Err: errors.New("offset commit failed"), Abortable: true}
 	}
 	p.note = &note
 	return nil
 }
 
-func (p *fakeProducer) ReadNote(context.Context, NotePlace) (string, error) {
+func (p *fakeProducer) ReadNote(context.Context, seam.NotePlace) (string, error) {
 	p.k.mu.Lock()
 	defer p.k.mu.Unlock()
 	return p.k.note, nil
@@ -490,20 +490,20 @@ func (p *fakeProducer) CommitTransaction(ctx context.Context) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if p.epoch != k.epoch {
-		return &TxnError{Err: errors.New("producer fenced"), Fatal: true}
+		return &seam.TxnError{Err: errors.New("producer fenced"), Fatal: true}
 	}
 	if k.abortCommits > 0 {
 		k.abortCommits--
-		return &TxnError{Err: errors.New("coordinator trouble"), Abortable: true}
+		return &seam.TxnError{Err: errors.New("coordinator trouble"), Abortable: true}
 	}
 	if k.fatalCommits > 0 {
 		k.fatalCommits--
 		p.endTxn()
-		return &TxnError{Err: errors.New("producer fenced by a newer epoch"), Fatal: true}
+		return &seam.TxnError{Err: errors.New("producer fenced by a newer epoch"), Fatal: true}
 	}
 	for _, m := range p.txn {
 		if m.err != nil {
-			return &TxnError{Err: fmt.Errorf("a message failed: %w", m.err), Abortable: true}
+			return &seam.TxnError{Err: fmt.Errorf("a message failed: %w", m.err), Abortable: true}
 		}
 	}
 	// Every record that a later one of its key follows in this transaction must be in the note,
@@ -511,7 +511,7 @@ func (p *fakeProducer) CommitTransaction(ctx context.Context) error {
 	var noted []int64
 	if p.note != nil {
 		var err error
-		if noted, err = decodeNote(*p.note); err != nil {
+		if noted, err = epoch.DecodeNote(*p.note); err != nil {
 			k.violate("note %q: %v", *p.note, err)
 		}
 	}
@@ -553,17 +553,16 @@ func (p *fakeProducer) AbortTransaction(context.Context) error {
 		return errFatal
 	}
 	if p.committing {
-		return &TxnError{Err: errors.New("Conflicting commit_transaction API call is already in progress"), Retriable: true}
+		return &seam.TxnError{Err: errors.New("Conflicting commit_transaction API call is already in progress"), Retriable: true}
 	}
 	p.endTxn()
 	p.k.aborts++
 	return nil
 }
 
-func (p *fakeProducer) Produce(msg Message) error {
+func (p *fakeProducer) Produce(msg seam.Message) error {
 	k := p.k
-	f := msg.Opaque.(*flight)
-	id, key := f.rec.ID, string(msg.Key)
+	id, key := recordID(msg), string(msg.Key)
 	k.mu.Lock()
 	if k.produceFatal {
 		k.produceFatal = false
@@ -575,7 +574,7 @@ func (p *fakeProducer) Produce(msg Message) error {
 	}
 	if p.abortable || p.committing {
 		k.mu.Unlock()
-		return &TxnError{Err: errErroneousState, Retriable: true}
+		return &seam.TxnError{Err: errErroneousState, Retriable: true}
 	}
 	out, ok := k.outstanding[key]
 	if ok && (out.producer != p.index || out.txn != p.txnNo) {
@@ -591,10 +590,10 @@ func (p *fakeProducer) Produce(msg Message) error {
 		n += len(o.ids)
 	}
 	k.maxOut = max(k.maxOut, n)
-	m := &sentMessage{id: id, key: key, value: f.rec.KafkaValue}
+	m := &sentMessage{id: id, key: key, value: valueOf(msg)}
 	if k.rejectN[id] > 0 {
 		k.rejectN[id]--
-		m.err = &RejectedError{Err: errors.New("message too large")}
+		m.err = &seam.RejectedError{Err: errors.New("message too large")}
 	} else if e, ok := k.failOnce[id]; ok {
 		delete(k.failOnce, id)
 		m.err = e
@@ -612,13 +611,13 @@ func (p *fakeProducer) Produce(msg Message) error {
 
 	p.wg.Go(func() {
 		time.Sleep(delay) // the broker's latency, as a test sets it
-		p.deliveries <- Delivery{Opaque: msg.Opaque, Err: m.err}
+		p.deliveries <- seam.Delivery{Opaque: msg.Opaque, Err: m.err}
 	})
 	return nil
 }
 
-func (p *fakeProducer) Deliveries() <-chan Delivery { return p.deliveries }
-func (p *fakeProducer) Abandon()                    {}
+func (p *fakeProducer) Deliveries() <-chan seam.Delivery { return p.deliveries }
+func (p *fakeProducer) Abandon()                         {}
 func (p *fakeProducer) Close() {
 	p.wg.Wait()
 	p.k.mu.Lock()
@@ -670,10 +669,40 @@ func (k *fakeKafka) checkOrder(t *testing.T, want []int64, keyOf func(int64) str
 	}
 }
 
+// recordID returns the id of the record a message publishes. The engine's opaque value says it
+// (a flight has RecordID); any other message, as the producer contract's, counts as record 0.
+func recordID(msg seam.Message) int64 {
+	if r, ok := msg.Opaque.(interface{ RecordID() int64 }); ok {
+		return r.RecordID()
+	}
+	return 0
+}
+
+// valueOf returns a message's value as an outbox record holds it: nil for a tombstone.
+func valueOf(msg seam.Message) *string {
+	if msg.Value == nil {
+		return nil
+	}
+	v := string(msg.Value)
+	return &v
+}
+
+// String returns a pointer to s, for OutboxRecord.KafkaValue.
+func String(s string) *string { return &s }
+
+// electionState is where the fake election stands, as neli's states would say.
+type electionState int
+
+const (
+	stateFollower electionState = iota
+	stateLeader
+	stateFenced
+)
+
 // fakeElector is leader election under the test's control.
 type fakeElector struct {
 	mu            sync.Mutex
-	state         neli.State
+	state         electionState
 	barrier       func([]int32)
 	revokePending bool
 	pulses        int
@@ -684,15 +713,18 @@ type fakeElector struct {
 // the barrier before it returns.
 func (e *fakeElector) revoke() {
 	e.mu.Lock()
-	e.state = neli.Follower
+	e.state = stateFollower
 	e.revokePending = true
 	e.mu.Unlock()
 }
 
-func (e *fakeElector) provider(cfg neli.Config) (Elector, error) {
-	e.barrier = cfg.Barrier
+func (e *fakeElector) provider(barrier func([]int32)) (seam.Elector, error) {
+	e.barrier = barrier
 	return e, nil
 }
+
+func (e *fakeElector) Leading() bool { return e.State() == stateLeader }
+func (e *fakeElector) Fenced() bool  { return e.State() == stateFenced }
 
 func (e *fakeElector) Pulse(ctx context.Context) (bool, error) {
 	e.mu.Lock()
@@ -703,24 +735,24 @@ func (e *fakeElector) Pulse(ctx context.Context) (bool, error) {
 	if revoke {
 		e.barrier([]int32{0})
 	}
-	return e.State() == neli.Leader, nil
+	return e.State() == stateLeader, nil
 }
 
 // Partitions: the fake leads the one shard while it is the leader.
 func (e *fakeElector) Partitions() []int32 {
-	if e.State() == neli.Leader {
+	if e.State() == stateLeader {
 		return []int32{0}
 	}
 	return nil
 }
 
-func (e *fakeElector) State() neli.State {
+func (e *fakeElector) State() electionState {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.state
 }
 
-func (e *fakeElector) set(s neli.State) {
+func (e *fakeElector) set(s electionState) {
 	e.mu.Lock()
 	e.state = s
 	e.mu.Unlock()
@@ -730,29 +762,29 @@ func (e *fakeElector) Close(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.closed = true
-	e.state = neli.Follower
+	e.state = stateFollower
 	return nil
 }
 
 // eventLog collects events for assertions.
 type eventLog struct {
 	mu     sync.Mutex
-	events []Event
+	events []seam.Event
 }
 
-func (l *eventLog) handle(e Event) {
+func (l *eventLog) handle(e seam.Event) {
 	l.mu.Lock()
 	l.events = append(l.events, e)
 	l.mu.Unlock()
 }
 
-func (l *eventLog) all() []Event {
+func (l *eventLog) all() []seam.Event {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Clone(l.events)
 }
 
-func countEvents[T Event](l *eventLog) int {
+func countEvents[T seam.Event](l *eventLog) int {
 	n := 0
 	for _, e := range l.all() {
 		if _, ok := e.(T); ok {

@@ -1,15 +1,14 @@
-package goharvest
+package owner
 
 import (
-	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/internal/testwait"
 )
 
@@ -27,14 +26,14 @@ func (r *rig) waitBudgetEmpty() {
 	if p == nil {
 		r.t.Fatal("not leading")
 	}
-	count := func() int { _, n := p.inFlight(); return n }
+	count := func() int { _, n := p.InFlight(); return n }
 	if !testwait.Until(5*time.Second, func() bool { return count() == 0 }) {
 		r.t.Fatalf("%d records still counted in flight with the outbox empty", count())
 	}
 }
 
 // heldLimits keeps the in-flight budget far below the rows queued behind a bad record.
-func heldLimits() Limits {
+func heldLimits() seam.Limits {
 	l := fastLimits()
 	l.MaxKeyRun = 1
 	l.MaxInFlightRecords = 50
@@ -55,9 +54,9 @@ func heldKeyWithManyRows(t *testing.T, maxKeyRun int) {
 	l := heldLimits()
 	l.MaxKeyRun = maxKeyRun
 	r := newRig(t, l)
-	var recs []OutboxRecord
+	var recs []seam.OutboxRecord
 	for i := range 201 {
-		recs = append(recs, OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String(fmt.Sprint(i))})
+		recs = append(recs, seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String(fmt.Sprint(i))})
 	}
 	bad := r.add(recs...)
 	others := r.load(20, 10)
@@ -82,12 +81,12 @@ func heldKeyWithManyRows(t *testing.T, maxKeyRun int) {
 // A malformed row with more rows behind it than the in-flight budget holds back only its key.
 func TestMalformedKeyWithManyRowsHoldsOnlyItself(t *testing.T) {
 	r := newRig(t, heldLimits())
-	var recs []OutboxRecord
+	var recs []seam.OutboxRecord
 	for range 120 {
-		recs = append(recs, OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("v")})
+		recs = append(recs, seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("v")})
 	}
 	bad := r.add(recs...)
-	r.db.markErr = map[int64]error{bad[0]: &RecordError{ID: bad[0], Reason: "header arrays differ"}}
+	r.db.markErr = map[int64]error{bad[0]: &seam.RecordError{ID: bad[0], Reason: "header arrays differ"}}
 	others := r.load(20, 10)
 	r.start()
 	r.waitFor("other keys to drain past the held key", 10*time.Second, func() bool { return r.db.len() == len(bad) })
@@ -95,7 +94,7 @@ func TestMalformedKeyWithManyRowsHoldsOnlyItself(t *testing.T) {
 	r.db.mu.Lock()
 	delete(r.db.markErr, bad[0])
 	r.db.mu.Unlock()
-	r.db.update(bad[0], func(rec *OutboxRecord) { rec.KafkaValue = String("fixed") })
+	r.db.update(bad[0], func(rec *seam.OutboxRecord) { rec.KafkaValue = String("fixed") })
 	r.waitEmpty(10 * time.Second)
 	r.waitBudgetEmpty()
 	r.stop()
@@ -113,8 +112,8 @@ func TestDeletedHeldRecordIsDroppedAndItsKeyReleased(t *testing.T) {
 	l := heldLimits()
 	l.IOErrorBackoff = time.Minute // the retry would come far too late: the re-read must act
 	r := newRig(t, l)
-	ids := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")},
-		OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("1")})
+	ids := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")},
+		seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("1")})
 	r.kafka.setReject(ids[0], 1<<30)
 	r.start()
 	r.waitFor("the record to be held", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 1 })
@@ -128,7 +127,7 @@ func TestDeletedHeldRecordIsDroppedAndItsKeyReleased(t *testing.T) {
 		}
 	}
 	r.checkOrder(ids[1:])
-	if n := countEvents[HeldRecordDeleted](r.events); n != 1 {
+	if n := countEvents[seam.HeldRecordDeleted](r.events); n != 1 {
 		t.Errorf("%d HeldRecordDeleted events, want 1", n)
 	}
 }
@@ -138,12 +137,12 @@ func TestFixedHeldRecordIsSentWithItsNewContent(t *testing.T) {
 	l := heldLimits()
 	l.IOErrorBackoff = time.Minute
 	r := newRig(t, l)
-	ids := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("too big")},
-		OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})
+	ids := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("too big")},
+		seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})
 	r.kafka.setReject(ids[0], 1)
 	r.start()
 	r.waitFor("the record to be held", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 1 })
-	r.db.update(ids[0], func(rec *OutboxRecord) { rec.KafkaValue = String("fixed") })
+	r.db.update(ids[0], func(rec *seam.OutboxRecord) { rec.KafkaValue = String("fixed") })
 	r.waitEmpty(5 * time.Second)
 	r.stop()
 	r.checkOrder(ids)
@@ -158,15 +157,15 @@ func TestFixedHeldRecordIsSentWithItsNewContent(t *testing.T) {
 // committed: the transaction is aborted and the new content sent instead.
 func TestRowChangedWhileBeingSentIsNotCommitted(t *testing.T) {
 	r := newRig(t, heldLimits())
-	ids := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("v1")},
-		OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})
+	ids := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("v1")},
+		seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})
 	r.kafka.setReject(ids[0], 1)
 	changed := false
 	r.kafka.onProduce = func(id int64) {
 		// The first send after the re-read carries v1; the operator's fix lands just after it.
 		if id == ids[0] && r.db.version(ids[0]) == "0" && len(r.h.HeldRecords()) == 1 && !changed {
 			changed = true
-			r.db.update(ids[0], func(rec *OutboxRecord) { rec.KafkaValue = String("v2") })
+			r.db.update(ids[0], func(rec *seam.OutboxRecord) { rec.KafkaValue = String("v2") })
 		}
 	}
 	r.start()
@@ -184,8 +183,8 @@ func TestRowChangedWhileBeingSentIsNotCommitted(t *testing.T) {
 // content but not purged: its new content follows, so the correction is not lost.
 func TestRowChangedAtCommitIsPublishedAgain(t *testing.T) {
 	r := newRig(t, heldLimits())
-	ids := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("v1")},
-		OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})
+	ids := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("v1")},
+		seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})
 	r.kafka.setReject(ids[0], 1)
 	var sentAfterRead atomic.Bool
 	r.kafka.onProduce = func(id int64) {
@@ -197,7 +196,7 @@ func TestRowChangedAtCommitIsPublishedAgain(t *testing.T) {
 	r.kafka.onCommit = func() {
 		if sentAfterRead.Load() && !changed {
 			changed = true
-			r.db.update(ids[0], func(rec *OutboxRecord) { rec.KafkaValue = String("v2") })
+			r.db.update(ids[0], func(rec *seam.OutboxRecord) { rec.KafkaValue = String("v2") })
 		}
 	}
 	r.start()
@@ -217,8 +216,8 @@ func TestDeadLetterAfterAttempts(t *testing.T) {
 	l := heldLimits()
 	l.DeadLetterAttempts = 3
 	r := newRig(t, l)
-	ids := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")},
-		OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("1")})
+	ids := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")},
+		seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("1")})
 	r.kafka.setReject(ids[0], 1<<30)
 	r.start()
 	r.waitEmpty(10 * time.Second)
@@ -232,10 +231,10 @@ func TestDeadLetterAfterAttempts(t *testing.T) {
 	if info.Attempts != 3 || info.Err == "" || info.FirstFailure.IsZero() || info.LastFailure.Before(info.FirstFailure) {
 		t.Errorf("dead letter recorded as %+v", info)
 	}
-	if n := countEvents[RecordDeadLettered](r.events); n != 1 {
+	if n := countEvents[seam.RecordDeadLettered](r.events); n != 1 {
 		t.Errorf("%d RecordDeadLettered events, want 1", n)
 	}
-	if n := testutil.ToFloat64(r.h.metrics.deadLettered); n != 1 {
+	if n := testutil.ToFloat64(r.h.metrics.DeadLettered); n != 1 {
 		t.Errorf("goharvest_records_dead_lettered_total = %v, want 1", n)
 	}
 }
@@ -243,7 +242,7 @@ func TestDeadLetterAfterAttempts(t *testing.T) {
 // Dead letters are off by default: a record that keeps failing stays held.
 func TestNoDeadLettersByDefault(t *testing.T) {
 	r := newRig(t, heldLimits())
-	ids := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")})
+	ids := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")})
 	r.kafka.setReject(ids[0], 1<<30)
 	r.start()
 	r.waitFor("several attempts", 10*time.Second, func() bool {
@@ -256,39 +255,18 @@ func TestNoDeadLettersByDefault(t *testing.T) {
 	}
 }
 
-// goharvest's own checks say so, and are not worded as Kafka's refusals.
-func TestOwnChecksAreNotWordedAsKafkas(t *testing.T) {
-	c := &confluentProducer{topics: map[string]topicState{}}
-	err := c.checkTopic("no such topic!")
-	var rejected *RejectedError
-	if !errors.As(err, &rejected) {
-		t.Fatalf("checkTopic of an invalid name returned %v, want a *RejectedError", err)
-	}
-	if msg := err.Error(); strings.Contains(msg, "by Kafka") || !strings.Contains(msg, "by goharvest") {
-		t.Errorf("an invalid topic name is reported as %q; it is goharvest's check, not Kafka's", msg)
-	}
-	kafkaErr := &RejectedError{Err: errors.New("Broker: Message size too large")}
-	if !strings.HasPrefix(kafkaErr.Error(), "rejected by Kafka") {
-		t.Errorf("a broker's refusal reads %q", kafkaErr.Error())
-	}
-	malformed := &RecordError{ID: 7, Reason: "kafka_header_keys has 2 elements but kafka_header_values has 1"}
-	if strings.Contains(malformed.Error(), "Kafka") {
-		t.Errorf("a malformed row reads %q", malformed.Error())
-	}
-}
-
 // A held row given another key leaves its old key's order for its new key's: the old key is
 // released, and the row is published with the new key.
 func TestHeldRowGivenAnotherKeyMovesToThatKey(t *testing.T) {
 	l := heldLimits()
 	l.IOErrorBackoff = time.Minute
 	r := newRig(t, l)
-	ids := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "a", KafkaValue: String("0")},
-		OutboxRecord{KafkaTopic: "t", KafkaKey: "a", KafkaValue: String("1")})
+	ids := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "a", KafkaValue: String("0")},
+		seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "a", KafkaValue: String("1")})
 	r.kafka.setReject(ids[0], 1)
 	r.start()
 	r.waitFor("the record to be held", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 1 })
-	r.db.update(ids[0], func(rec *OutboxRecord) { rec.KafkaKey = "b" })
+	r.db.update(ids[0], func(rec *seam.OutboxRecord) { rec.KafkaKey = "b" })
 	r.waitEmpty(5 * time.Second)
 	r.stop()
 	keys := map[int64][]string{}
@@ -304,10 +282,10 @@ func TestHeldRowGivenAnotherKeyMovesToThatKey(t *testing.T) {
 // failure and its attempts go on.
 func TestHeldRecordFailuresSurviveARemark(t *testing.T) {
 	r := newRig(t, heldLimits())
-	ids := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")})
+	ids := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")})
 	r.kafka.setReject(ids[0], 1<<30)
 	r.start()
-	var first HeldRecord
+	var first seam.HeldRecord
 	r.waitFor("two attempts", 5*time.Second, func() bool {
 		held := r.h.HeldRecords()
 		if len(held) == 1 && held[0].Attempts >= 2 {
@@ -321,7 +299,7 @@ func TestHeldRecordFailuresSurviveARemark(t *testing.T) {
 	r.db.mu.Unlock()
 	r.waitFor("a remark and the record held again", 10*time.Second, func() bool {
 		held := r.h.HeldRecords()
-		return countEvents[LeaderRefreshed](r.events) >= 1 && len(held) == 1 && held[0].Attempts > first.Attempts
+		return countEvents[seam.LeaderRefreshed](r.events) >= 1 && len(held) == 1 && held[0].Attempts > first.Attempts
 	})
 	held := r.h.HeldRecords()[0]
 	r.stop()

@@ -1,25 +1,27 @@
-package goharvest
+package owner
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/goharvest/goharvest/internal/epoch"
 	"github.com/goharvest/goharvest/internal/outage"
+	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/metric"
 	"github.com/google/uuid"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // inFlightSampler reads the harvester's in-flight count and keys as often as it can, until
 // stopped, and keeps the highest count and any disagreement between the two.
 type inFlightSampler struct {
-	h        *Harvest
+	h        *Owner
 	done     chan struct{}
 	finished sync.WaitGroup
 
@@ -28,7 +30,7 @@ type inFlightSampler struct {
 	mismatch string // a moment when there were more keys than records
 }
 
-func sampleInFlight(h *Harvest) *inFlightSampler {
+func sampleInFlight(h *Owner) *inFlightSampler {
 	s := &inFlightSampler{h: h, done: make(chan struct{})}
 	s.finished.Go(func() {
 		for {
@@ -101,9 +103,9 @@ func TestInFlightRecordsWithinLimit(t *testing.T) {
 func TestInFlightRecordsLeaveOutHeldKeys(t *testing.T) {
 	l := heldLimits()
 	r := newRig(t, l)
-	var recs []OutboxRecord
+	var recs []seam.OutboxRecord
 	for i := range 201 {
-		recs = append(recs, OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String(fmt.Sprint(i))})
+		recs = append(recs, seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String(fmt.Sprint(i))})
 	}
 	bad := r.add(recs...)
 	others := r.load(20, 10)
@@ -128,90 +130,6 @@ func TestInFlightRecordsLeaveOutHeldKeys(t *testing.T) {
 	r.checkOrder(append(bad, others...))
 }
 
-// A mailbox hands over what was posted, in order, to whichever receiver takes it, without a
-// sender ever waiting; closing it lets every receiver finish what is left and return.
-func TestMailbox(t *testing.T) {
-	m := newMailbox[int]()
-	const n = 10_000
-	for i := range n {
-		m.post(i) // no receiver yet: must not block
-	}
-	var mu sync.Mutex
-	var got [][]int
-	var receivers sync.WaitGroup
-	for range 2 {
-		receivers.Go(func() {
-			for {
-				batch, ok := m.wait(7)
-				if !ok {
-					return
-				}
-				if len(batch) > 7 {
-					t.Errorf("took %d, asked for at most 7", len(batch))
-				}
-				mu.Lock()
-				got = append(got, batch)
-				mu.Unlock()
-			}
-		})
-	}
-	m.post(n)
-	m.close()
-	m.post(n + 1) // dropped
-	receivers.Wait()
-	var all []int
-	for _, b := range got {
-		if !slices.IsSorted(b) {
-			t.Fatalf("a batch out of order: %v", b)
-		}
-		all = append(all, b...)
-	}
-	slices.Sort(all)
-	if len(all) != n+1 || all[0] != 0 || all[n] != n {
-		t.Fatalf("received %d messages, want %d, each once", len(all), n+1)
-	}
-}
-
-// The transaction loop is told when the transaction cannot grow: once the marker waits, nothing
-// waits for a worker and every message has been reported, and not before.
-func TestActivityWakesWhenStalled(t *testing.T) {
-	a := activity{settled: closedChan(), wake: newWake()}
-	woken := func() bool {
-		select {
-		case <-a.wake:
-			return true
-		default:
-			return false
-		}
-	}
-	f := &flight{}
-	a.posted(1)
-	a.producing(f)
-	a.markerIdle(true)
-	if woken() || a.stalled() {
-		t.Fatal("stalled with a record waiting for its worker and a message unreported")
-	}
-	a.handled(1)
-	if woken() || a.stalled() {
-		t.Fatal("stalled with a message unreported")
-	}
-	if a.awaitReports(time.Now().Add(time.Millisecond)) {
-		t.Fatal("awaitReports returned true with a message unreported")
-	}
-	a.reported(f, nil)
-	if !woken() || !a.stalled() {
-		t.Fatal("not told of the stall once the last report came in")
-	}
-	if !a.awaitReports(time.Now().Add(time.Hour)) {
-		t.Fatal("awaitReports waited with every message reported")
-	}
-	a.markerIdle(false)
-	if a.stalled() {
-		t.Fatal("stalled while the marker marks")
-	}
-}
-
-// Under load an epoch spaces its commits by the busy epochs of its process (lingerFor), so that
 // 8 shards draining in one process commit about as often as 1, and a busy shard beside idle ones
 // as often as a lone one. The marker is kept busy (each mark takes 2 ms and returns 10 records,
 // each of a key of its own), so that no transaction stalls and commits early but the last; the
@@ -252,7 +170,7 @@ func commitGapsUnderLoad(t *testing.T, busy *atomic.Int32) []time.Duration {
 	db := newFakeDB()
 	db.markDelay = 2 * time.Millisecond
 	for i := range 2000 {
-		db.insert(OutboxRecord{KafkaTopic: "t", KafkaKey: fmt.Sprint("k", i), KafkaValue: String("v")})
+		db.insert(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: fmt.Sprint("k", i), KafkaValue: String("v")})
 	}
 	k := newFakeKafka(t, db)
 	var mu sync.Mutex
@@ -262,23 +180,20 @@ func commitGapsUnderLoad(t *testing.T, busy *atomic.Int32) []time.Duration {
 		starts = append(starts, time.Now())
 		mu.Unlock()
 	}
-	producer, _ := k.provider(nil)
+	producer, _ := k.provider(0)
 	if err := producer.InitTransactions(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	h, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", Limits: limits, MetricsRegisterer: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := startPipeline(pipelineDeps{
-		leaderID: uuid.New(), limits: limits, db: db, producer: producer, log: h.log,
-		emit: func(Event) {}, meter: metric.NewMeter("t", time.Hour), dbTrouble: &outage.Logger{What: "database"},
-		metrics: h.metrics, leading: func() bool { return true }, busyEpochs: busy,
+	p := epoch.Start(epoch.Deps{
+		LeaderID: uuid.New(), Limits: limits, Store: db, Features: seam.FeaturesOf(db), Producer: producer,
+		Log: slog.New(slog.DiscardHandler), Emit: func(seam.Event) {}, Meter: metric.NewMeter("t", time.Hour),
+		DBTrouble: &outage.Logger{What: "database"}, Metrics: epoch.NewMetrics("t", nil, nil),
+		Leading: func() bool { return true }, BusyEpochs: busy,
 	})
 	if !testwait.Until(20*time.Second, func() bool { return db.len() == 0 }) {
 		t.Fatalf("%d records left after 20 s", db.len())
 	}
-	p.stop(limits.MaxPollInterval)
+	p.Stop(limits.MaxPollInterval)
 	mu.Lock()
 	defer mu.Unlock()
 	var gaps []time.Duration

@@ -1,4 +1,4 @@
-package goharvest
+package owner
 
 import (
 	"context"
@@ -13,9 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/internal/syncbuf"
 	"github.com/goharvest/goharvest/internal/testwait"
-	"github.com/goharvest/goharvest/neli"
 )
 
 // rig wires a harvester to fakes.
@@ -26,7 +26,7 @@ type rig struct {
 	elector  *fakeElector
 	events   *eventLog
 	logs     *syncbuf.Buffer
-	h        *Harvest
+	h        *Owner
 	keyOf    map[int64]string
 	registry *prometheus.Registry
 	seqOf    map[int64]int64 // per-key sequence, the order records must be published in
@@ -34,8 +34,8 @@ type rig struct {
 }
 
 // fastLimits lets keys run (MaxKeyRun), so that every test exercises runs and their notes.
-func fastLimits() Limits {
-	return Limits{
+func fastLimits() seam.Limits {
+	return seam.Limits{
 		MaxKeyRun:        100,
 		HeartbeatTimeout: time.Second,
 		MinPollInterval:  10 * time.Millisecond,
@@ -45,8 +45,8 @@ func fastLimits() Limits {
 	}
 }
 
-func newRig(t *testing.T, limits Limits) *rig {
-	r := &rig{t: t, db: newFakeDB(), elector: &fakeElector{state: neli.Leader}, events: &eventLog{},
+func newRig(t *testing.T, limits seam.Limits) *rig {
+	r := &rig{t: t, db: newFakeDB(), elector: &fakeElector{state: stateLeader}, events: &eventLog{},
 		logs: &syncbuf.Buffer{}, keyOf: map[int64]string{}, seqOf: map[int64]int64{}, nextSeq: map[string]int64{},
 		registry: prometheus.NewRegistry()}
 	r.kafka = newFakeKafka(t, r.db)
@@ -54,37 +54,36 @@ func newRig(t *testing.T, limits Limits) *rig {
 	return r
 }
 
-func (r *rig) newHarvest(limits Limits) *Harvest {
-	h, err := New(Config{
-		LeaderGroupID:           "g",
-		LeaderTopic:             "t",
-		Name:                    "test",
-		Limits:                  limits,
-		MetricsRegisterer:       r.registry,
-		Logger:                  slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		DatabaseBindingProvider: func(string, string) (DatabaseBinding, error) { return r.db, nil },
-		KafkaProducerProvider:   r.kafka.provider,
-		NeliProvider:            r.elector.provider,
+func (r *rig) newHarvest(limits seam.Limits) *Owner {
+	h := New(Config{
+		Name:            "test",
+		Shards:          1,
+		Limits:          limits.WithDefaults(),
+		Logger:          slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Registerer:      r.registry,
+		NoteGroup:       "g.notes",
+		LeaderTopic:     "t",
+		TransactionalID: "goharvest.g",
+		OpenStore:       func() (seam.DatabaseBinding, error) { return r.db, nil },
+		NewElector:      r.elector.provider,
+		NewProducer:     r.kafka.provider,
 	})
-	if err != nil {
-		r.t.Fatal(err)
-	}
 	h.SetEventHandler(r.events.handle)
 	return h
 }
 
 // load writes perKey records for each of keys keys, interleaved as concurrent writers would.
 func (r *rig) load(keys, perKey int) []int64 {
-	var recs []OutboxRecord
+	var recs []seam.OutboxRecord
 	for i := range perKey {
 		for k := range keys {
-			recs = append(recs, OutboxRecord{KafkaTopic: "t", KafkaKey: fmt.Sprintf("k%d", k), KafkaValue: String(fmt.Sprint(i))})
+			recs = append(recs, seam.OutboxRecord{KafkaTopic: "t", KafkaKey: fmt.Sprintf("k%d", k), KafkaValue: String(fmt.Sprint(i))})
 		}
 	}
 	return r.add(recs...)
 }
 
-func (r *rig) add(recs ...OutboxRecord) []int64 {
+func (r *rig) add(recs ...seam.OutboxRecord) []int64 {
 	ids := r.db.insert(recs...)
 	for i, id := range ids {
 		r.note(id, recs[i].KafkaKey)
@@ -161,9 +160,9 @@ func TestDrainsEverythingInPerKeyOrder(t *testing.T) {
 	if r.db.purges*4 > len(ids) {
 		t.Errorf("%d purge statements for %d records; they are not batched", r.db.purges, len(ids))
 	}
-	var last MeterRead
+	var last seam.MeterRead
 	for _, e := range r.events.all() {
-		if m, ok := e.(MeterRead); ok {
+		if m, ok := e.(seam.MeterRead); ok {
 			if m.Stats.Total < last.Stats.Total {
 				t.Errorf("meter total went down: %v after %v", m.Stats, last.Stats)
 			}
@@ -176,7 +175,7 @@ func TestDrainsEverythingInPerKeyOrder(t *testing.T) {
 	if got := len(r.kafka.published()); got != len(ids) {
 		t.Errorf("published %d messages for %d records without any fault", got, len(ids))
 	}
-	if n := countEvents[LeaderAcquired](r.events); n != 1 {
+	if n := countEvents[seam.LeaderAcquired](r.events); n != 1 {
 		t.Errorf("%d LeaderAcquired events, want 1", n)
 	}
 	if r.h.State() != Stopped {
@@ -225,7 +224,7 @@ func TestNextEpochPurgesNotedRecords(t *testing.T) {
 	firstEpoch := len(r.kafka.published())
 
 	r.db.setFailPurges(false)
-	r.elector.set(neli.Leader)
+	r.elector.set(stateLeader)
 	r.h = r.newHarvest(fastLimits())
 	r.runUntilEmpty()
 	r.checkOrder(ids)
@@ -249,7 +248,7 @@ func TestFailedNoteAbortsTheTransaction(t *testing.T) {
 	if r.kafka.aborts < 2 {
 		t.Errorf("%d aborts for two failed notes", r.kafka.aborts)
 	}
-	if n := countEvents[LeaderRefreshed](r.events); n != 0 {
+	if n := countEvents[seam.LeaderRefreshed](r.events); n != 0 {
 		t.Errorf("%d remarks for failures a retry in place handles", n)
 	}
 }
@@ -267,7 +266,7 @@ func TestDeliveryFailureRetriesInTheNextTransaction(t *testing.T) {
 	if r.kafka.aborts < 1 {
 		t.Fatalf("no aborted transaction for two failed deliveries")
 	}
-	if n := countEvents[LeaderRefreshed](r.events); n != 0 {
+	if n := countEvents[seam.LeaderRefreshed](r.events); n != 0 {
 		t.Fatalf("%d remarks for failures a retry in place handles", n)
 	}
 }
@@ -281,7 +280,7 @@ func TestRepeatedTransactionFailuresRemark(t *testing.T) {
 	r.kafka.abortCommits = 7
 	r.runUntilEmpty()
 	r.checkOrder(ids)
-	if n := countEvents[LeaderRefreshed](r.events); n < 1 {
+	if n := countEvents[seam.LeaderRefreshed](r.events); n < 1 {
 		t.Fatalf("no remark after %d failed commits in a row", 7)
 	}
 	if r.kafka.producers < 3 {
@@ -298,7 +297,7 @@ func TestFatalTransactionErrorRemarks(t *testing.T) {
 	r.kafka.fatalCommits = 2
 	r.runUntilEmpty()
 	r.checkOrder(ids)
-	if n := countEvents[LeaderRefreshed](r.events); n != 2 {
+	if n := countEvents[seam.LeaderRefreshed](r.events); n != 2 {
 		t.Fatalf("%d LeaderRefreshed events after two fatal commits, want 2; events %v", n, r.events.all())
 	}
 	if r.kafka.producers < 3 {
@@ -310,12 +309,12 @@ func TestFatalTransactionErrorRemarks(t *testing.T) {
 // is published in the order observed, and is no cause for alarm.
 func TestLateCommittedLowerIDIsPublished(t *testing.T) {
 	r := newRig(t, fastLimits())
-	high := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("second by id")})
+	high := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("second by id")})
 	// Leave a gap below the first record, as a transaction still in progress would.
 	r.db.nextID += 10
 	r.start()
 	r.waitEmpty(10 * time.Second)
-	r.db.insertAt(high[0]-1, OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("first by id")})
+	r.db.insertAt(high[0]-1, seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("first by id")})
 	r.note(high[0]-1, "k")
 	r.waitEmpty(10 * time.Second)
 	if r.h.State() != Running {
@@ -330,8 +329,8 @@ func TestLateCommittedLowerIDIsPublished(t *testing.T) {
 
 func TestRejectedRecordHoldsOnlyItsKey(t *testing.T) {
 	r := newRig(t, fastLimits())
-	bad := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("too big")})[0]
-	after := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})[0]
+	bad := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("too big")})[0]
+	after := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})[0]
 	others := r.load(20, 10)
 	r.kafka.rejectN[bad] = 3
 	r.start()
@@ -342,7 +341,7 @@ func TestRejectedRecordHoldsOnlyItsKey(t *testing.T) {
 	r.checkOrder(append([]int64{bad, after}, others...))
 	failures := 0
 	for _, e := range r.events.all() {
-		if f, ok := e.(RecordFailed); ok {
+		if f, ok := e.(seam.RecordFailed); ok {
 			if f.ID != bad || f.Key != "bad" {
 				t.Errorf("RecordFailed for %d (%s), want only %d", f.ID, f.Key, bad)
 			}
@@ -358,16 +357,16 @@ func TestRejectedRecordHoldsOnlyItsKey(t *testing.T) {
 	if !strings.Contains(r.logs.String(), fmt.Sprintf("id=%d", bad)) {
 		t.Errorf("the log does not name record %d", bad)
 	}
-	if countEvents[LeaderRefreshed](r.events) != 0 {
+	if countEvents[seam.LeaderRefreshed](r.events) != 0 {
 		t.Errorf("a rejected record caused a remark of everything in flight")
 	}
 }
 
 func TestMalformedRecordIsHeldAndReported(t *testing.T) {
 	r := newRig(t, fastLimits())
-	bad := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
-	after := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
-	r.db.markErr = map[int64]error{bad: &RecordError{ID: bad, Reason: "header arrays differ"}}
+	bad := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
+	after := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
+	r.db.markErr = map[int64]error{bad: &seam.RecordError{ID: bad, Reason: "header arrays differ"}}
 	others := r.load(10, 10)
 	r.start()
 	r.waitFor("other keys to drain", 10*time.Second, func() bool { return r.db.len() == 2 })
@@ -384,7 +383,7 @@ func TestMalformedRecordIsHeldAndReported(t *testing.T) {
 	}
 	var reported bool
 	for _, e := range r.events.all() {
-		if f, ok := e.(RecordFailed); ok && f.ID == bad && strings.Contains(f.Err.Error(), "header arrays differ") {
+		if f, ok := e.(seam.RecordFailed); ok && f.ID == bad && strings.Contains(f.Err.Error(), "header arrays differ") {
 			reported = true
 		}
 	}
@@ -401,7 +400,7 @@ func TestMarkErrorRemarks(t *testing.T) {
 	r.waitEmpty(10 * time.Second)
 	r.stop()
 	r.checkOrder(ids)
-	if n := countEvents[LeaderRefreshed](r.events); n < 2 {
+	if n := countEvents[seam.LeaderRefreshed](r.events); n < 2 {
 		t.Fatalf("%d LeaderRefreshed events after two failed marks, want 2", n)
 	}
 }
@@ -455,29 +454,8 @@ func TestStopWhileDatabaseHangs(t *testing.T) {
 	}
 }
 
-func TestStartRejectsBadProducerConfig(t *testing.T) {
-	db, elector := newFakeDB(), &fakeElector{}
-	h, err := New(Config{
-		LeaderGroupID:           "g",
-		LeaderTopic:             "t",
-		ProducerKafkaConfig:     KafkaConfigMap{"compresion.type": "lz4"},
-		DatabaseBindingProvider: func(string, string) (DatabaseBinding, error) { return db, nil },
-		NeliProvider:            elector.provider,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = h.Start()
-	if err == nil || !strings.Contains(err.Error(), "compresion.type") {
-		t.Fatalf("Start returned %v, want an error naming the misspelt property", err)
-	}
-	if !elector.closed {
-		t.Error("the election was left open after a failed start")
-	}
-}
-
 func TestIdleOutboxBacksOff(t *testing.T) {
-	r := newRig(t, Limits{HeartbeatTimeout: time.Second, MinPollInterval: 10 * time.Millisecond})
+	r := newRig(t, seam.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 10 * time.Millisecond})
 	r.start()
 	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
 	time.Sleep(time.Second) // the backoff climbs to its bound
@@ -487,7 +465,7 @@ func TestIdleOutboxBacksOff(t *testing.T) {
 	if perSecond > 1.4 {
 		t.Fatalf("an idle outbox was marked %.1f times a second; the bound (maxMarkBackoff 1s) allows 1", perSecond)
 	}
-	id := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "k"})[0]
+	id := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "k"})[0]
 	r.waitFor("the new record", 3*time.Second, func() bool { return !r.db.exists(id) })
 	r.stop()
 }
@@ -503,7 +481,7 @@ func TestRecordsMarkedAgainMidEpochAreNotQueuedTwice(t *testing.T) {
 	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids) })
 	// The deposed leader marks until this leader has taken back at least one record it held. (It
 	// used to mark at least five times, which a fast machine drains the outbox before.)
-	for testutil.ToFloat64(r.h.metrics.markedAgain) == 0 {
+	for testutil.ToFloat64(r.h.metrics.MarkedAgain) == 0 {
 		marked, err := r.db.Mark(context.Background(), uuid.New(), 200) // the deposed leader's mark
 		if err != nil {
 			t.Fatal(err)
@@ -519,7 +497,7 @@ func TestRecordsMarkedAgainMidEpochAreNotQueuedTwice(t *testing.T) {
 	if dups := len(r.kafka.published()) - len(ids); dups != 0 {
 		t.Errorf("%d records published twice by one leader", dups)
 	}
-	if again := testutil.ToFloat64(r.h.metrics.markedAgain); again == 0 {
+	if again := testutil.ToFloat64(r.h.metrics.MarkedAgain); again == 0 {
 		t.Error("no record was counted as marked again")
 	}
 }
@@ -537,23 +515,23 @@ func TestRevokeAndFenceEndTheEpochBeforeTheNext(t *testing.T) {
 
 	r.elector.revoke()
 	r.waitFor("the revoke to be noticed", 5*time.Second, func() bool { return !r.h.IsLeader() })
-	r.elector.set(neli.Leader)
+	r.elector.set(stateLeader)
 	r.waitFor("progress after re-election", 10*time.Second, func() bool { return r.db.len() < len(ids)-400 })
 
 	// Fence: no barrier, the owner notices on its next pulse.
-	r.elector.set(neli.Fenced)
+	r.elector.set(stateFenced)
 	r.waitFor("the fence to be noticed", 5*time.Second, func() bool { return !r.h.IsLeader() })
-	r.elector.set(neli.Leader)
+	r.elector.set(stateLeader)
 	r.waitEmpty(20 * time.Second)
 	r.stop()
 	r.checkOrder(ids)
-	if n := countEvents[LeaderFenced](r.events); n != 1 {
+	if n := countEvents[seam.LeaderFenced](r.events); n != 1 {
 		t.Errorf("%d LeaderFenced events, want 1; events %v", n, r.events.all())
 	}
-	if n := countEvents[LeaderRevoked](r.events); n != 2 {
+	if n := countEvents[seam.LeaderRevoked](r.events); n != 2 {
 		t.Errorf("%d LeaderRevoked events, want 2 (the revoke, and Stop)", n)
 	}
-	if n := countEvents[LeaderAcquired](r.events); n != 3 {
+	if n := countEvents[seam.LeaderAcquired](r.events); n != 3 {
 		t.Errorf("%d LeaderAcquired events, want 3", n)
 	}
 	if r.kafka.producers < 3 {
@@ -573,7 +551,7 @@ func TestStopMidRunThenStartAgain(t *testing.T) {
 	if r.db.len() == 0 {
 		t.Fatal("the run finished before Stop; nothing left to test")
 	}
-	r.elector.set(neli.Leader)
+	r.elector.set(stateLeader)
 	r.h = r.newHarvest(fastLimits())
 	r.runUntilEmpty()
 	r.checkOrder(ids)
@@ -601,7 +579,7 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 	r.start()
 	r.waitEmpty(20 * time.Second)
 	m := r.h.metrics
-	if got := testutil.ToFloat64(m.leader); got != 1 {
+	if got := testutil.ToFloat64(m.Leader); got != 1 {
 		t.Errorf("goharvest_leader = %v while leading", got)
 	}
 	n, err := testutil.GatherAndCount(r.registry, "goharvest_records_published_total", "goharvest_in_flight_records", "goharvest_errors_total")
@@ -613,18 +591,18 @@ func TestMetricsCountWhatHappened(t *testing.T) {
 		"published": float64(len(ids)), "purged": float64(len(ids)), "failed": 2, "elections": 1, "leader": 0,
 	}
 	got := map[string]float64{
-		"published": testutil.ToFloat64(m.published), "purged": testutil.ToFloat64(m.purged),
-		"failed": testutil.ToFloat64(m.failed), "elections": testutil.ToFloat64(m.elections), "leader": testutil.ToFloat64(m.leader),
+		"published": testutil.ToFloat64(m.Published), "purged": testutil.ToFloat64(m.Purged),
+		"failed": testutil.ToFloat64(m.Failed), "elections": testutil.ToFloat64(m.Elections), "leader": testutil.ToFloat64(m.Leader),
 	}
 	for k, w := range want {
 		if got[k] != w {
 			t.Errorf("%s = %v, want %v", k, got[k], w)
 		}
 	}
-	if marked := testutil.ToFloat64(m.marked); marked < float64(len(ids)) {
+	if marked := testutil.ToFloat64(m.Marked); marked < float64(len(ids)) {
 		t.Errorf("marked %v < %d records", marked, len(ids))
 	}
-	if testutil.CollectAndCount(m.commitSeconds) != 1 || testutil.CollectAndCount(m.markSeconds) != 1 {
+	if testutil.CollectAndCount(m.CommitSeconds) != 1 || testutil.CollectAndCount(m.MarkSeconds) != 1 {
 		t.Error("latency histograms missing")
 	}
 	if n, _ := testutil.GatherAndCount(r.registry); n != 0 {
@@ -669,31 +647,5 @@ func TestHealthyAndReady(t *testing.T) {
 	r.stop()
 	if err := r.h.Healthy(); err == nil {
 		t.Fatal("healthy after Stop")
-	}
-}
-
-// The producer lingers DefaultProducerLinger unless the configuration says otherwise, under
-// either of librdkafka's names.
-func TestProducerLingerDefault(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		set  KafkaConfigMap
-		want map[string]any
-	}{
-		{"default", nil, map[string]any{"linger.ms": DefaultProducerLinger}},
-		{"set", KafkaConfigMap{"linger.ms": 20}, map[string]any{"linger.ms": 20}},
-		{"alias", KafkaConfigMap{"queue.buffering.max.ms": 20}, map[string]any{"linger.ms": nil, "queue.buffering.max.ms": 20}},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			h, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", ProducerKafkaConfig: c.set})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for k, v := range c.want {
-				if got := h.producerConfig[k]; got != v {
-					t.Errorf("%s = %v, want %v", k, got, v)
-				}
-			}
-		})
 	}
 }

@@ -1,29 +1,30 @@
-package goharvest
+package owner
 
 import (
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/goharvest/goharvest/internal/seam"
 )
 
 // Shards need a binding that can mark by shard; one that cannot is refused at Start, by name,
 // rather than publish every shard's rows from every shard's epoch.
 func TestShardsNeedAShardingBinding(t *testing.T) {
-	r := newRig(t, Limits{})
-	h, err := New(Config{
-		LeaderGroupID:           "g",
-		LeaderTopic:             "t",
-		Shards:                  4,
-		MetricsRegisterer:       r.registry,
-		DatabaseBindingProvider: func(string, string) (DatabaseBinding, error) { return r.db, nil },
-		KafkaProducerProvider:   r.kafka.provider,
-		NeliProvider:            r.elector.provider,
+	r := newRig(t, seam.Limits{})
+	h := New(Config{
+		Name:        "test",
+		Shards:      4,
+		Limits:      seam.Limits{}.WithDefaults(),
+		Logger:      slog.New(slog.DiscardHandler),
+		Registerer:  r.registry,
+		OpenStore:   func() (seam.DatabaseBinding, error) { return r.db, nil },
+		NewElector:  r.elector.provider,
+		NewProducer: r.kafka.provider,
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = h.Start()
+	err := h.Start()
 	if err == nil || !strings.Contains(err.Error(), "Shards is 4") || !strings.Contains(err.Error(), "cannot mark by shard") {
 		t.Fatalf("Start returned %v, want an error saying the binding cannot mark by shard", err)
 	}
@@ -45,8 +46,8 @@ func TestLossBetweenEpochsIsReported(t *testing.T) {
 	r.load(1, 1)
 	r.waitFor("the epoch to end for a remark", 5*time.Second, func() bool { return !r.h.IsLeader() })
 	r.elector.revoke()
-	r.waitFor("the loss to be reported", 5*time.Second, func() bool { return countEvents[LeaderRevoked](r.events) > 0 })
-	if acquired, lost := countEvents[LeaderAcquired](r.events), countEvents[LeaderRevoked](r.events); acquired != 1 || lost != 1 {
+	r.waitFor("the loss to be reported", 5*time.Second, func() bool { return countEvents[seam.LeaderRevoked](r.events) > 0 })
+	if acquired, lost := countEvents[seam.LeaderAcquired](r.events), countEvents[seam.LeaderRevoked](r.events); acquired != 1 || lost != 1 {
 		t.Fatalf("%d LeaderAcquired, %d LeaderRevoked; want one of each", acquired, lost)
 	}
 }

@@ -1,4 +1,4 @@
-package goharvest
+package owner
 
 import (
 	"context"
@@ -6,16 +6,12 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
+	"github.com/goharvest/goharvest/internal/epoch"
+	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/goharvest/goharvest/internal/outage"
-	"github.com/goharvest/goharvest/metric"
-	"github.com/goharvest/goharvest/neli"
 )
 
 // pulsesWithin counts the election's pulses over d.
@@ -48,7 +44,7 @@ func TestElectionPulsesWhileEpochStartHangs(t *testing.T) {
 	}{
 		{"InitTransactions", func(r *rig) { r.kafka.initHang = true }},
 		{"database", func(r *rig) {
-			r.kafka.note = encodeNote([]int64{1 << 40}) // a record long gone
+			r.kafka.note = epoch.EncodeNote([]int64{1 << 40}) // a record long gone
 			r.db.setHang(true)
 		}},
 	} {
@@ -79,7 +75,7 @@ func TestElectionPulsesWhileEpochStartHangs(t *testing.T) {
 			}
 
 			// Leadership returns, the fault clears, and everything is published.
-			r.elector.set(neli.Leader)
+			r.elector.set(stateLeader)
 			time.Sleep(100 * time.Millisecond) // time for an epoch start to begin, and hang, before the fault clears
 			r.kafka.mu.Lock()
 			r.kafka.initHang = false
@@ -92,7 +88,7 @@ func TestElectionPulsesWhileEpochStartHangs(t *testing.T) {
 			r.elector.revoke()
 			r.waitFor("the revoke", 5*time.Second, func() bool { return !r.h.IsLeader() })
 			c.hang(r)
-			r.elector.set(neli.Leader)
+			r.elector.set(stateLeader)
 			time.Sleep(200 * time.Millisecond) // time for the epoch start to begin and hang before Stop
 			if took := r.timeStop(); took > 2*limits.HeartbeatTimeout {
 				t.Errorf("Stop took %v while the epoch start hung", took)
@@ -102,7 +98,7 @@ func TestElectionPulsesWhileEpochStartHangs(t *testing.T) {
 }
 
 // pulseAge is how long ago the owner loop last pulsed.
-func (h *Harvest) pulseAge() time.Duration {
+func (h *Owner) pulseAge() time.Duration {
 	return time.Since(time.Unix(0, h.lastPulse.Load()))
 }
 
@@ -122,7 +118,7 @@ func TestErroneousStateIsNoRefusal(t *testing.T) {
 	r.checkOrder(ids)
 	var failed []int64
 	for _, e := range r.events.all() {
-		if f, ok := e.(RecordFailed); ok {
+		if f, ok := e.(seam.RecordFailed); ok {
 			failed = append(failed, f.ID)
 		}
 	}
@@ -130,7 +126,7 @@ func TestErroneousStateIsNoRefusal(t *testing.T) {
 	if !slices.Equal(failed, rejected) {
 		t.Errorf("RecordFailed for %v, want exactly the rejected records %v", failed, rejected)
 	}
-	if got := testutil.ToFloat64(r.h.metrics.failed); got != float64(len(rejected)) {
+	if got := testutil.ToFloat64(r.h.metrics.Failed); got != float64(len(rejected)) {
 		t.Errorf("goharvest_records_failed_total = %v, want %d", got, len(rejected))
 	}
 	if n := strings.Count(r.logs.String(), "Erroneous state"); n == 0 {
@@ -152,13 +148,13 @@ func TestSlowCommitIsRetriedNotAbandoned(t *testing.T) {
 	r.kafka.commitStalls = 4
 	r.runUntilEmpty()
 	r.checkOrder(ids)
-	if n := countEvents[LeaderRefreshed](r.events); n != 0 {
+	if n := countEvents[seam.LeaderRefreshed](r.events); n != 0 {
 		t.Errorf("%d remarks: a slow commit ended the epoch", n)
 	}
-	if n := countEvents[RecordFailed](r.events); n != 0 {
+	if n := countEvents[seam.RecordFailed](r.events); n != 0 {
 		t.Errorf("%d RecordFailed events for records of a slow commit", n)
 	}
-	if got := testutil.ToFloat64(r.h.metrics.reset); got != 0 {
+	if got := testutil.ToFloat64(r.h.metrics.Reset); got != 0 {
 		t.Errorf("%v records reset", got)
 	}
 	seen := map[int64]int{}
@@ -203,53 +199,17 @@ func TestHandoverBoundedWhileCommitStalls(t *testing.T) {
 	r.kafka.mu.Lock()
 	r.kafka.commitStalls = 0
 	r.kafka.mu.Unlock()
-	r.elector.set(neli.Leader)
+	r.elector.set(stateLeader)
 	r.waitEmpty(20 * time.Second)
 	r.stop()
 	r.checkOrder(ids)
-}
-
-// Once an epoch stops, its workers are gone; the committers' last purges must still return,
-// however many records they finish (the worker's channel holds MaxInFlightRecords).
-func TestFinishAfterWorkersStopped(t *testing.T) {
-	limits := fastLimits()
-	limits.MaxInFlightRecords = 4
-	limits = limits.WithDefaults()
-	k := newFakeKafka(t, newFakeDB())
-	producer, _ := k.provider(nil)
-	h, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", Limits: limits})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := startPipeline(pipelineDeps{
-		leaderID: uuid.New(), limits: limits, db: newFakeDB(), producer: producer, log: h.log,
-		emit: func(Event) {}, meter: metric.NewMeter("t", time.Hour), dbTrouble: &outage.Logger{What: "database"},
-		metrics: h.metrics, leading: func() bool { return true }, busyEpochs: new(atomic.Int32),
-	})
-	p.cancel()
-	p.sending.Wait() // the workers have exited, as in stop
-	var batch []*flight
-	for i := range 3 * limits.MaxInFlightRecords {
-		batch = append(batch, &flight{rec: MarkedRecord{OutboxRecord: OutboxRecord{ID: int64(i), KafkaKey: "k"}}, worker: p.workers[0]})
-	}
-	done := make(chan struct{})
-	go func() {
-		p.finish(batch)
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("finish blocked on a worker that has stopped")
-	}
-	p.stop(limits.MaxPollInterval)
 }
 
 // Kafka refusing the producer's settings or permissions (a missing ACL on the transactional ID)
 // cannot be cured by retrying: the harvester stops with an error that says so.
 func TestKafkaConfigErrorStopsTheHarvester(t *testing.T) {
 	r := newRig(t, fastLimits())
-	r.kafka.initErr = &KafkaConfigError{Err: errors.New("Broker: Transactional Id authorization failed")}
+	r.kafka.initErr = &seam.KafkaConfigError{Err: errors.New("Broker: Transactional Id authorization failed")}
 	if err := r.h.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +243,7 @@ func TestNextEpochPurgesWhatTheLastCouldNot(t *testing.T) {
 	r.elector.revoke()
 	r.waitFor("the revoke", 5*time.Second, func() bool { return !r.h.IsLeader() && r.h.pulseAge() < 50*time.Millisecond })
 	r.db.setFailPurges(false)
-	r.elector.set(neli.Leader)
+	r.elector.set(stateLeader)
 	r.waitEmpty(10 * time.Second)
 	r.stop()
 	r.checkOrder(ids)
@@ -306,7 +266,7 @@ func TestConcurrentRecordsAcrossEpochs(t *testing.T) {
 	limits := fastLimits()
 	limits.MaxKeyRun = 1
 	r := newRig(t, limits)
-	eleven := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("11")})[0]
+	eleven := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("11")})[0]
 	r.db.nextID += 5 // ids below eleven taken by transactions still open
 	r.db.setFailPurges(true)
 	r.start()
@@ -317,9 +277,9 @@ func TestConcurrentRecordsAcrossEpochs(t *testing.T) {
 		t.Fatal(err)
 	}
 	ten := eleven - 1
-	r.db.insertAt(ten, OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("10")})
+	r.db.insertAt(ten, seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("10")})
 	r.db.setFailPurges(false)
-	r.elector.set(neli.Leader)
+	r.elector.set(stateLeader)
 	r.h = r.newHarvest(limits)
 	r.runUntilEmpty()
 	var got []int64
@@ -328,30 +288,6 @@ func TestConcurrentRecordsAcrossEpochs(t *testing.T) {
 	}
 	if want := []int64{eleven, ten, eleven}; !slices.Equal(got, want) {
 		t.Fatalf("published %v, want %v", got, want)
-	}
-}
-
-// The transaction timeout follows a long QueueTimeout unless set; set too short, it is an error
-// naming both.
-func TestTransactionTimeoutFollowsQueueTimeout(t *testing.T) {
-	h, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", Limits: Limits{QueueTimeout: 90 * time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := h.producerConfig["transaction.timeout.ms"]; got != 90_000 {
-		t.Errorf("transaction.timeout.ms = %v, want 90000", got)
-	}
-	h, err = New(Config{LeaderGroupID: "g", LeaderTopic: "t"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := h.producerConfig["transaction.timeout.ms"]; got != 60_000 {
-		t.Errorf("transaction.timeout.ms = %v by default, want librdkafka's 60000", got)
-	}
-	_, err = New(Config{LeaderGroupID: "g", LeaderTopic: "t", Limits: Limits{QueueTimeout: 90 * time.Second},
-		ProducerKafkaConfig: KafkaConfigMap{"transaction.timeout.ms": "70000"}})
-	if err == nil || !strings.Contains(err.Error(), "producerKafkaConfig.transaction.timeout.ms") {
-		t.Fatalf("a transaction timeout shorter than the message timeout gave %v", err)
 	}
 }
 
@@ -364,10 +300,10 @@ func TestFatalProduceErrorRemarks(t *testing.T) {
 	r.kafka.produceFatal = true
 	r.runUntilEmpty()
 	r.checkOrder(ids)
-	if n := countEvents[LeaderRefreshed](r.events); n != 1 {
+	if n := countEvents[seam.LeaderRefreshed](r.events); n != 1 {
 		t.Errorf("%d remarks after a fatal produce error, want 1", n)
 	}
-	if n := countEvents[RecordFailed](r.events); n != 0 {
+	if n := countEvents[seam.RecordFailed](r.events); n != 0 {
 		t.Errorf("%d RecordFailed events: the producer's failure was blamed on a record", n)
 	}
 }
@@ -385,7 +321,7 @@ func (d *misfitDB) CheckSchema(context.Context) error {
 	if d.fixed {
 		return nil
 	}
-	return &SchemaError{Table: "outbox", Problems: []string{"column kafka_value has type xml"}}
+	return &seam.SchemaError{Table: "outbox", Problems: []string{"column kafka_value has type xml"}}
 }
 
 // An elected leader whose table does not fit cannot publish, and readiness says so until the
@@ -393,10 +329,10 @@ func (d *misfitDB) CheckSchema(context.Context) error {
 func TestReadyReportsTableThatDoesNotFit(t *testing.T) {
 	r := newRig(t, fastLimits())
 	db := &misfitDB{fakeDB: r.db}
-	r.h.cfg.DatabaseBindingProvider = func(string, string) (DatabaseBinding, error) { return db, nil }
+	r.h.cfg.OpenStore = func() (seam.DatabaseBinding, error) { return db, nil }
 	ids := r.load(3, 3)
 	r.start()
-	r.waitFor("the mismatch to be reported", 5*time.Second, func() bool { return countEvents[SchemaRejected](r.events) > 0 })
+	r.waitFor("the mismatch to be reported", 5*time.Second, func() bool { return countEvents[seam.SchemaRejected](r.events) > 0 })
 	if err := r.h.Ready(context.Background()); err == nil || !strings.Contains(err.Error(), "kafka_value has type xml") {
 		t.Fatalf("Ready = %v while the table does not fit", err)
 	}
@@ -424,11 +360,11 @@ func (d failingNotePurge) Purge(context.Context, []int64) (int, error) { return 
 func TestEpochStartOutageLasts(t *testing.T) {
 	r := newRig(t, fastLimits())
 	db := failingNotePurge{r.db}
-	r.h.cfg.DatabaseBindingProvider = func(string, string) (DatabaseBinding, error) { return db, nil }
-	r.kafka.note = encodeNote([]int64{1 << 40})
+	r.h.cfg.OpenStore = func() (seam.DatabaseBinding, error) { return db, nil }
+	r.kafka.note = epoch.EncodeNote([]int64{1 << 40})
 	r.start()
 	r.waitFor("several failed starts", 5*time.Second, func() bool {
-		return testutil.ToFloat64(r.h.metrics.errors.WithLabelValues(errorKindDatabase)) >= 5
+		return testutil.ToFloat64(r.h.metrics.Errors.WithLabelValues(epoch.ErrorKindDatabase)) >= 5
 	})
 	if n := strings.Count(r.logs.String(), "database available again"); n != 0 {
 		t.Errorf("the outage was said to end %d times while every start failed", n)

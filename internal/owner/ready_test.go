@@ -1,10 +1,11 @@
-package goharvest
+package owner
 
 import (
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -35,16 +36,16 @@ func TestReadyReportsLeaderThatCannotPublish(t *testing.T) {
 	}
 	// Between two failed epochs there is no pipeline; the gauge must not claim one.
 	r.waitFor("goharvest_leader to read 0", 10*time.Second, func() bool {
-		return testutil.ToFloat64(r.h.metrics.leader) == 0 && r.h.Ready(t.Context()) != nil
+		return testutil.ToFloat64(r.h.metrics.Leader) == 0 && r.h.Ready(t.Context()) != nil
 	})
 
 	r.db.mu.Lock()
 	r.db.failMk = 0
 	r.db.mu.Unlock()
-	more := r.add(OutboxRecord{KafkaTopic: "t", KafkaKey: "k0", KafkaValue: String("after")})
+	more := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "k0", KafkaValue: String("after")})
 	r.waitEmpty(10 * time.Second)
 	r.waitFor("Ready again", 10*time.Second, func() bool {
-		return r.h.Ready(t.Context()) == nil && testutil.ToFloat64(r.h.metrics.leader) == 1
+		return r.h.Ready(t.Context()) == nil && testutil.ToFloat64(r.h.metrics.Leader) == 1
 	})
 	r.stop()
 	r.checkOrder(append(ids, more...))

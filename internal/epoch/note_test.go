@@ -1,4 +1,4 @@
-package goharvest
+package epoch
 
 import (
 	"math"
@@ -14,7 +14,7 @@ func TestNoteRoundTrip(t *testing.T) {
 		{1, 1 << 40, math.MaxInt64},
 	}
 	for _, ids := range cases {
-		got, err := decodeNote(encodeNote(ids))
+		got, err := DecodeNote(EncodeNote(ids))
 		if err != nil {
 			t.Fatalf("%v: %v", ids, err)
 		}
@@ -27,22 +27,22 @@ func TestNoteRoundTrip(t *testing.T) {
 
 // However far apart the ids, a full note fits Kafka's default offset.metadata.max.bytes.
 func TestFullNoteFitsOffsetMetadata(t *testing.T) {
-	ids := make([]int64, maxNotedRecords)
+	ids := make([]int64, MaxNotedRecords)
 	for i := range ids {
-		ids[i] = math.MaxInt64 / maxNotedRecords * int64(i+1)
+		ids[i] = math.MaxInt64 / MaxNotedRecords * int64(i+1)
 	}
-	if n := len(encodeNote(ids)); n > 4096 {
+	if n := len(EncodeNote(ids)); n > 4096 {
 		t.Fatalf("a note of %d widely spread ids takes %d bytes; Kafka allows 4096", len(ids), n)
 	}
 }
 
 func TestDecodeNoteRejectsForeignMetadata(t *testing.T) {
 	for _, note := range []string{"some consumer's metadata", notePrefix + "!!", notePrefix + "gA"} {
-		if _, err := decodeNote(note); err == nil {
-			t.Errorf("decodeNote(%q) succeeded", note)
+		if _, err := DecodeNote(note); err == nil {
+			t.Errorf("DecodeNote(%q) succeeded", note)
 		}
 	}
-	if ids, err := decodeNote(""); err != nil || ids != nil {
-		t.Errorf(`decodeNote("") = %v, %v; want nothing`, ids, err)
+	if ids, err := DecodeNote(""); err != nil || ids != nil {
+		t.Errorf(`DecodeNote("") = %v, %v; want nothing`, ids, err)
 	}
 }

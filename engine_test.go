@@ -1,0 +1,159 @@
+package goharvest
+
+// Tests of what the root package adds to the engine: the producer's settings, and the
+// confluent producer's own checks. The engine's tests are in internal/owner and internal/epoch.
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/goharvest/goharvest/neli"
+	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// stubStore is an empty outbox, for tests that only start a harvester.
+type stubStore struct{}
+
+func (stubStore) Mark(context.Context, uuid.UUID, int) ([]MarkedRecord, error) { return nil, nil }
+func (stubStore) MarkExcept(context.Context, uuid.UUID, int, []string) ([]MarkedRecord, error) {
+	return nil, nil
+}
+func (stubStore) Purge(context.Context, []int64) (int, error)                       { return 0, nil }
+func (stubStore) Reset(context.Context, uuid.UUID, []int64) (int, error)            { return 0, nil }
+func (stubStore) Reread(context.Context, []int64) ([]RereadRecord, error)           { return nil, nil }
+func (stubStore) PurgeUnchanged(context.Context, map[int64]string) ([]int64, error) { return nil, nil }
+func (stubStore) DeadLetter(context.Context, int64, string, DeadLetterInfo) (bool, error) {
+	return false, nil
+}
+func (stubStore) Dispose() {}
+
+// stubElector never leads; it records whether it was closed.
+type stubElector struct{ closed bool }
+
+func (*stubElector) Pulse(context.Context) (bool, error) { return false, nil }
+func (*stubElector) State() neli.State                   { return neli.Follower }
+func (*stubElector) Partitions() []int32                 { return nil }
+func (e *stubElector) Close(context.Context) error {
+	e.closed = true
+	return nil
+}
+
+// The transaction timeout follows a long QueueTimeout unless set; set too short, it is an error
+// naming both.
+func TestTransactionTimeoutFollowsQueueTimeout(t *testing.T) {
+	h, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", Limits: Limits{QueueTimeout: 90 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h.producerConfig["transaction.timeout.ms"]; got != 90_000 {
+		t.Errorf("transaction.timeout.ms = %v, want 90000", got)
+	}
+	h, err = New(Config{LeaderGroupID: "g", LeaderTopic: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h.producerConfig["transaction.timeout.ms"]; got != 60_000 {
+		t.Errorf("transaction.timeout.ms = %v by default, want librdkafka's 60000", got)
+	}
+	_, err = New(Config{LeaderGroupID: "g", LeaderTopic: "t", Limits: Limits{QueueTimeout: 90 * time.Second},
+		ProducerKafkaConfig: KafkaConfigMap{"transaction.timeout.ms": "70000"}})
+	if err == nil || !strings.Contains(err.Error(), "producerKafkaConfig.transaction.timeout.ms") {
+		t.Fatalf("a transaction timeout shorter than the message timeout gave %v", err)
+	}
+}
+
+func TestStartRejectsBadProducerConfig(t *testing.T) {
+	db, elector := stubStore{}, &stubElector{}
+	h, err := New(Config{
+		LeaderGroupID:           "g",
+		LeaderTopic:             "t",
+		MetricsRegisterer:       prometheus.NewRegistry(),
+		ProducerKafkaConfig:     KafkaConfigMap{"compresion.type": "lz4"},
+		DatabaseBindingProvider: func(string, string) (DatabaseBinding, error) { return db, nil },
+		NeliProvider:            func(neli.Config) (Elector, error) { return elector, nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = h.Start()
+	if err == nil || !strings.Contains(err.Error(), "compresion.type") {
+		t.Fatalf("Start returned %v, want an error naming the misspelt property", err)
+	}
+	if !elector.closed {
+		t.Error("the election was left open after a failed start")
+	}
+}
+
+// The producer lingers DefaultProducerLinger unless the configuration says otherwise, under
+// either of librdkafka's names.
+func TestProducerLingerDefault(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		set  KafkaConfigMap
+		want map[string]any
+	}{
+		{"default", nil, map[string]any{"linger.ms": DefaultProducerLinger}},
+		{"set", KafkaConfigMap{"linger.ms": 20}, map[string]any{"linger.ms": 20}},
+		{"alias", KafkaConfigMap{"queue.buffering.max.ms": 20}, map[string]any{"linger.ms": nil, "queue.buffering.max.ms": 20}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", ProducerKafkaConfig: c.set})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range c.want {
+				if got := h.producerConfig[k]; got != v {
+					t.Errorf("%s = %v, want %v", k, got, v)
+				}
+			}
+		})
+	}
+}
+
+// goharvest's own checks say so, and are not worded as Kafka's refusals.
+func TestOwnChecksAreNotWordedAsKafkas(t *testing.T) {
+	c := &confluentProducer{topics: map[string]topicState{}}
+	err := c.checkTopic("no such topic!")
+	var rejected *RejectedError
+	if !errors.As(err, &rejected) {
+		t.Fatalf("checkTopic of an invalid name returned %v, want a *RejectedError", err)
+	}
+	if msg := err.Error(); strings.Contains(msg, "by Kafka") || !strings.Contains(msg, "by goharvest") {
+		t.Errorf("an invalid topic name is reported as %q; it is goharvest's check, not Kafka's", msg)
+	}
+	kafkaErr := &RejectedError{Err: errors.New("Broker: Message size too large")}
+	if !strings.HasPrefix(kafkaErr.Error(), "rejected by Kafka") {
+		t.Errorf("a broker's refusal reads %q", kafkaErr.Error())
+	}
+	malformed := &RecordError{ID: 7, Reason: "kafka_header_keys has 2 elements but kafka_header_values has 1"}
+	if strings.Contains(malformed.Error(), "Kafka") {
+		t.Errorf("a malformed row reads %q", malformed.Error())
+	}
+}
+
+// A binding that lacks HeldRowBinding (here, a wrapper that embeds only the DatabaseBinding
+// interface and so hides the rest) is refused at Start, by name: with it, a held record could be
+// sent again with content that was never read again.
+func TestStartRefusesBindingWithoutHeldRows(t *testing.T) {
+	type wrapper struct{ DatabaseBinding }
+	h, err := New(Config{
+		LeaderGroupID:           "g",
+		LeaderTopic:             "t",
+		MetricsRegisterer:       prometheus.NewRegistry(),
+		DatabaseBindingProvider: func(string, string) (DatabaseBinding, error) { return wrapper{stubStore{}}, nil },
+		NeliProvider:            func(neli.Config) (Elector, error) { return &stubElector{}, nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = h.Start()
+	if err == nil || !strings.Contains(err.Error(), "does not implement HeldRowBinding") {
+		h.Stop()
+		h.Await()
+		t.Fatalf("Start with a binding that hides HeldRowBinding returned %v", err)
+	}
+}
