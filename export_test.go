@@ -16,3 +16,7 @@ func ShardMarkStatements(table string, shards, shard int) (pick, mark string) {
 var EncodeNote = epoch.EncodeNote
 
 const MaxNotedRecords = epoch.MaxNotedRecords
+
+// ProducerSettings returns the librdkafka properties a harvester configured with cfg gives its
+// producers (shard 0's), for tests that hold the producer to its contract as the harvester uses it.
+func ProducerSettings(cfg Config) KafkaConfigMap { return producerSettings(cfg.WithDefaults()) }

@@ -175,7 +175,8 @@ func (e *eventRecorder) record(ev goharvest.Event) {
 	if e.counts == nil {
 		e.counts = map[string]int{}
 	}
-	e.counts[fmt.Sprintf("%T", ev)]++
+	name := fmt.Sprintf("%T", ev) // the type's name, whichever package declares it
+	e.counts[name[strings.LastIndex(name, ".")+1:]]++
 }
 
 func (e *eventRecorder) count(kind string) int {
@@ -241,7 +242,7 @@ func TestHarvestSurvivesFailedProduceRequests(t *testing.T) {
 			r.runUntilDelivered(h, v, int64(c.keys*perKey))
 			dups := checkDelivered(t, v, expected)
 			t.Logf("faults: %d visible, %d timed out; remarks: %d; duplicates: %d",
-				visible.Hits(), timedOut.Hits(), events.count("goharvest.LeaderRefreshed"), dups)
+				visible.Hits(), timedOut.Hits(), events.count("LeaderRefreshed"), dups)
 			if visible.Hits() == 0 || timedOut.Hits() == 0 {
 				t.Fatal("the faults were never injected")
 			}
@@ -254,7 +255,7 @@ func TestHarvestSurvivesFailedProduceRequests(t *testing.T) {
 // a commit and its purge. (A key's next run waits for its last run's purge, so two of its
 // records in one purge were committed in one transaction, and the note lists all but the last.)
 type failingPurges struct {
-	goharvest.DatabaseBinding
+	*goharvest.PostgresBinding
 	pool    *pgxpool.Pool
 	failing atomic.Bool
 	purged  atomic.Int64
@@ -273,7 +274,7 @@ func (b *failingPurges) Purge(ctx context.Context, ids []int64) (int, error) {
 	if b.failing.Load() {
 		return 0, errors.New("injected purge failure")
 	}
-	n, err := b.DatabaseBinding.Purge(ctx, ids)
+	n, err := b.PostgresBinding.Purge(ctx, ids)
 	b.purged.Add(int64(n))
 	return n, err
 }
@@ -291,7 +292,7 @@ func TestHarvestNextEpochPurgesNotedRecords(t *testing.T) {
 	first := r.harvesterWith("harvest-int", limits, nil, func(c *goharvest.Config) {
 		c.DatabaseBindingProvider = func(dataSource, table string) (goharvest.DatabaseBinding, error) {
 			pg, err := goharvest.NewPostgresBinding(dataSource, table)
-			binding.DatabaseBinding = pg
+			binding.PostgresBinding = pg
 			return binding, err
 		}
 	})
@@ -540,7 +541,7 @@ func TestHarvestDeadLettersARefusedRow(t *testing.T) {
 	if attempts != 3 || !strings.Contains(errText, "refused by goharvest") || last.Before(first) || moved.Before(last) {
 		t.Errorf("dead letter: attempts %d, error %q, failures %v..%v, moved %v", attempts, errText, first, last, moved)
 	}
-	if n := events.count("goharvest.RecordDeadLettered"); n != 1 {
+	if n := events.count("RecordDeadLettered"); n != 1 {
 		t.Errorf("%d RecordDeadLettered events, want 1", n)
 	}
 	values := consumeValues(t, r.addr, r.topic, 1)

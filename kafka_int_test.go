@@ -235,7 +235,7 @@ func TestFirstRecordOfANewTopicIsNotReportedFailed(t *testing.T) {
 	}
 	defer func() { h.Stop(); h.Await() }()
 	r.waitEmpty(time.Minute)
-	if n := events.count("goharvest.RecordFailed"); n != 0 {
+	if n := events.count("RecordFailed"); n != 0 {
 		t.Errorf("%d RecordFailed events for a record whose topic Kafka creates on demand", n)
 	}
 	if values := consumeValues(t, r.addr, topic, 1); len(values) != 1 {

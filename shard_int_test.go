@@ -158,7 +158,7 @@ func TestShardedHarvestersShareTheOutboxAndHandOver(t *testing.T) {
 	}
 	dups := checkDelivered(t, v, expected)
 	t.Logf("%d records over %d shards, %d duplicates", keys*perKey, shards, dups)
-	if n := sr.events.count("goharvest.LeaderFenced"); n > 0 {
+	if n := sr.events.count("LeaderFenced"); n > 0 {
 		t.Errorf("harvesters fenced themselves %d times in a run without faults", n)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/goharvest/goharvest/internal/epoch"
 	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/outbox"
 	"github.com/google/uuid"
 )
 
@@ -301,8 +302,10 @@ func (d *fakeDB) Ping(context.Context) error {
 // published is one message as the fake broker stored it.
 type published struct {
 	id       int64
+	topic    string
 	key      string
 	value    *string
+	headers  outbox.Headers
 	producer int
 }
 
@@ -330,7 +333,8 @@ type fakeKafka struct {
 	lastAcked    map[string]int64  // key -> last id committed
 	maxOut       int               // most records outstanding at once
 	maxRun       int               // most records of one key in one committed transaction
-	note         string            // the latest committed note
+	// note is the latest committed note, by place; rigNote is the rig's harvester's place.
+	note map[seam.NotePlace]string
 	// commitStalls makes this many coming calls to CommitTransaction time out, as librdkafka's
 	// do on a slow coordinator: each waits out its context's deadline and returns a retriable
 	// error, and the commit stays under way (an abort is refused meanwhile) until a call
@@ -358,7 +362,7 @@ type outKey struct {
 
 func newFakeKafka(t *testing.T, db *fakeDB) *fakeKafka {
 	return &fakeKafka{t: t, db: db, failOnce: map[int64]error{}, rejectN: map[int64]int{},
-		outstanding: map[string]outKey{}, lastAcked: map[string]int64{}}
+		outstanding: map[string]outKey{}, lastAcked: map[string]int64{}, note: map[seam.NotePlace]string{}}
 }
 
 func (k *fakeKafka) violate(format string, args ...any) {
@@ -377,10 +381,12 @@ func (k *fakeKafka) provider(shard int) (seam.KafkaProducer, error) {
 }
 
 type sentMessage struct {
-	id    int64
-	key   string
-	value *string
-	err   error
+	id      int64
+	topic   string
+	key     string
+	value   *string
+	headers outbox.Headers
+	err     error
 }
 
 type fakeProducer struct {
@@ -392,6 +398,7 @@ type fakeProducer struct {
 	txn        []*sentMessage // guarded by k.mu
 	txnNo      int            // numbers the current transaction (guarded by k.mu)
 	note       *string        // the current transaction's note, if it wrote one (guarded by k.mu)
+	notePlace  seam.NotePlace // where it goes (guarded by k.mu)
 	// abortable is set once a message of the current transaction has failed, committing while a
 	// commit is under way; librdkafka refuses new messages in either state (guarded by k.mu).
 	abortable, committing bool
@@ -439,14 +446,14 @@ func (p *fakeProducer) WriteNote(_ context.Context, place seam.NotePlace, note s
 		p.k.failNotes--
 		return &seam.TxnError{Err: errors.New("offset commit failed"), Abortable: true}
 	}
-	p.note = &note
+	p.note, p.notePlace = &note, place
 	return nil
 }
 
-func (p *fakeProducer) ReadNote(context.Context, seam.NotePlace) (string, error) {
+func (p *fakeProducer) ReadNote(_ context.Context, place seam.NotePlace) (string, error) {
 	p.k.mu.Lock()
 	defer p.k.mu.Unlock()
-	return p.k.note, nil
+	return p.k.note[place], nil
 }
 
 func (p *fakeProducer) InitTransactions(ctx context.Context) error {
@@ -533,11 +540,11 @@ func (p *fakeProducer) CommitTransaction(ctx context.Context) error {
 		}
 	}
 	for _, m := range p.txn {
-		k.log = append(k.log, published{id: m.id, key: m.key, value: m.value, producer: p.index})
+		k.log = append(k.log, published{id: m.id, topic: m.topic, key: m.key, value: m.value, headers: m.headers, producer: p.index})
 		k.lastAcked[m.key] = m.id
 	}
 	if p.note != nil {
-		k.note = *p.note
+		k.note[p.notePlace] = *p.note
 		k.notes++
 	}
 	k.commits++
@@ -572,6 +579,10 @@ func (p *fakeProducer) Produce(msg seam.Message) error {
 		k.mu.Unlock()
 		return errFatal
 	}
+	if err := outbox.CheckName(msg.Topic); err != nil {
+		k.mu.Unlock()
+		return &seam.RejectedError{Err: err, ByGoharvest: true}
+	}
 	if p.abortable || p.committing {
 		k.mu.Unlock()
 		return &seam.TxnError{Err: errErroneousState, Retriable: true}
@@ -590,7 +601,7 @@ func (p *fakeProducer) Produce(msg seam.Message) error {
 		n += len(o.ids)
 	}
 	k.maxOut = max(k.maxOut, n)
-	m := &sentMessage{id: id, key: key, value: valueOf(msg)}
+	m := &sentMessage{id: id, topic: msg.Topic, key: key, value: valueOf(msg), headers: msg.Headers}
 	if k.rejectN[id] > 0 {
 		k.rejectN[id]--
 		m.err = &seam.RejectedError{Err: errors.New("message too large")}

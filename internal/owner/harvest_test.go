@@ -18,6 +18,9 @@ import (
 	"github.com/goharvest/goharvest/internal/testwait"
 )
 
+// rigNotes is where the rig's harvester leaves its notes.
+var rigNotes = seam.NotePlace{Group: "g.notes", Topic: "t"}
+
 // rig wires a harvester to fakes.
 type rig struct {
 	t        *testing.T
@@ -61,8 +64,8 @@ func (r *rig) newHarvest(limits seam.Limits) *Owner {
 		Limits:          limits.WithDefaults(),
 		Logger:          slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Registerer:      r.registry,
-		NoteGroup:       "g.notes",
-		LeaderTopic:     "t",
+		NoteGroup:       rigNotes.Group,
+		LeaderTopic:     rigNotes.Topic,
 		TransactionalID: "goharvest.g",
 		OpenStore:       func() (seam.DatabaseBinding, error) { return r.db, nil },
 		NewElector:      r.elector.provider,

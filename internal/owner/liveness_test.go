@@ -44,7 +44,7 @@ func TestElectionPulsesWhileEpochStartHangs(t *testing.T) {
 	}{
 		{"InitTransactions", func(r *rig) { r.kafka.initHang = true }},
 		{"database", func(r *rig) {
-			r.kafka.note = epoch.EncodeNote([]int64{1 << 40}) // a record long gone
+			r.kafka.note[rigNotes] = epoch.EncodeNote([]int64{1 << 40}) // a record long gone
 			r.db.setHang(true)
 		}},
 	} {
@@ -361,7 +361,7 @@ func TestEpochStartOutageLasts(t *testing.T) {
 	r := newRig(t, fastLimits())
 	db := failingNotePurge{r.db}
 	r.h.cfg.OpenStore = func() (seam.DatabaseBinding, error) { return db, nil }
-	r.kafka.note = epoch.EncodeNote([]int64{1 << 40})
+	r.kafka.note[rigNotes] = epoch.EncodeNote([]int64{1 << 40})
 	r.start()
 	r.waitFor("several failed starts", 5*time.Second, func() bool {
 		return testutil.ToFloat64(r.h.metrics.Errors.WithLabelValues(epoch.ErrorKindDatabase)) >= 5

@@ -1,0 +1,80 @@
+package goharvest_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/internal/storetest"
+)
+
+var contractTables atomic.Int32
+
+// The Postgres binding keeps the store contract that the engine relies on, and that the engine's
+// in-memory outbox keeps too (internal/owner runs the same suite on it).
+func TestPostgresBindingStoreContract(t *testing.T) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, exampleDataSource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	storetest.Run(t, func(t *testing.T) storetest.Outbox {
+		table := fmt.Sprintf("contract_%d", contractTables.Add(1))
+		if err := goharvest.CreateOutboxTable(ctx, exampleDataSource, table); err != nil {
+			t.Fatal(err)
+		}
+		b, err := goharvest.NewPostgresBinding(exampleDataSource, table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(b.Dispose)
+		exec := func(t *testing.T, sql string, args ...any) pgx.Rows {
+			t.Helper()
+			rows, err := pool.Query(ctx, sql, args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return rows
+		}
+		return storetest.Outbox{
+			Store: b,
+			Insert: func(t *testing.T, recs ...seam.OutboxRecord) []int64 {
+				var ids []int64
+				for _, r := range recs {
+					keys, values := []string{}, []string{}
+					for _, h := range r.KafkaHeaders {
+						keys, values = append(keys, h.Key), append(values, h.Value)
+					}
+					rows := exec(t, `INSERT INTO `+table+` (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
+						VALUES ($1, $2, $3, $4, $5, $6) RETURNING id`, r.CreateTime, r.KafkaTopic, r.KafkaKey, r.KafkaValue, keys, values)
+					id, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+					if err != nil {
+						t.Fatal(err)
+					}
+					ids = append(ids, id)
+				}
+				return ids
+			},
+			SetValue: func(t *testing.T, id int64, value string) {
+				exec(t, `UPDATE `+table+` SET kafka_value = $2 WHERE id = $1`, id, value).Close()
+			},
+			Delete: func(t *testing.T, id int64) {
+				exec(t, `DELETE FROM `+table+` WHERE id = $1`, id).Close()
+			},
+			Exists: func(t *testing.T, id int64) bool {
+				n, err := pgx.CollectExactlyOneRow(exec(t, `SELECT count(*) FROM `+table+` WHERE id = $1`, id), pgx.RowTo[int64])
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n == 1
+			},
+		}
+	})
+}
