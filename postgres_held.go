@@ -20,7 +20,7 @@ const DeadLetterSuffix = outbox.DeadLetterSuffix
 // outbox.DeadLetterTable).
 func DeadLetterTable(outboxTable string) string { return outbox.DeadLetterTable(outboxTable) }
 
-// heldSQL holds the statements of the held-record machinery (held.go).
+// heldSQL holds the statements of the held-record machinery (internal/epoch/held.go).
 type heldSQL struct {
 	markExcept, reread, purgeUnchanged, deadLetter, requeue string
 }

@@ -68,6 +68,15 @@ func TestPostgresBindingStoreContract(t *testing.T) {
 			Delete: func(t *testing.T, id int64) {
 				exec(t, `DELETE FROM `+table+` WHERE id = $1`, id).Close()
 			},
+			InsertMalformed: func(t *testing.T, key string) int64 {
+				rows := exec(t, `INSERT INTO `+table+` (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
+					VALUES (now(), 'topic', $1, 'v', '{a,b}', '{1}') RETURNING id`, key)
+				id, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[int64])
+				if err != nil {
+					t.Fatal(err)
+				}
+				return id
+			},
 			Exists: func(t *testing.T, id int64) bool {
 				n, err := pgx.CollectExactlyOneRow(exec(t, `SELECT count(*) FROM `+table+` WHERE id = $1`, id), pgx.RowTo[int64])
 				if err != nil {

@@ -118,8 +118,8 @@ type Deps struct {
 	BusyEpochs *atomic.Int32
 }
 
-// pipeline is one epoch's stages and the state they share. Fields not marked otherwise are set
-// by startPipeline and only read afterwards.
+// Epoch is one epoch's stages and the state they share. Fields not marked otherwise are set
+// by Start and only read afterwards.
 type Epoch struct {
 	Deps
 

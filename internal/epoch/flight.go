@@ -8,31 +8,56 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// flight is one record on its way through the pipeline. It belongs to the send worker that owns
-// its key. While the record is out (from produce until the worker hears that its transaction
-// aborted, or that it was purged, or went stale) the transaction loop and the committers read
-// it, and write only the fields marked as theirs below; the worker then writes none of it.
+// A record's life in the pipeline, and who touches it when:
+//
+//  1. The marker claims the row (claim.go) and makes its flight, then hands it to the send
+//     worker that owns its key (mark.go). From then on the flight belongs to that worker.
+//  2. The worker queues it behind the key's earlier records (keyQueue) and sends it when the key
+//     may have a run with Kafka: none is out, or the key's run in the open transaction may grow
+//     (worker.go). A record that cannot be sent holds back its key (held.go).
+//  3. Sent, the record is out: the transaction loop commits or aborts its transaction (txn.go),
+//     the delivery reader notes the producer's report on it, and the committers purge its row
+//     once it is committed (purge.go). Meanwhile they read the flight and write only the fields
+//     the table gives them; the worker writes none of it.
+//  4. The committers tell the worker it is purged (or the transaction loop, that its run was
+//     aborted); the worker takes it back and drops it from the queue, or sends it again.
+//
+// Who writes each field of a flight (reading follows the same hand-over):
+//
+//	field                           written by
+//	rec, markSeq, worker            the marker, when it makes the flight; rec again by the worker
+//	                                when the held loop's read of the row finds it changed (judge)
+//	attempts, held, done            the worker
+//	free, due, fresh, doomed        the worker (held keys, held.go)
+//	version, firstFailure, lastErr  the worker (held keys, held.go)
+//	span                            started by the worker as it produces the record, ended by the
+//	                                transaction loop while the record is out (trace.go)
+//	noted                           the transaction loop, when the commit's note lists the record
+//	purgedAt                        the committers, when its purge has committed
+//	failure                         the delivery reader, under activity.mu; cleared by the worker
+//	                                (activity.producing) as it sends the record again
+
+// flight is one record on its way through the pipeline (see the table above).
 type flight struct {
 	rec      seam.MarkedRecord
 	worker   *sendWorker
 	attempts int
-	span     trace.Span // the publish span, when tracing is on (ended by the transaction loop)
-	// held and done belong to the worker: held stops the key's queue at this record (waiting out
-	// a backoff, or malformed); done means purged, to be dropped from the queue.
+	span     trace.Span // the publish span, when tracing is on
+	// held stops the key's queue at this record (waiting out a backoff, or malformed); done
+	// means purged, to be dropped from the queue.
 	held, done bool
-	// noted means a committed note lists this record (written by the transaction loop before the
-	// record reaches the committers).
+	// noted means a committed note lists this record.
 	noted bool
-	// markSeq numbers the mark that returned this record; purgedAt is the number of the latest
-	// mark begun when its purge had committed (written by the committers; see sendWorker.purged).
+	// markSeq numbers the claim that returned this record; purgedAt is the number of the latest
+	// claim begun when its purge had committed (see sendWorker.wasPurged).
 	markSeq, purgedAt uint64
 	// failure is what the delivery report said about the latest send (nil: success or not yet
-	// reported). Guarded by activity.mu: the delivery reader writes it while others may read.
+	// reported).
 	failure error
-	// The worker owns these too; see held.go. free: not counted in the in-flight budget (a held
-	// key's record). due: backoff over, to be sent once read afresh. fresh: read afresh since the
-	// last attempt. doomed: to be moved to the dead-letter table, never sent. version: the row
-	// version read afresh ("" for content from the mark). firstFailure, lastErr: its failures.
+	// Held keys' state (held.go). free: not counted in the in-flight budget (a held key's record).
+	// due: backoff over, to be sent once read afresh. fresh: read afresh since the last attempt.
+	// doomed: to be moved to the dead-letter table, never sent. version: the row version read
+	// afresh ("" for content from the claim). firstFailure, lastErr: its failures.
 	free, due, fresh, doomed bool
 	version                  string
 	firstFailure             time.Time
@@ -45,7 +70,8 @@ type outcome struct {
 	failed bool // reset rather than purge
 }
 
-// keyQueue is one key's records, marked and not yet finished, in the order to publish them.
+// keyQueue is one key's records, claimed and not yet finished, in the order to publish them. It
+// belongs to the worker that owns the key.
 type keyQueue struct {
 	flights []*flight
 	out     int // how many at the front are with Kafka: a run in transaction gen

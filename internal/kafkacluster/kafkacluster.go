@@ -27,7 +27,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -351,98 +350,6 @@ func lastLine(s string) string {
 var jvmOptions = []string{"-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
 	"-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true"}
 
-// Start starts the node's process (again, after Kill or Terminate, with the same data and ports).
-// It returns once the process runs, not once the node serves: see Cluster.WaitReady.
-func (n *Node) Start() error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.cmd != nil {
-		return fmt.Errorf("kafkacluster: node %d is running", n.ID)
-	}
-	logFile, err := os.OpenFile(n.LogPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return fmt.Errorf("kafkacluster: %w", err)
-	}
-	args := append(slices.Clone(jvmOptions),
-		"-Dlog4j2.configurationFile="+filepath.Join(n.dir, "log4j2.properties"),
-		"-cp", filepath.Join(n.jars, "*"), "kafka.Kafka", filepath.Join(n.dir, "server.properties"))
-	cmd := exec.Command("java", args...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// The node dies with the test binary, even one killed by a test timeout.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		logFile.Close()
-		return fmt.Errorf("kafkacluster: start node %d: %w", n.ID, err)
-	}
-	exited := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		logFile.Close()
-		close(exited)
-	}()
-	n.cmd, n.exited, n.frozen = cmd, exited, false
-	return nil
-}
-
-// Kill ends the node at once (SIGKILL), as a crash would. A node not running is left as it is.
-func (n *Node) Kill() { n.stop(syscall.SIGKILL, 0) }
-
-// Terminate stops the node as an operator would (SIGTERM: a controlled shutdown that hands its
-// partitions' leadership over first), waiting up to timeout before killing it.
-func (n *Node) Terminate(timeout time.Duration) { n.stop(syscall.SIGTERM, timeout) }
-
-func (n *Node) stop(sig syscall.Signal, timeout time.Duration) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.cmd == nil {
-		return
-	}
-	if n.frozen && sig != syscall.SIGKILL {
-		n.cmd.Process.Signal(syscall.SIGCONT)
-	}
-	n.cmd.Process.Signal(sig)
-	select {
-	case <-n.exited:
-	case <-time.After(timeout):
-		n.cmd.Process.Kill()
-		<-n.exited
-	}
-	n.cmd, n.frozen = nil, false
-}
-
-// Freeze suspends the node (SIGSTOP): its connections stay open and nothing answers, as with a
-// broker in a long GC pause or on a host that stopped.
-func (n *Node) Freeze() { n.signal(syscall.SIGSTOP, true) }
-
-// Thaw resumes a frozen node.
-func (n *Node) Thaw() { n.signal(syscall.SIGCONT, false) }
-
-func (n *Node) signal(sig syscall.Signal, frozen bool) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.cmd != nil {
-		n.cmd.Process.Signal(sig)
-		n.frozen = frozen
-	}
-}
-
-// Running reports whether the node's process runs (frozen or not).
-func (n *Node) Running() bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.cmd != nil
-}
-
-// PID is the node's process ID, or 0 when it is not running.
-func (n *Node) PID() int {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.cmd == nil {
-		return 0
-	}
-	return n.cmd.Process.Pid
-}
-
 // WaitReady waits until every running node is in the cluster's metadata and a transaction that
 // produces a record and commits a group offset (as every harvester transaction does) commits:
 // by then the coordinators of transactions and groups have their topics and leaders.
@@ -613,82 +520,6 @@ func freePorts(n int) ([]int, error) {
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
-}
-
-var (
-	sharedOnce sync.Once
-	shared     *Cluster
-	sharedErr  error
-	sharedFail bool
-)
-
-// EnvNodes sets how many nodes the shared cluster has (1 unless set to 3).
-const EnvNodes = "GOHARVEST_KAFKA_NODES"
-
-// Shared returns the package's shared cluster, starting it on first use; Run stops it. Tests that
-// share it use topics and groups of their own.
-func Shared(tb testing.TB) *Cluster {
-	tb.Helper()
-	c, err := getShared()
-	if err != nil {
-		tb.Fatalf("kafkacluster: %v", err)
-	}
-	tb.Cleanup(func() {
-		if tb.Failed() {
-			sharedFail = true
-		}
-	})
-	return c
-}
-
-// SetShared sets the options of the shared cluster, from TestMain before the tests run. Without
-// it the shared cluster has one node, or three if GOHARVEST_KAFKA_NODES is 3.
-func SetShared(opts ...Option) { sharedOpts = opts }
-
-var sharedOpts []Option
-
-func getShared() (*Cluster, error) {
-	sharedOnce.Do(func() {
-		opts := sharedOpts
-		if opts == nil && os.Getenv(EnvNodes) == "3" {
-			opts = []Option{Nodes(3)}
-		}
-		shared, sharedErr = New(opts...)
-	})
-	return shared, sharedErr
-}
-
-// Runner is what Run runs: a *testing.M, or a wrapper that prepares something first.
-type Runner interface{ Run() int }
-
-// Run runs the package's tests, then stops the shared cluster if one was started, keeping its
-// logs if a test failed.
-func Run(m Runner) int { return Around(m).Run() }
-
-// Around returns a Runner that runs m and then stops the shared cluster as Run does, for a
-// TestMain that wraps m in other fixtures too: pgtest.Run(kafkacluster.Around(m)).
-func Around(m Runner) Runner {
-	return runnerFunc(func() int {
-		code := m.Run()
-		if shared != nil {
-			shared.Close(code != 0 || sharedFail)
-		}
-		return code
-	})
-}
-
-type runnerFunc func() int
-
-func (f runnerFunc) Run() int { return f() }
-
-// SharedAddr starts the shared cluster, for code without a testing.TB (a TestMain preparing
-// examples), and returns its bootstrap servers.
-func SharedAddr() (string, error) {
-	c, err := getShared()
-	if err != nil {
-		return "", err
-	}
-	return c.Addr(), nil
 }
 
 // Topic creates topic name with partitions partitions for a test (see CreateTopic), failing the

@@ -24,6 +24,11 @@ func TestFakeStoreContract(t *testing.T) {
 			},
 			Delete: func(_ *testing.T, id int64) { db.delete(id) },
 			Exists: func(_ *testing.T, id int64) bool { return db.exists(id) },
+			InsertMalformed: func(_ *testing.T, key string) int64 {
+				id := db.insert(seam.OutboxRecord{KafkaTopic: "topic", KafkaKey: key})[0]
+				db.markErr = map[int64]error{id: &seam.RecordError{ID: id, Reason: "header keys and values differ in number"}}
+				return id
+			},
 		}
 	})
 }

@@ -168,7 +168,7 @@ func (h *Owner) launchEpoch(s *shard, producer seam.KafkaProducer) {
 	}
 }
 
-// notePlace is where a shard's transactions leave their notes (see note.go).
+// notePlace is where a shard's transactions leave their notes (see internal/epoch/note.go).
 func (h *Owner) notePlace(shard int) seam.NotePlace {
 	return seam.NotePlace{Group: h.cfg.NoteGroup, Topic: h.cfg.LeaderTopic, Partition: int32(shard)}
 }

@@ -6,6 +6,7 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -28,6 +29,9 @@ type Outbox struct {
 	Delete func(t *testing.T, id int64)
 	// Exists reports whether the row is still in the outbox.
 	Exists func(t *testing.T, id int64) bool
+	// InsertMalformed writes a row that cannot become a message (its header keys and values
+	// differ in number) and returns its id.
+	InsertMalformed func(t *testing.T, key string) int64
 }
 
 // Run runs the contract, each rule in a subtest on an outbox of its own from open.
@@ -40,6 +44,7 @@ func Run(t *testing.T, open func(t *testing.T) Outbox) {
 		{"MarkTakesOverOtherLeadersRows", markTakesOverOtherLeadersRows},
 		{"MarkExceptLeavesHeldKeysAlone", markExceptLeavesHeldKeysAlone},
 		{"RecordsComeBackAsWritten", recordsComeBackAsWritten},
+		{"MalformedRowComesBackWithItsError", malformedRowComesBackWithItsError},
 		{"PurgeDeletesAndIgnoresMissing", purgeDeletesAndIgnoresMissing},
 		{"ResetReleasesOnlyOwnRows", resetReleasesOnlyOwnRows},
 		{"RereadVersionsFollowContent", rereadVersionsFollowContent},
@@ -150,6 +155,30 @@ func recordsComeBackAsWritten(t *testing.T, o Outbox) {
 		if !r.CreateTime.Equal(w.CreateTime) {
 			t.Errorf("record %d: creation time %v, written %v", r.ID, r.CreateTime, w.CreateTime)
 		}
+	}
+}
+
+// A row that cannot become a message is still marked and returned in its place, with a
+// RecordError that names it, so that the engine holds back its key rather than skip it; a read
+// afresh says the same.
+func malformedRowComesBackWithItsError(t *testing.T, o Outbox) {
+	before := o.Insert(t, record("k", "1"))
+	bad := o.InsertMalformed(t, "k")
+	after := o.Insert(t, record("k", "2"))
+	recs, err := o.Store.Mark(context.Background(), uuid.New(), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantIDs(t, "marked", ids(recs), []int64{before[0], bad, after[0]})
+	for _, r := range recs {
+		var recErr *seam.RecordError
+		isBad := errors.As(r.Err, &recErr) && recErr.ID == bad
+		if (r.ID == bad) != isBad || (r.ID != bad && r.Err != nil) {
+			t.Errorf("record %d came back with error %v", r.ID, r.Err)
+		}
+	}
+	if r := reread(t, o.Store, bad)[bad]; r.Err == nil {
+		t.Error("the malformed row read afresh has no error")
 	}
 }
 
