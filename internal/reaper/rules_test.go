@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -170,4 +171,15 @@ func tool(t *testing.T, name string) string {
 			"promtool": "prometheus", "prometheus": "prometheus", "chromium": "chromium"}[name], err)
 	}
 	return path
+}
+
+func TestPromDuration(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		20 * time.Second: "20s", 2 * time.Minute: "2m", 130 * time.Second: "2m10s", 250 * time.Millisecond: "250ms",
+		25 * time.Hour: "25h", 0: "0s", 90 * time.Minute: "1h30m",
+	} {
+		if got := promDuration(d); got != want {
+			t.Errorf("promDuration(%v) = %q, want %q", d, got, want)
+		}
+	}
 }

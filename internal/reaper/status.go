@@ -59,7 +59,7 @@ type heldRow struct {
 }
 
 // chart is the throughput chart, drawn as inline SVG: records published per second over the
-// last minutes, one point per counter sample.
+// last minutes (chartSpan at most), one point per counter sample.
 type chart struct {
 	Width, Height int
 	Points        string // the polyline's points; "" with fewer than two samples
@@ -125,12 +125,16 @@ func (w *watch) statusPage() statusPage {
 	return p
 }
 
-// throughputChart draws published records per second between consecutive samples.
+// throughputChart draws published records per second between consecutive samples, across the
+// time the samples span (up to chartSpan), so that a reaper started a minute ago fills the chart.
 func throughputChart(samples []counterSample) chart {
-	c := chart{Width: 600, Height: 120, Span: chartSpan.String(), Peak: "0", Latest: "0"}
+	c := chart{Width: 600, Height: 120, Span: "minutes", Peak: "0", Latest: "0"}
 	if len(samples) < 2 {
 		return c
 	}
+	first, last := samples[0].at, samples[len(samples)-1].at
+	span := last.Sub(first)
+	c.Span = span.Round(time.Second).String()
 	rates := make([]float64, 0, len(samples)-1)
 	for i := 1; i < len(samples); i++ {
 		dt := samples[i].at.Sub(samples[i-1].at).Seconds()
@@ -138,14 +142,14 @@ func throughputChart(samples []counterSample) chart {
 		rates = append(rates, rate)
 	}
 	peak := slices.Max(rates)
-	top := math.Max(peak, 1)
-	first := samples[0].at
-	var points []string
+	top := math.Max(peak, 1) * 1.15 // room for the label
+	points := []string{fmt.Sprintf("0,%d", c.Height)}
 	for i, rate := range rates {
-		x := float64(c.Width) * samples[i+1].at.Sub(first).Seconds() / chartSpan.Seconds()
+		x := float64(c.Width) * samples[i+1].at.Sub(first).Seconds() / span.Seconds()
 		y := float64(c.Height) * (1 - rate/top)
 		points = append(points, fmt.Sprintf("%.1f,%.1f", x, y))
 	}
+	points = append(points, fmt.Sprintf("%d,%d", c.Width, c.Height))
 	c.Points = strings.Join(points, " ")
 	c.Peak = fmt.Sprintf("%.0f", peak)
 	c.Latest = fmt.Sprintf("%.0f", rates[len(rates)-1])
@@ -263,8 +267,8 @@ svg { background: #fff; border: 1px solid #d8dde3; }
 
 <h2>Published records per second, last {{.Chart.Span}}</h2>
 <svg id="throughput" width="{{.Chart.Width}}" height="{{.Chart.Height}}" viewBox="0 0 {{.Chart.Width}} {{.Chart.Height}}" role="img" aria-label="published records per second">
+{{if .Chart.Points}}<polygon fill="#1f6feb33" stroke="#1f6feb" stroke-width="1.5" stroke-linejoin="round" points="{{.Chart.Points}}"/>{{else}}<text x="4" y="60" font-size="12" fill="#68727d">collecting samples…</text>{{end}}
 <text x="4" y="14" font-size="11" fill="#68727d">peak {{.Chart.Peak}}/s · now {{.Chart.Latest}}/s</text>
-{{if .Chart.Points}}<polyline fill="none" stroke="#1f6feb" stroke-width="1.5" points="{{.Chart.Points}}"/>{{else}}<text x="4" y="60" font-size="12" fill="#68727d">collecting samples…</text>{{end}}
 </svg>
 
 <h2>Held records</h2>
