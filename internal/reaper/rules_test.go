@@ -183,3 +183,38 @@ func TestPromDuration(t *testing.T) {
 		}
 	}
 }
+
+// reaper rules prints the rules for the file's settings: here a 2s heartbeat timeout, so a shard
+// may go unled for 8s, and a 200ms held-check interval, so a record may be held for 12s.
+func TestRulesCommandDerivesFromTheConfig(t *testing.T) {
+	config := filepath.Join(t.TempDir(), "reaper.yaml")
+	os.WriteFile(config, []byte("harvest:\n  leaderGroupID: g\n  limits:\n    heartbeatTimeout: 2s\n    heldCheckInterval: 200ms\n"), 0o600)
+	rules := func(args ...string) (int, string) {
+		var stdout, stderr bytes.Buffer
+		code := Main(append([]string{"rules", "-f", config}, args...), Env{Stdout: &stdout, Stderr: &stderr, LookupEnv: os.LookupEnv, Context: t.Context()})
+		return code, stdout.String() + stderr.String()
+	}
+	code, out := rules("-sustained", "30s")
+	if code != ExitOK {
+		t.Fatalf("exit %d: %s", code, out)
+	}
+	var file RuleGroups
+	if err := yaml.Unmarshal([]byte(out), &file); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"GoharvestShardUnled": "8s", "GoharvestDatabaseErrors": "30s", "GoharvestShardLedTwice": "34s"}
+	for _, r := range file.Groups[0].Rules {
+		if w, ok := want[r.Alert]; ok && r.For != w {
+			t.Errorf("%s: for %q, want %q", r.Alert, r.For, w)
+		}
+		if r.Alert == "GoharvestHeldRecordTooOld" && !strings.HasSuffix(r.Expr, "> 12") {
+			t.Errorf("%s: %s, want a threshold of 12s", r.Alert, r.Expr)
+		}
+	}
+	if !strings.Contains(out, "heartbeatTimeout: 2s   heldCheckInterval: 200ms") {
+		t.Errorf("the file does not say which settings it was made for:\n%s", out)
+	}
+	if code, out := rules("-sustained", "0s"); code != ExitUsage || !strings.Contains(out, "-sustained must be positive") {
+		t.Errorf("-sustained 0s: exit %d: %s", code, out)
+	}
+}

@@ -134,6 +134,9 @@ func throughputChart(samples []counterSample) chart {
 	}
 	first, last := samples[0].at, samples[len(samples)-1].at
 	span := last.Sub(first)
+	if span <= 0 {
+		return c
+	}
 	c.Span = span.Round(time.Second).String()
 	rates := make([]float64, 0, len(samples)-1)
 	for i := 1; i < len(samples); i++ {
