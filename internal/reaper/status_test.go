@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"image/png"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -249,31 +248,5 @@ admin:
 	}
 	if !strings.Contains(html, "Keys are hidden") || !strings.Contains(heldTable, "(hidden)") {
 		t.Errorf("the page or reaper held does not say keys are hidden:\n%s\n%s", html, heldTable)
-	}
-}
-
-// runReaper runs the reaper in this process until the returned function stops it.
-func runReaper(t *testing.T, config string) (stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int, 1)
-	go func() {
-		done <- reaper.Main([]string{"-f", config}, reaper.Env{Stdout: io.Discard, Stderr: io.Discard, LookupEnv: os.LookupEnv, Context: ctx})
-	}()
-	stopped := false
-	return func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case code := <-done:
-			if code != 0 {
-				t.Errorf("the reaper exited %d", code)
-			}
-		case <-time.After(20 * time.Second):
-			t.Fatal("the reaper did not stop")
-		}
 	}
 }

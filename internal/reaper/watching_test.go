@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/goharvest/goharvest/internal/kafkacluster"
-	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/syncbuf"
 )
 
@@ -27,16 +26,7 @@ import (
 // must parse and return series, so that a renamed metric breaks the build.
 func TestAlertsAndDashboardOnARunningReaper(t *testing.T) {
 	ctx := context.Background()
-	// A cluster of its own, since the test stops it.
-	pg, err := pgcluster.Start()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pg.Stop()
-	dsn, _, err := pg.CreateDatabase()
-	if err != nil {
-		t.Fatal(err)
-	}
+	pg, dsn := ownPostgres(t) // the test stops it
 	broker := kafkacluster.Shared(t)
 	broker.Topic(t, "watch.events", 1)
 	bin := buildReaper(t)
