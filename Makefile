@@ -1,5 +1,6 @@
-# Every target runs on a fresh machine with Go, gcc, Java 17 with Maven and the PostgreSQL server
-# binaries (see .ci/run, which installs what is missing). Tests start their own throwaway Postgres
+# Every target runs on a fresh machine with Go, gcc, Java 17 with Maven, the PostgreSQL server
+# binaries, Prometheus (server and promtool) and Chromium (see .ci/run, which installs what is
+# missing). Tests start their own throwaway Postgres
 # and Apache Kafka clusters (internal/kafkacluster: the broker's jars from Maven Central, cached
 # after the first fetch); set GOHARVEST_TEST_DSN to use an existing Postgres server.
 
@@ -9,7 +10,7 @@ GO ?= go
 # suite runs real processes, and the election tests measure timings that two busy cores would blur.
 TEST_TIMEOUT ?= 30m
 
-.PHONY: test lint bench demo chaos soak image kafka kafka-versions
+.PHONY: test lint bench demo chaos soak image kafka kafka-versions monitoring status-page-screenshot
 
 # Modules inside this one, which ./... does not reach: the Kubernetes example's manifest test
 # has a module of its own, so that goharvest does not depend on Kubernetes packages.
@@ -73,6 +74,17 @@ SOAK_SEED ?=
 SOAK_TIMEOUT ?= 3h
 soak:
 	GOHARVEST_SOAK=$(SOAK) SOAK_SEED=$(SOAK_SEED) $(GO) test -count=1 -v -run '^TestSoak$$' -timeout $(SOAK_TIMEOUT) ./int
+
+## monitoring: write monitoring/goharvest-rules.yaml (reaper rules for the default settings) and
+## examples/kubernetes/prometheusrule.yaml (for its ConfigMap's settings) anew, after changing the rules
+monitoring:
+	GOHARVEST_UPDATE_MONITORING=1 $(GO) test -count=1 -run '^TestRulesFileIsCurrent$$' ./internal/reaper
+	cd examples/kubernetes && GOHARVEST_UPDATE_MONITORING=1 $(GO) test -count=1 -run '^TestPrometheusRuleFollowsTheReaperConfig$$' .
+
+## status-page-screenshot: run the status page's browser test and keep its screenshot as
+## docs/status-page.png, which README shows (needs chromium, Postgres and Kafka like make test)
+status-page-screenshot: kafka
+	GOHARVEST_STATUS_SCREENSHOT=$(CURDIR)/docs/status-page.png $(GO) test -count=1 -run '^TestStatusPageInABrowser$$' ./internal/reaper
 
 ## demo: goharvest end to end: a throwaway Postgres, an in-process broker, the reaper and the
 ## pump, which writes a load and verifies it arrived in order (DEMO_ARGS="-records 200000" etc.)

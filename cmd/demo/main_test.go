@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -27,5 +28,10 @@ func TestDemoEndToEnd(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("demo output lacks %q:\n%s", want, out)
 		}
+	}
+	// A person watching the demo sees the tools' own lines, not librdkafka's raw ones
+	// (%6|1700000000.123|GETSUBSCRIPTIONS|...).
+	if raw := regexp.MustCompile(`(?m)%\d\|[\d.]+\|[A-Z_]+\|.*$`).FindString(string(out)); raw != "" {
+		t.Errorf("demo output holds a raw librdkafka line: %s", raw)
 	}
 }

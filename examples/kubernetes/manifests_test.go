@@ -30,6 +30,12 @@ type manifests struct {
 	deployments map[string]*appsv1.Deployment
 	configMaps  map[string]*corev1.ConfigMap
 	secrets     map[string]*corev1.Secret
+	rules       map[string]*prometheusRule
+}
+
+func newManifests() manifests {
+	return manifests{map[string]*appsv1.Deployment{}, map[string]*corev1.ConfigMap{}, map[string]*corev1.Secret{},
+		map[string]*prometheusRule{}}
 }
 
 // load decodes every document of every .yaml file in the directory strictly, as the API server
@@ -37,7 +43,7 @@ type manifests struct {
 // case, a value of the wrong type, or a kind the example should not hold is an error.
 func load(t *testing.T) manifests {
 	t.Helper()
-	m := manifests{map[string]*appsv1.Deployment{}, map[string]*corev1.ConfigMap{}, map[string]*corev1.Secret{}}
+	m := newManifests()
 	files, _ := filepath.Glob("*.yaml")
 	if len(files) == 0 {
 		t.Fatal("no manifests")
@@ -96,6 +102,12 @@ func (m manifests) add(doc []byte) error {
 			return fmt.Errorf("Secret: %w", err)
 		}
 		m.secrets[s.Name] = &s
+	case "monitoring.coreos.com/v1 PrometheusRule":
+		var r prometheusRule
+		if err := decodeStrict(doc, &r); err != nil {
+			return fmt.Errorf("PrometheusRule: %w", err)
+		}
+		m.rules[r.Name] = &r
 	default:
 		return fmt.Errorf("unexpected object %q %q", head.APIVersion, head.Kind)
 	}
@@ -125,8 +137,9 @@ func stripComments(doc []byte) []byte {
 }
 
 func TestStrictDecodingRefusesUnknownFields(t *testing.T) {
-	m := manifests{map[string]*appsv1.Deployment{}, map[string]*corev1.ConfigMap{}, map[string]*corev1.Secret{}}
+	m := newManifests()
 	for _, doc := range []string{
+		"apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\nspec:\n  groups:\n    - name: g\n      rules:\n        - alrt: A\n          expr: up\n",
 		"apiVersion: apps/v1\nkind: Deployment\nspec:\n  replica: 2\n",
 		"apiVersion: v1\nkind: ConfigMap\ndata:\n  a: b\ndata:\n  c: d\n",
 		"apiVersion: v1\nkind: Service\n",
@@ -141,8 +154,9 @@ func TestStrictDecodingRefusesUnknownFields(t *testing.T) {
 
 func TestManifestsDecode(t *testing.T) {
 	m := load(t)
-	if len(m.deployments) != 1 || len(m.configMaps) != 1 || len(m.secrets) != 1 {
-		t.Fatalf("want one Deployment, ConfigMap and Secret; have %d, %d, %d", len(m.deployments), len(m.configMaps), len(m.secrets))
+	if len(m.deployments) != 1 || len(m.configMaps) != 1 || len(m.secrets) != 1 || len(m.rules) != 1 {
+		t.Fatalf("want one Deployment, ConfigMap, Secret and PrometheusRule; have %d, %d, %d, %d",
+			len(m.deployments), len(m.configMaps), len(m.secrets), len(m.rules))
 	}
 }
 
@@ -163,25 +177,7 @@ func TestReaperSidecar(t *testing.T) {
 				t.Errorf("command %q overrides the image's entrypoint, /reaper", c.Command)
 			}
 
-			// The configuration file the reaper reads, and the ConfigMap it comes from.
-			args := c.Args
-			if len(args) == 0 {
-				args = image.cmd
-			}
-			configPath := flagValue(t, args, "-f")
-			cm := mountedConfigMap(t, m, pod, c, filepath.Dir(configPath))
-			data, ok := cm.Data[filepath.Base(configPath)]
-			if !ok {
-				t.Fatalf("ConfigMap %s has no %s, which the reaper reads", cm.Name, filepath.Base(configPath))
-			}
-			env := containerEnv(t, m, c)
-			file, err := reaper.Load([]byte(data), func(name string) (string, bool) {
-				value, ok := env[name]
-				return value, ok
-			})
-			if err != nil {
-				t.Fatalf("the reaper cannot load ConfigMap %s's %s with the container's environment: %v", cm.Name, filepath.Base(configPath), err)
-			}
+			file := reaperConfig(t, m, image, pod, c)
 			h := file.Harvest.WithDefaults()
 			if err := h.Validate(); err != nil {
 				t.Errorf("the reaper's configuration is invalid: %v", err)
@@ -284,6 +280,32 @@ func flagValue(t *testing.T, args []string, flag string) string {
 	}
 	t.Fatalf("arguments %q lack %s", args, flag)
 	return ""
+}
+
+// reaperConfig returns the configuration the reaper container c reads: the file its arguments
+// (or the image's default command) name, from the ConfigMap mounted there, loaded by the
+// reaper's own loader with the container's environment.
+func reaperConfig(t *testing.T, m manifests, image imageDefaults, pod corev1.PodSpec, c *corev1.Container) reaper.File {
+	t.Helper()
+	args := c.Args
+	if len(args) == 0 {
+		args = image.cmd
+	}
+	configPath := flagValue(t, args, "-f")
+	cm := mountedConfigMap(t, m, pod, c, filepath.Dir(configPath))
+	data, ok := cm.Data[filepath.Base(configPath)]
+	if !ok {
+		t.Fatalf("ConfigMap %s has no %s, which the reaper reads", cm.Name, filepath.Base(configPath))
+	}
+	env := containerEnv(t, m, c)
+	file, err := reaper.Load([]byte(data), func(name string) (string, bool) {
+		value, ok := env[name]
+		return value, ok
+	})
+	if err != nil {
+		t.Fatalf("the reaper cannot load ConfigMap %s's %s with the container's environment: %v", cm.Name, filepath.Base(configPath), err)
+	}
+	return file
 }
 
 // mountedConfigMap returns the ConfigMap mounted whole at dir in c.

@@ -10,6 +10,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/rdlog"
 	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
@@ -344,15 +347,21 @@ type checkingConsumer struct {
 }
 
 func startConsumer(o Options) (*checkingConsumer, error) {
-	c, err := kafka.NewConsumer(&kafka.ConfigMap{
+	cm := kafka.ConfigMap{
 		"bootstrap.servers":  o.Brokers,
 		"group.id":           "pump-verify-" + o.Run + "-" + uuid.NewString(),
 		"auto.offset.reset":  "earliest",
 		"enable.auto.commit": false,
-	})
+	}
+	// librdkafka would print its routine lines (%6|...|GETSUBSCRIPTIONS|...) on standard error,
+	// among the pump's own; only its warnings and errors are worth a reader's attention, and they
+	// go where librdkafka wrote them, standard error.
+	rdlog.Enable(cm)
+	c, err := kafka.NewConsumer(&cm)
 	if err != nil {
 		return nil, fmt.Errorf("consumer: %w", err)
 	}
+	rdlog.Forward(c.Logs(), slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 	if err := c.Subscribe(o.Topic, nil); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("subscribe to %s: %w", o.Topic, err)

@@ -1,7 +1,6 @@
 package reaper_test
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net"
@@ -16,6 +15,7 @@ import (
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/reaper"
+	"github.com/goharvest/goharvest/internal/syncbuf"
 	"github.com/goharvest/goharvest/internal/testwait"
 )
 
@@ -47,18 +47,54 @@ func eventually(t *testing.T, what string, within time.Duration, cond func() (bo
 	}
 }
 
-// The reaper serves /healthz, /readyz and /metrics; readiness follows the database down and up,
-// while liveness does not.
-func TestAdminEndpoints(t *testing.T) {
+// ownPostgres starts a Postgres cluster for one test, which may stop it (the shared one must
+// stay up), and returns it with a new database's data source.
+func ownPostgres(t *testing.T) (*pgcluster.Server, string) {
+	t.Helper()
 	pg, err := pgcluster.Start()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pg.Stop()
+	t.Cleanup(func() { pg.Stop() })
 	dsn, _, err := pg.CreateDatabase()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return pg, dsn
+}
+
+// runReaper runs the reaper in this process until the returned function stops it, and fails the
+// test, with the reaper's output, unless it then exits 0 within 20s.
+func runReaper(t *testing.T, config string) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var out syncbuf.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- reaper.Main([]string{"-f", config}, reaper.Env{Stdout: &out, Stderr: &out, LookupEnv: os.LookupEnv, Context: ctx})
+	}()
+	stopped := false
+	return func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case code := <-done:
+			if code != 0 {
+				t.Errorf("the reaper exited %d:\n%s", code, out.String())
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("the reaper did not stop:\n%s", out.String())
+		}
+	}
+}
+
+// The reaper serves /healthz, /readyz and /metrics; readiness follows the database down and up,
+// while liveness does not.
+func TestAdminEndpoints(t *testing.T) {
+	pg, dsn := ownPostgres(t)
 	if err := goharvest.CreateOutboxTable(context.Background(), dsn, "outbox"); err != nil {
 		t.Fatal(err)
 	}
@@ -77,12 +113,7 @@ func TestAdminEndpoints(t *testing.T) {
 admin:
   address: `+addr+`
 `), 0o600)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan int, 1)
-	var stderr bytes.Buffer
-	go func() {
-		done <- reaper.Main([]string{"-f", config}, reaper.Env{Stdout: io.Discard, Stderr: &stderr, LookupEnv: os.LookupEnv, Context: ctx})
-	}()
+	stop := runReaper(t, config)
 	base := "http://" + addr
 	status := func(path string, want int) func() (bool, string) {
 		return func() (bool, string) {
@@ -117,13 +148,5 @@ admin:
 	}
 	eventually(t, "readyz 200 again", 30*time.Second, status("/readyz", 200))
 
-	cancel()
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Fatalf("exit %d: %s", code, stderr.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the reaper did not stop")
-	}
+	stop()
 }

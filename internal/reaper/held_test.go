@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -71,11 +70,7 @@ admin:
 		return n
 	}
 
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan int, 1)
-	go func() {
-		done <- reaper.Main([]string{"-f", config}, reaper.Env{Stdout: io.Discard, Stderr: io.Discard, LookupEnv: os.LookupEnv, Context: runCtx})
-	}()
+	stop := runReaper(t, config)
 	row := regexp.MustCompile(fmt.Sprintf(`(?m)^%d\s+bad topic!\s+"k"\s+\d+\s+\S+\s+refused by goharvest`, bad))
 	eventually(t, "reaper held lists the bad record", 20*time.Second, func() (bool, string) {
 		code, out := command("held")
@@ -114,13 +109,5 @@ admin:
 		t.Fatalf("requeue x: %d %s", code, out)
 	}
 
-	cancel()
-	select {
-	case code := <-done:
-		if code != 0 {
-			t.Fatalf("exit %d", code)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the reaper did not stop")
-	}
+	stop()
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -20,6 +21,8 @@ import (
 type heldReport struct {
 	Leader  bool                   `json:"leader"`
 	Records []goharvest.HeldRecord `json:"records"`
+	// KeysHidden: admin.hideKeys is set, so the records' keys are left out.
+	KeysHidden bool `json:"keysHidden,omitempty"`
 }
 
 // operate runs the operators' commands: held asks the running reaper at admin.address; the
@@ -84,7 +87,11 @@ func listHeld(ctx context.Context, env Env, address string) error {
 	w := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "ID\tTOPIC\tKEY\tATTEMPTS\tSINCE\tERROR")
 	for _, r := range report.Records {
-		fmt.Fprintf(w, "%d\t%s\t%q\t%d\t%s\t%s\n", r.ID, r.Topic, r.Key, r.Attempts,
+		key := strconv.Quote(r.Key)
+		if report.KeysHidden {
+			key = "(hidden)"
+		}
+		fmt.Fprintf(w, "%d\t%s\t%s\t%d\t%s\t%s\n", r.ID, r.Topic, key, r.Attempts,
 			r.Since.UTC().Format(time.RFC3339), strings.ReplaceAll(r.Error, "\n", " "))
 	}
 	w.Flush()

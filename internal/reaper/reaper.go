@@ -54,6 +54,9 @@ type Admin struct {
 	// Address to listen on, such as ":9090" or "127.0.0.1:9090". Empty (the default): no
 	// endpoints.
 	Address string `yaml:"address"`
+	// HideKeys leaves the Kafka keys of held records out of the status page, /held and the
+	// status page's log lines, for keys that carry personal data. Default: false.
+	HideKeys bool `yaml:"hideKeys"`
 }
 
 // Logging configures the reaper's logs, written to standard error.
@@ -193,6 +196,8 @@ const usage = `usage:
   reaper held [-f reaper.yaml]            list the records the running reaper holds back (from admin.address)
   reaper dead-letter ID [-f reaper.yaml]  move outbox record ID into the dead-letter table now
   reaper requeue ID [-f reaper.yaml]      move dead letter ID back into the outbox, as a new record at the tail
+  reaper rules [-f reaper.yaml] [-sustained 2m]
+                                          print Prometheus alerting rules with thresholds derived from the configuration
   reaper --version                        print the version
 `
 
@@ -225,6 +230,7 @@ func Main(args []string, env Env) int {
 	file := flags.String("f", "reaper.yaml", "configuration file")
 	version := flags.Bool("version", false, "print the version")
 	bytea := flags.Bool("bytea", false, "init: create bytea payload columns")
+	sustained := flags.Duration("sustained", DefaultSustained, "rules: how long errors or failing readiness last before an alert")
 	if err = flags.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(env.Stdout, usage)
@@ -248,7 +254,7 @@ func Main(args []string, env Env) int {
 	}
 	var id int64
 	switch command {
-	case "run", "init", "held":
+	case "run", "init", "held", "rules":
 	case "dead-letter", "requeue":
 		if id, err = strconv.ParseInt(idArg, 10, 64); err != nil || id <= 0 {
 			return fail(ExitUsage, fmt.Errorf("%s needs a record id, got %q (see reaper -h)", command, idArg))
@@ -265,9 +271,24 @@ func Main(args []string, env Env) int {
 	if err != nil {
 		return fail(ExitUsage, fmt.Errorf("%s: %w", *file, err))
 	}
-	cfg.Harvest.Logger = cfg.Logging.Logger(env.Stderr)
+	// The status page shows the last warnings and errors, so they pass through logs on their way.
+	logs := &recentLog{}
+	cfg.Harvest.Logger = slog.New(&capture{next: cfg.Logging.Logger(env.Stderr).Handler(), log: logs, hideKeys: cfg.Admin.HideKeys})
+	// The settings as the harvester will apply them (New logs what it defaults, so not here),
+	// with its name fixed now, so that the reaper's own metrics carry the same harvest label.
+	quiet := cfg.Harvest
+	quiet.Logger = slog.New(slog.DiscardHandler)
+	settings := quiet.WithDefaults()
+	settings.Logger = cfg.Harvest.Logger
+	cfg.Harvest.Name = settings.Name
 
 	switch command {
+	case "rules":
+		if *sustained <= 0 {
+			return fail(ExitUsage, errors.New("-sustained must be positive (see reaper -h)"))
+		}
+		env.Stdout.Write(RulesFile(settings, *sustained))
+		return ExitOK
 	case "init":
 		h := cfg.Harvest.WithDefaults()
 		// With shards, the index each shard's mark walks comes with the table.
@@ -294,16 +315,22 @@ func Main(args []string, env Env) int {
 	if err != nil {
 		return fail(ExitUsage, fmt.Errorf("%s: %w", *file, err))
 	}
+	w := newWatch(h, settings, registry, cfg.Admin.HideKeys, logs)
+	registry.MustRegister(w.collectors()...)
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	watchDone := make(chan struct{})
+	go func() { defer close(watchDone); w.run(watchCtx) }()
+	defer func() { stopWatch(); <-watchDone }()
 	cfg.Harvest.Logger.Info("reaper starting", "version", Version(), "config", *file)
 	if cfg.Admin.Address != "" {
 		ln, err := net.Listen("tcp", cfg.Admin.Address)
 		if err != nil {
 			return fail(ExitFailed, fmt.Errorf("admin endpoints: %w", err))
 		}
-		srv := &http.Server{Handler: adminHandler(h, registry), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: adminHandler(h, registry, w), ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
 		defer srv.Close()
-		cfg.Harvest.Logger.Info("serving /metrics, /healthz, /readyz and /held", "address", ln.Addr().String())
+		cfg.Harvest.Logger.Info("serving the status page at /, and /metrics, /healthz, /readyz, /held and /shards", "address", ln.Addr().String())
 	}
 	if err := h.Run(env.Context); err != nil {
 		return fail(ExitFailed, err)
@@ -315,6 +342,7 @@ func Main(args []string, env Env) int {
 // manifest against them). ReadyzTimeout bounds how long /readyz waits for Postgres and Kafka to
 // answer, so a probe's own timeout must be longer.
 const (
+	StatusPath    = "/"
 	MetricsPath   = "/metrics"
 	HealthzPath   = "/healthz"
 	ReadyzPath    = "/readyz"
@@ -323,11 +351,12 @@ const (
 	ReadyzTimeout = 3 * time.Second
 )
 
-// adminHandler serves the metrics, the health probes, the held records (HeldPath, JSON) and the
-// shards this reaper publishes (ShardsPath, JSON). A
-// probe answers 200 with "ok", or 503 with what is wrong.
-func adminHandler(h *goharvest.Harvest, registry *prometheus.Registry) http.Handler {
+// adminHandler serves the status page (StatusPath), the metrics, the health probes, the held
+// records (HeldPath, JSON) and the shards this reaper publishes (ShardsPath, JSON). A probe
+// answers 200 with "ok", or 503 with what is wrong.
+func adminHandler(h *goharvest.Harvest, registry *prometheus.Registry, w *watch) http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+StatusPath+"{$}", w.serveStatus)
 	mux.Handle(MetricsPath, promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	probe := func(check func(*http.Request) error) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
@@ -339,18 +368,24 @@ func adminHandler(h *goharvest.Harvest, registry *prometheus.Registry) http.Hand
 		}
 	}
 	mux.Handle(HealthzPath, probe(func(*http.Request) error { return h.Healthy() }))
-	mux.HandleFunc(HeldPath, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(heldReport{Leader: h.IsLeader(), Records: h.HeldRecords()})
+	mux.HandleFunc(HeldPath, func(rw http.ResponseWriter, r *http.Request) {
+		rw.Header().Set("Content-Type", "application/json")
+		report := heldReport{Leader: h.IsLeader(), Records: h.HeldRecords(), KeysHidden: w.hideKeys}
+		if report.KeysHidden {
+			for i := range report.Records {
+				report.Records[i].Key = ""
+			}
+		}
+		json.NewEncoder(rw).Encode(report)
 	})
-	mux.HandleFunc(ShardsPath, func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc(ShardsPath, func(rw http.ResponseWriter, r *http.Request) {
 		report := shardsReport{Shards: h.ShardCount(), Leads: []ledShard{}}
 		led := h.LeadShards()
 		for _, shard := range slices.Sorted(maps.Keys(led)) {
 			report.Leads = append(report.Leads, ledShard{Shard: shard, LeaderID: led[shard].String()})
 		}
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(report)
+		rw.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(rw).Encode(report)
 	})
 	mux.Handle(ReadyzPath, probe(func(r *http.Request) error {
 		ctx, cancel := context.WithTimeout(r.Context(), ReadyzTimeout)

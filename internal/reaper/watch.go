@@ -1,0 +1,255 @@
+package reaper
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/goharvest/goharvest"
+)
+
+// watch keeps what the status page and goharvest_reaper_ready need between requests: the last
+// readiness answer, a few minutes of the record counters (for the throughput chart) and the
+// last warnings and errors logged. Everything it knows comes from the harvester's public
+// methods, its metrics and its log.
+type watch struct {
+	h        *goharvest.Harvest
+	cfg      goharvest.Config // defaults applied
+	registry *prometheus.Registry
+	hideKeys bool
+	logs     *recentLog
+	started  time.Time
+	every    time.Duration
+
+	mu      sync.Mutex
+	ready   error
+	checked time.Time // zero until the first check
+	samples []counterSample
+}
+
+// counterSample is one reading of the record counters, summed over the registry's harvesters.
+type counterSample struct {
+	at                        time.Time
+	marked, published, purged float64
+}
+
+// chartSpan is how far back the throughput chart reaches.
+const chartSpan = 10 * time.Minute
+
+func newWatch(h *goharvest.Harvest, cfg goharvest.Config, registry *prometheus.Registry, hideKeys bool, logs *recentLog) *watch {
+	// Often enough for the chart and for an alert on readiness, and never more often than the
+	// election's own heartbeat timeout would notice a change.
+	every := min(max(cfg.Limits.HeartbeatTimeout, time.Second), 5*time.Second)
+	return &watch{h: h, cfg: cfg, registry: registry, hideKeys: hideKeys, logs: logs, started: time.Now(), every: every}
+}
+
+// collectors are the reaper's own metrics: what the reaper is (goharvest_reaper_info, which the
+// alerting rules join on to group the reapers of one outbox) and whether it is ready.
+func (w *watch) collectors() []prometheus.Collector {
+	info := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "goharvest_reaper_info",
+		Help: "1, labelled with the reaper's version and leader group (leaderGroupID), which the reapers of one outbox share.",
+		ConstLabels: prometheus.Labels{"harvest": w.cfg.Name, "group": w.cfg.LeaderGroupID,
+			"outbox": w.cfg.OutboxTable, "version": Version()},
+	})
+	info.Set(1)
+	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name:        "goharvest_reaper_ready",
+		Help:        "1 while the reaper's last readiness check (what /readyz answers) passed, else 0.",
+		ConstLabels: prometheus.Labels{"harvest": w.cfg.Name},
+	}, func() float64 {
+		if err, checked := w.readiness(); err == nil && !checked.IsZero() {
+			return 1
+		}
+		return 0
+	})
+	return []prometheus.Collector{info, ready}
+}
+
+// run checks readiness and samples the counters every w.every until ctx ends.
+func (w *watch) run(ctx context.Context) {
+	tick := time.NewTicker(w.every)
+	defer tick.Stop()
+	for {
+		w.check(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (w *watch) check(ctx context.Context) {
+	readyCtx, cancel := context.WithTimeout(ctx, ReadyzTimeout)
+	err := w.h.Ready(readyCtx)
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	s := counterSample{at: time.Now()}
+	if families, gerr := w.registry.Gather(); gerr == nil {
+		s.marked = sum(families, "goharvest_records_marked_total")
+		s.published = sum(families, "goharvest_records_published_total")
+		s.purged = sum(families, "goharvest_records_purged_total")
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.ready, w.checked = err, s.at
+	w.samples = append(w.samples, s)
+	for len(w.samples) > 0 && s.at.Sub(w.samples[0].at) > chartSpan {
+		w.samples = w.samples[1:]
+	}
+}
+
+func (w *watch) readiness() (error, time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ready, w.checked
+}
+
+func (w *watch) counterSamples() []counterSample {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]counterSample(nil), w.samples...)
+}
+
+// sum adds up a metric's series (counters or gauges) in families.
+func sum(families []*dto.MetricFamily, name string) float64 {
+	var total float64
+	for _, v := range byLabel(families, name, "") {
+		total += v
+	}
+	return total
+}
+
+// byLabel returns a metric's values keyed by the value of one label ("" for every series when
+// label is "").
+func byLabel(families []*dto.MetricFamily, name, label string) map[string]float64 {
+	values := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			key := ""
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label {
+					key = lp.GetValue()
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				values[key] += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				values[key] += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return values
+}
+
+// recentLog keeps the last warnings and errors the reaper logged, for the status page.
+type recentLog struct {
+	mu      sync.Mutex
+	entries []logEntry
+}
+
+type logEntry struct {
+	Time    time.Time
+	Level   string
+	Message string
+	Attrs   string
+}
+
+const recentLogSize = 20
+
+func (l *recentLog) add(e logEntry) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.entries = append(l.entries, e)
+	if len(l.entries) > recentLogSize {
+		l.entries = l.entries[len(l.entries)-recentLogSize:]
+	}
+}
+
+// newest returns the entries, newest first.
+func (l *recentLog) newest() []logEntry {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]logEntry, len(l.entries))
+	for i, e := range l.entries {
+		out[len(out)-1-i] = e
+	}
+	return out
+}
+
+// capture is a slog.Handler that passes every record on and keeps those at warn level or above
+// in a recentLog. With hideKeys, it leaves out the attribute "key" (a held record's Kafka key),
+// as the status page leaves out held records' keys.
+type capture struct {
+	next     slog.Handler
+	log      *recentLog
+	hideKeys bool
+	attrs    []slog.Attr
+	group    string
+}
+
+func (c *capture) Enabled(ctx context.Context, level slog.Level) bool {
+	return c.next.Enabled(ctx, level)
+}
+
+func (c *capture) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		var b strings.Builder
+		write := func(a slog.Attr) bool {
+			if c.hideKeys && a.Key == "key" {
+				return true
+			}
+			if b.Len() > 0 {
+				b.WriteByte(' ')
+			}
+			fmt.Fprintf(&b, "%s=%v", a.Key, a.Value.Resolve())
+			return true
+		}
+		for _, a := range c.attrs {
+			write(a)
+		}
+		r.Attrs(func(a slog.Attr) bool {
+			if c.group != "" {
+				a.Key = c.group + "." + a.Key
+			}
+			return write(a)
+		})
+		c.log.add(logEntry{Time: r.Time, Level: r.Level.String(), Message: r.Message, Attrs: b.String()})
+	}
+	return c.next.Handle(ctx, r)
+}
+
+func (c *capture) WithAttrs(attrs []slog.Attr) slog.Handler {
+	next := *c
+	next.next = c.next.WithAttrs(attrs)
+	next.attrs = append(append([]slog.Attr(nil), c.attrs...), attrs...)
+	if c.group != "" {
+		for i := len(c.attrs); i < len(next.attrs); i++ {
+			next.attrs[i].Key = c.group + "." + next.attrs[i].Key
+		}
+	}
+	return &next
+}
+
+func (c *capture) WithGroup(name string) slog.Handler {
+	next := *c
+	next.next = c.next.WithGroup(name)
+	if c.group != "" {
+		name = c.group + "." + name
+	}
+	next.group = name
+	return &next
+}
