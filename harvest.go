@@ -78,6 +78,7 @@ type Harvest struct {
 	lastPulse      atomic.Int64 // Unix nanoseconds of the owner loop's latest pulse
 	failures       *failureMemo // held records' failures, across epochs
 	busyEpochs     atomic.Int32 // epochs with a backlog (pipelineDeps.busyEpochs)
+	onStandby      atomic.Bool  // the database is a standby: kept out of the election (awaitPrimary)
 
 	// shards are the outbox's shards (one unless Config.Shards > 1), each with its own epochs;
 	// the slice is fixed by Start.
@@ -419,6 +420,10 @@ func (h *Harvest) run() {
 	ticker := time.NewTicker(h.cfg.Limits.MinPollInterval)
 	defer ticker.Stop()
 
+	if !h.awaitPrimary() {
+		h.shutdown(nil)
+		return
+	}
 	var err error
 loop:
 	for {
@@ -918,6 +923,9 @@ func (h *Harvest) Ready(ctx context.Context) error {
 		if problem != "" {
 			errs = append(errs, fmt.Errorf("elected leader cannot publish: the outbox table does not fit: %s", problem))
 		}
+	}
+	if h.onStandby.Load() {
+		errs = append(errs, fmt.Errorf("database: %w; not joining the leader election until it does", ErrStandby))
 	}
 	if p, ok := h.db.(Pinger); ok {
 		if err := p.Ping(ctx); err != nil {

@@ -100,6 +100,10 @@ func (p *pipeline) markLoop() {
 		busy = b
 	}
 	defer setBusy(false)
+	// What earlier epochs purged must be on the standbys before this one publishes those keys.
+	if !p.standbysHold(p.ctx, "await standbys at the epoch's start") {
+		return
+	}
 	for p.ctx.Err() == nil {
 		room, seq := p.budget.reserve(p.limits.MaxInFlightRecords, p.limits.MarkQueryRecords)
 		if room <= 0 {
@@ -127,6 +131,9 @@ func (p *pipeline) markLoop() {
 			continue
 		}
 		idle = p.limits.MarkBackoff
+		if !p.standbysHold(p.ctx, "await standbys after a mark") {
+			return
+		}
 		p.metrics.marked.Add(float64(len(records)))
 		p.budget.marked(records)
 		p.activity.posted(len(records))

@@ -26,7 +26,7 @@ func (p *pipeline) commitLoop() {
 		purge = p.purgeChecked(purge)
 		if len(purge) > 0 {
 			began := time.Now()
-			if p.commit("purge", purge, p.db.Purge) {
+			if p.commit("purge", purge, p.db.Purge) && p.standbysHold(p.flushCtx, "await standbys after a purge") {
 				p.metrics.purgeSeconds.Observe(time.Since(began).Seconds())
 				p.ledger.forget(purge)
 				p.finish(purge)
