@@ -203,8 +203,8 @@ type pipeline struct {
 	heldWake    wake           // wakes the held loop
 	deadTrouble *outage.Logger // moving rows to the dead-letter table fails
 
-	// standbys is the epoch's wait for its standbys (Limits.AwaitStandbys; postgres_failover.go).
-	standbys standbyWait
+	// server is the database server the epoch has seen (postgres_failover.go).
+	server epochServer
 
 	// ledger holds the records committed notes list and not yet purged, and how many records the
 	// current transaction's note will list besides (guarded by its own lock; note.go).

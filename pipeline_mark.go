@@ -100,6 +100,7 @@ func (p *pipeline) markLoop() {
 		busy = b
 	}
 	defer setBusy(false)
+	p.noteServer(p.ctx)
 	// What earlier epochs purged must be on the standbys before this one publishes those keys.
 	if !p.standbysHold(p.ctx, "await standbys at the epoch's start") {
 		return

@@ -49,7 +49,12 @@ func (p *pipeline) commit(op string, batch []*flight, exec func(context.Context,
 		ids[i] = f.rec.ID
 	}
 	ctx := p.flushCtx
-	for {
+	for failed := false; ; failed = true {
+		// After a failure the pool may have reached a promoted standby, where these ids can name
+		// other rows (postgres_failover.go): the records are left to the next epoch.
+		if failed && p.serverChanged(ctx) {
+			return false
+		}
 		_, err := exec(ctx, ids)
 		if err == nil {
 			p.dbTrouble.OK(p.log)

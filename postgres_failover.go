@@ -112,11 +112,70 @@ func (b *PostgresBinding) Standbys(ctx context.Context, pos WALPosition) (Standb
 	return c, nil
 }
 
-// standbyWait is an epoch's wait for its standbys (Limits.AwaitStandbys). The marker and the
-// committers wait on it; server, the server every wait so far has seen, is guarded by mu.
-type standbyWait struct {
+// ServerIdentifier is implemented by bindings that can tell one database server from another,
+// so that an epoch notices when its statements reach a new one (a failover the pool followed).
+type ServerIdentifier interface {
+	// Server returns what identifies the server that answers now.
+	Server(ctx context.Context) (string, error)
+}
+
+// Server implements ServerIdentifier with the postmaster's start time: a promoted standby was
+// started at another time than its primary, and a restarted server at another than before.
+func (b *PostgresBinding) Server(ctx context.Context) (string, error) {
+	var server string
+	if err := b.pool.QueryRow(ctx, "SELECT pg_postmaster_start_time()::text").Scan(&server); err != nil {
+		return "", fmt.Errorf("identify the database server: %w", err)
+	}
+	return server, nil
+}
+
+// epochServer is the database server an epoch has seen (guarded by mu; "" before it knows).
+// An epoch must not outlive a failover: rows of the promoted database can carry ids that this
+// epoch has purged already (a standby that lacked the old primary's last inserts hands their ids
+// out again), and a worker takes such a row for a stale copy of a purged record and never sends
+// it. A new epoch starts afresh.
+type epochServer struct {
 	mu     sync.Mutex
 	server string
+}
+
+// noteServer records which server the epoch starts on.
+func (p *pipeline) noteServer(ctx context.Context) {
+	id, ok := p.db.(ServerIdentifier)
+	if !ok {
+		return
+	}
+	if server, err := id.Server(ctx); err == nil {
+		p.server.mu.Lock()
+		p.server.server = server
+		p.server.mu.Unlock()
+	}
+}
+
+// sameServer reports whether server is the one the epoch has seen (or the first it sees).
+func (p *pipeline) sameServer(server string) bool {
+	p.server.mu.Lock()
+	defer p.server.mu.Unlock()
+	if p.server.server == "" {
+		p.server.server = server
+	}
+	return p.server.server == server
+}
+
+// serverChanged reports whether the database answers from another server than the epoch has
+// seen, and then asks for a remark. A database that does not answer has not changed, as far as
+// it can tell: the statement about to be retried fails too.
+func (p *pipeline) serverChanged(ctx context.Context) bool {
+	id, ok := p.db.(ServerIdentifier)
+	if !ok {
+		return false
+	}
+	server, err := id.Server(ctx)
+	if err != nil || p.sameServer(server) {
+		return false
+	}
+	p.requestRemark("the database server changed (a failover?)", errServerChanged)
+	return true
 }
 
 // maxStandbyPoll bounds the time between two looks at pg_stat_replication while waiting.
@@ -137,13 +196,7 @@ func (p *pipeline) awaitStandbys(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p.standbys.mu.Lock()
-	known := p.standbys.server
-	if known == "" {
-		p.standbys.server = pos.Server
-	}
-	p.standbys.mu.Unlock()
-	if known != "" && known != pos.Server {
+	if !p.sameServer(pos.Server) {
 		return errServerChanged
 	}
 	poll, began, reported := time.Millisecond, time.Now(), time.Duration(0)

@@ -109,24 +109,47 @@ func (s *Server) Crash() error {
 }
 
 // FreezeWALReceiver stops a standby's WAL receiver (SIGSTOP) and returns a function that lets
-// it run again: meanwhile the standby receives nothing, and falls behind its primary as a
-// standby across a slow link would. With a synchronous standby, the primary's commits wait.
-func (s *Server) FreezeWALReceiver() (thaw func() error, err error) {
+// it run again: meanwhile the standby reads nothing more, and its primary's WAL waits in the
+// socket's buffers or in the primary. With a synchronous standby, the primary's commits wait.
+func (s *Server) FreezeWALReceiver() (thaw func() error, err error) { return s.freeze("walreceiver") }
+
+// FreezeWALSenders stops a primary's WAL senders (SIGSTOP) and returns a function that lets them
+// run again: meanwhile the standbys receive nothing, and fall behind as across a slow link; what
+// the primary writes meanwhile is lost to them if it crashes. With a synchronous standby, the
+// primary's commits wait.
+func (s *Server) FreezeWALSenders() (thaw func() error, err error) { return s.freeze("walsender") }
+
+// freeze stops the cluster's processes whose command line names kind.
+func (s *Server) freeze(kind string) (thaw func() error, err error) {
 	procs, err := s.processes()
 	if err != nil {
 		return nil, err
 	}
+	var frozen []int
+	thaw = func() error {
+		var errs []error
+		for _, pid := range frozen {
+			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil && !errors.Is(err, syscall.ESRCH) {
+				errs = append(errs, err)
+			}
+		}
+		return errors.Join(errs...)
+	}
 	for pid := range procs {
 		cmdline, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cmdline"))
-		if err != nil || !strings.Contains(string(cmdline), "walreceiver") {
+		if err != nil || !strings.Contains(string(cmdline), kind) {
 			continue
 		}
 		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-			return nil, fmt.Errorf("pgcluster: freeze the WAL receiver: %w", err)
+			thaw()
+			return nil, fmt.Errorf("pgcluster: freeze the %s: %w", kind, err)
 		}
-		return func() error { return syscall.Kill(pid, syscall.SIGCONT) }, nil
+		frozen = append(frozen, pid)
 	}
-	return nil, errors.New("pgcluster: the standby has no WAL receiver running")
+	if len(frozen) == 0 {
+		return nil, fmt.Errorf("pgcluster: no %s process is running", kind)
+	}
+	return thaw, nil
 }
 
 // MultiHostDSN returns a data source that names every server given, in order, on 127.0.0.1,
