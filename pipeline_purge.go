@@ -2,6 +2,7 @@ package goharvest
 
 import (
 	"context"
+	"errors"
 	"time"
 )
 
@@ -55,10 +56,14 @@ func (p *pipeline) commit(op string, batch []*flight, exec func(context.Context,
 		if failed && p.serverChanged(ctx) {
 			return false
 		}
-		_, err := exec(ctx, ids)
+		_, err := exec(withServer(ctx, p.epochServerOf()), ids)
 		if err == nil {
 			p.dbTrouble.OK(p.log)
 			return true
+		}
+		if errors.Is(err, errServerChanged) {
+			p.requestRemark(op+" on another database server", err)
+			return false
 		}
 		if ctx.Err() != nil {
 			carried := 0

@@ -381,6 +381,9 @@ func pairHeaders(keys, values pgtype.Array[payload]) (KafkaHeaders, string) {
 
 // Purge implements DatabaseBinding with one DELETE for all the IDs.
 func (b *PostgresBinding) Purge(ctx context.Context, ids []int64) (int, error) {
+	if server, ok := ctx.Value(serverKey{}).(string); ok {
+		return b.purgeOn(ctx, server, ids) // postgres_failover.go
+	}
 	tag, err := b.pool.Exec(ctx, b.purgeSQL, ids)
 	if err != nil {
 		return 0, fmt.Errorf("purge outbox: %w", err)

@@ -289,3 +289,42 @@ func (h *Harvest) awaitPrimary() bool {
 // standbyRecheck is how often a harvester kept out of the election asks whether its database
 // accepts writes yet.
 const standbyRecheck = time.Second
+
+// serverKey is the context key under which an epoch's purges carry the server they must run on
+// (withServer).
+type serverKey struct{}
+
+// withServer has PostgresBinding.Purge delete only on server: on another, it deletes nothing and
+// fails with errServerChanged. A pool can reach a promoted standby between two statements without
+// an error, and there an id the epoch purges can name another row.
+func withServer(ctx context.Context, server string) context.Context {
+	if server == "" {
+		return ctx
+	}
+	return context.WithValue(ctx, serverKey{}, server)
+}
+
+// purgeOn is Purge's DELETE, made on server only, in one statement.
+func (b *PostgresBinding) purgeOn(ctx context.Context, server string, ids []int64) (int, error) {
+	var (
+		same   bool
+		purged int
+	)
+	err := b.pool.QueryRow(ctx, `WITH s AS (SELECT pg_postmaster_start_time()::text = $2 AS same),
+  d AS (DELETE FROM `+b.table+` WHERE id = ANY($1) AND (SELECT same FROM s) RETURNING 1)
+SELECT (SELECT same FROM s), (SELECT count(*) FROM d)`, ids, server).Scan(&same, &purged)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("purge outbox: %w", err)
+	case !same:
+		return 0, fmt.Errorf("purge outbox: %w", errServerChanged)
+	}
+	return purged, nil
+}
+
+// epochServerOf returns the server the epoch has seen, "" while it knows none.
+func (p *pipeline) epochServerOf() string {
+	p.server.mu.Lock()
+	defer p.server.mu.Unlock()
+	return p.server.server
+}
