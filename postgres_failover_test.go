@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/goharvest/goharvest/internal/pgcluster"
@@ -133,13 +132,7 @@ func startPair(t *testing.T) (primary, standby *pgcluster.Server, db string) {
 
 func exec(t *testing.T, dsn, sql string) {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, sql); err != nil {
+	if err := pgcluster.Exec(context.Background(), dsn, sql); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -230,13 +230,7 @@ func outboxRecords(t *testing.T, dsn string) map[string]map[int64]bool {
 
 func sqlOn(t *testing.T, dsn, sql string) {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, sql); err != nil {
+	if err := pgcluster.Exec(context.Background(), dsn, sql); err != nil {
 		t.Fatalf("%s: %v", sql, err)
 	}
 }

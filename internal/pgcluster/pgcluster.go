@@ -71,8 +71,11 @@ func WithDatabase(dsn, name string) string {
 	return dsn + " dbname=" + name
 }
 
-func (s *Server) exec(ctx context.Context, sql string) error {
-	conn, err := pgx.Connect(ctx, s.adminDSN)
+func (s *Server) exec(ctx context.Context, sql string) error { return Exec(ctx, s.adminDSN, sql) }
+
+// Exec runs sql (one statement, or several without parameters) on a connection of its own to dsn.
+func Exec(ctx context.Context, dsn, sql string) error {
+	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return err
 	}

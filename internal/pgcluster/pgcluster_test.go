@@ -100,15 +100,7 @@ func TestStandbyPromotedAfterCrash(t *testing.T) {
 	db := DatabaseName(dsn)
 	multi := MultiHostDSN(db, primary, standby)
 	ctx := context.Background()
-	exec := func(dsn, sql string) error {
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			return err
-		}
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, sql)
-		return err
-	}
+	exec := func(dsn, sql string) error { return Exec(ctx, dsn, sql) }
 	if err := exec(multi, "CREATE TABLE t (n int); INSERT INTO t VALUES (1)"); err != nil {
 		t.Fatal(err)
 	}
