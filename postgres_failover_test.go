@@ -94,6 +94,8 @@ func TestAwaitStandbysEndsTheEpochWhenTheServerChanges(t *testing.T) {
 	r.harvestOn(db, limits)
 	r.start()
 	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
+	// The epoch learns its server from its first wait, at the marker's start.
+	r.waitFor("the epoch's first wait", 5*time.Second, func() bool { return db.positions.Load() > 0 })
 	first := *r.h.LeaderID()
 	db.server.Store("promoted")
 	ids := r.load(5, 4)
