@@ -289,6 +289,14 @@ type Limits struct {
 	// before its row is moved into the dead-letter table and its key released.
 	// Default: 0, no dead letters. Range: 0, or 1s to 8760h.
 	DeadLetterAfter time.Duration `yaml:"deadLetterAfter"`
+
+	// AwaitStandbys, when not 0, is how many standbys must hold (have flushed, as
+	// pg_stat_replication shows) a mark before its records are sent, and a purge before the next
+	// records of its keys are: so that a standby promoted after its primary failed, under
+	// asynchronous replication, republishes no record after a later one of its key, and holds
+	// every row that was published. While fewer standbys hold them, publishing waits, and Ready
+	// says why. The role needs pg_monitor. Default: 0, no wait. Range: 0 to 64.
+	AwaitStandbys int `yaml:"awaitStandbys"`
 }
 
 // Unmarshal reads a Config from YAML. Unknown keys and values of the wrong type are errors that
@@ -554,6 +562,7 @@ func (l Limits) validate() []error {
 	betweenInt("MarkQueryRecords", "markQueryRecords", l.MarkQueryRecords, 1, 100_000)
 	between("HeldCheckInterval", "heldCheckInterval", l.HeldCheckInterval, 10*time.Millisecond, time.Minute, "")
 	betweenInt("DeadLetterAttempts", "deadLetterAttempts", l.DeadLetterAttempts, 0, 1_000_000)
+	betweenInt("AwaitStandbys", "awaitStandbys", l.AwaitStandbys, 0, 64)
 	// 0 turns dead letters off; a shorter wait than a second would dead-letter records before an
 	// operator or a retry could do anything.
 	if l.DeadLetterAfter != 0 {

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,13 +32,24 @@ func (stubStore) DeadLetter(context.Context, int64, string, DeadLetterInfo) (boo
 }
 func (stubStore) Dispose() {}
 
-// stubElector never leads; it records whether it was closed.
-type stubElector struct{ closed bool }
+// stubElector never leads; it counts its pulses and records whether it was closed.
+type stubElector struct {
+	mu     sync.Mutex
+	pulses int
+	closed bool
+}
 
-func (*stubElector) Pulse(context.Context) (bool, error) { return false, nil }
-func (*stubElector) State() neli.State                   { return neli.Follower }
-func (*stubElector) Partitions() []int32                 { return nil }
+func (e *stubElector) Pulse(context.Context) (bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.pulses++
+	return false, nil
+}
+func (*stubElector) State() neli.State   { return neli.Follower }
+func (*stubElector) Partitions() []int32 { return nil }
 func (e *stubElector) Close(context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	e.closed = true
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/goharvest/goharvest/internal/pgname"
+	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/outbox"
 )
 
@@ -370,6 +371,9 @@ func pairHeaders(keys, values pgtype.Array[payload]) (KafkaHeaders, string) {
 
 // Purge implements DatabaseBinding with one DELETE for all the IDs.
 func (b *PostgresBinding) Purge(ctx context.Context, ids []int64) (int, error) {
+	if server, ok := seam.ServerOf(ctx); ok {
+		return b.purgeOn(ctx, server, ids) // postgres_failover.go
+	}
 	tag, err := b.pool.Exec(ctx, b.purgeSQL, ids)
 	if err != nil {
 		return 0, fmt.Errorf("purge outbox: %w", err)

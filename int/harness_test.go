@@ -113,6 +113,11 @@ type rigOptions struct {
 	// shards splits the outbox into this many shards (harvest.shards), with the index a sharded
 	// outbox needs. Default 1.
 	shards int
+	// dsn is the outbox's database, whose table the caller created; by default a new database
+	// on the shared server.
+	dsn string
+	// idHeader sets harvest.idHeader, and the verifier keeps every message's id (Messages).
+	idHeader string
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -124,7 +129,10 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		o.shards = 1
 	}
 	ctx := context.Background()
-	r := &rig{t: t, shards: o.shards, run: t.Name() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36), dsn: pgtest.NewOutbox(t), bin: reaperBinary(t)}
+	if o.dsn == "" {
+		o.dsn = pgtest.NewOutbox(t)
+	}
+	r := &rig{t: t, shards: o.shards, run: t.Name() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36), dsn: o.dsn, bin: reaperBinary(t)}
 	pool, err := pgxpool.New(ctx, r.dsn)
 	if err != nil {
 		t.Fatal(err)
@@ -160,6 +168,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
   leaderGroupID: %s
   dataSource: ${DATABASE_URL}
   shards: %d
+  idHeader: "%s"
   limits:
     heartbeatTimeout: %s
     minPollInterval: 50ms
@@ -168,7 +177,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 logging:
   level: info
   format: json
-`, bootstrap, id, id, o.shards, o.heartbeatTimeout, o.extraYAML)
+`, bootstrap, id, id, o.shards, o.idHeader, o.heartbeatTimeout, o.extraYAML)
 	}
 	if err := os.WriteFile(r.config, []byte(r.yaml(r.addr)), 0o600); err != nil {
 		t.Fatal(err)
@@ -190,9 +199,12 @@ logging:
 			t.Fatal(err)
 		}
 	}
-	if o.readCommitted {
+	switch {
+	case o.idHeader != "":
+		r.v = verifytest.StartUncommittedWithIDs(t, r.addr, r.topic, r.run, o.idHeader)
+	case o.readCommitted:
 		r.v = verifytest.Start(t, r.addr, r.topic, r.run)
-	} else {
+	default:
 		r.v = verifytest.StartUncommitted(t, r.addr, r.topic, r.run)
 	}
 	return r

@@ -176,6 +176,9 @@ type Epoch struct {
 	heldWake    wake           // wakes the held loop
 	deadTrouble *outage.Logger // moving rows to the dead-letter table fails
 
+	// server is the database server the epoch has seen (standby.go).
+	server epochServer
+
 	// ledger holds the records committed notes list and not yet purged, and how many records the
 	// current transaction's note will list besides (guarded by its own lock; note.go).
 	ledger ledger

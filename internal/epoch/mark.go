@@ -102,6 +102,11 @@ func (p *Epoch) markLoop() {
 		busy = b
 	}
 	defer setBusy(false)
+	p.noteServer(p.ctx)
+	// What earlier epochs purged must be on the standbys before this one publishes those keys.
+	if !p.standbysHold(p.ctx, "await standbys at the epoch's start") {
+		return
+	}
 	for p.ctx.Err() == nil {
 		room, seq := p.budget.reserve(p.Limits.MaxInFlightRecords, p.Limits.MarkQueryRecords)
 		if room <= 0 {
@@ -131,6 +136,9 @@ func (p *Epoch) markLoop() {
 			continue
 		}
 		idle = p.Limits.MarkBackoff
+		if !p.standbysHold(p.ctx, "await standbys after a mark") {
+			return
+		}
 		p.Metrics.Marked.Add(float64(len(records)))
 		p.budget.marked(records)
 		p.activity.posted(len(records))

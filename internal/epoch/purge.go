@@ -2,6 +2,7 @@ package epoch
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/goharvest/goharvest/internal/seam"
@@ -28,7 +29,7 @@ func (p *Epoch) commitLoop() {
 		purge = p.purgeChecked(purge)
 		if len(purge) > 0 {
 			began := time.Now()
-			if p.commit("purge", purge, p.Store.Purge) {
+			if p.commit("purge", purge, p.Store.Purge) && p.standbysHold(p.flushCtx, "await standbys after a purge") {
 				p.Metrics.PurgeSeconds.Observe(time.Since(began).Seconds())
 				p.ledger.forget(purge)
 				p.finish(purge)
@@ -51,11 +52,20 @@ func (p *Epoch) commit(op string, batch []*flight, exec func(context.Context, []
 		ids[i] = f.rec.ID
 	}
 	ctx := p.flushCtx
-	for {
-		_, err := exec(ctx, ids)
+	for failed := false; ; failed = true {
+		// After a failure the pool may have reached a promoted standby, where these ids can name
+		// other rows (standby.go): the records are left to the next epoch.
+		if failed && p.serverChanged(ctx) {
+			return false
+		}
+		_, err := exec(seam.WithServer(ctx, p.epochServerOf()), ids)
 		if err == nil {
 			p.DBTrouble.OK(p.Log)
 			return true
+		}
+		if errors.Is(err, seam.ErrServerChanged) {
+			p.requestRemark(op+" on another database server", err)
+			return false
 		}
 		if ctx.Err() != nil {
 			carried := 0

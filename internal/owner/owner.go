@@ -109,6 +109,7 @@ type Owner struct {
 	lastPulse     atomic.Int64    // Unix nanoseconds of the owner loop's latest pulse
 	failures      *epoch.Failures // held records' failures, across epochs
 	busyEpochs    atomic.Int32    // epochs with a backlog (epoch.Deps.BusyEpochs)
+	onStandby     atomic.Bool     // the database is a standby: kept out of the election (awaitPrimary)
 
 	// shards are the outbox's shards (one unless Config.Shards > 1), each with its own epochs;
 	// the slice is fixed by Start.
@@ -330,6 +331,10 @@ func (h *Owner) run() {
 	ticker := time.NewTicker(h.cfg.Limits.MinPollInterval)
 	defer ticker.Stop()
 
+	if !h.awaitPrimary() {
+		h.shutdown(nil)
+		return
+	}
 	var err error
 loop:
 	for {
@@ -498,6 +503,9 @@ func (h *Owner) Ready(ctx context.Context) error {
 		if problem != "" {
 			errs = append(errs, fmt.Errorf("elected leader cannot publish: the outbox table does not fit: %s", problem))
 		}
+	}
+	if h.onStandby.Load() {
+		errs = append(errs, fmt.Errorf("database: %w; not joining the leader election until it does", seam.ErrStandby))
 	}
 	if p := h.features.Ping; p != nil {
 		if err := p.Ping(ctx); err != nil {

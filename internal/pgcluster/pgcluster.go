@@ -38,6 +38,7 @@ type Server struct {
 	dataDir string
 	runAs   *syscall.Credential
 	opts    string // the postmaster's settings, for Resume
+	port    int    // set for a cluster on TCP (StartTCP, StartPrimary)
 }
 
 // CreateDatabase creates an empty database and returns its DSN and a function that drops it.
@@ -70,8 +71,11 @@ func WithDatabase(dsn, name string) string {
 	return dsn + " dbname=" + name
 }
 
-func (s *Server) exec(ctx context.Context, sql string) error {
-	conn, err := pgx.Connect(ctx, s.adminDSN)
+func (s *Server) exec(ctx context.Context, sql string) error { return Exec(ctx, s.adminDSN, sql) }
+
+// Exec runs sql (one statement, or several without parameters) on a connection of its own to dsn.
+func Exec(ctx context.Context, dsn, sql string) error {
+	conn, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		return err
 	}
@@ -82,18 +86,20 @@ func (s *Server) exec(ctx context.Context, sql string) error {
 
 // Start initialises and starts a throwaway cluster in a new temporary directory, with
 // durability off (fsync, synchronous commit), as tests want.
-func Start() (*Server, error) { return startCluster(false, false) }
+func Start() (*Server, error) { return startCluster(false, false, nil) }
 
 // StartDurable starts a throwaway cluster with PostgreSQL's default durability (fsync and
 // synchronous commit on), for benchmarks whose figures should mean something.
-func StartDurable() (*Server, error) { return startCluster(true, false) }
+func StartDurable() (*Server, error) { return startCluster(true, false, nil) }
 
 // StartTCP is Start for clients that cannot reach the socket directory, such as a binary run in
 // a chroot: the cluster also listens on 127.0.0.1, on a port that was free when it started, and
 // the DSNs it gives name that address.
-func StartTCP() (*Server, error) { return startCluster(false, true) }
+func StartTCP() (*Server, error) { return startCluster(false, true, nil) }
 
-func startCluster(durable, tcp bool) (*Server, error) {
+// startCluster starts a throwaway cluster; extra settings ("-c name=value") come last, so they
+// override the others.
+func startCluster(durable, tcp bool, extra []string) (*Server, error) {
 	binDir, err := findBinDir()
 	if err != nil {
 		return nil, err
@@ -113,14 +119,14 @@ func startCluster(durable, tcp bool) (*Server, error) {
 			return nil, err
 		}
 	}
-	if err := s.initAndStart(dir, durable, tcp); err != nil {
+	if err := s.initAndStart(dir, durable, tcp, extra); err != nil {
 		s.Stop()
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *Server) initAndStart(dir string, durable, tcp bool) error {
+func (s *Server) initAndStart(dir string, durable, tcp bool, extra []string) error {
 	owner := "postgres"
 	if err := s.run("initdb", "--no-sync", "--auth=trust", "--username="+owner, "--encoding=UTF8",
 		"--locale=C", "-D", s.dataDir); err != nil {
@@ -148,6 +154,7 @@ func (s *Server) initAndStart(dir string, durable, tcp bool) error {
 		// Benchmarks count and profile statements.
 		settings = append(settings, "-c shared_preload_libraries=pg_stat_statements")
 	}
+	settings = append(settings, extra...)
 	opts := strings.Join(settings, " ")
 	s.opts = opts
 	if err := s.run("pg_ctl", "start", "-w", "-t", "60", "-D", s.dataDir,
@@ -155,6 +162,9 @@ func (s *Server) initAndStart(dir string, durable, tcp bool) error {
 		return fmt.Errorf("%w (log: %s)", err, filepath.Join(dir, "postgres.log"))
 	}
 	s.adminDSN = fmt.Sprintf("host=%s port=%d user=%s dbname=postgres sslmode=disable", host, port, owner)
+	if tcp {
+		s.port = port
+	}
 	return nil
 }
 

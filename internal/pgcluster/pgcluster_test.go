@@ -79,3 +79,52 @@ func TestStartTCPServesLoopback(t *testing.T) {
 		t.Fatalf("connected to %q (%v), want a TCP connection to 127.0.0.1", addr, err)
 	}
 }
+
+// A standby streams what its primary writes; when the primary crashes and the standby is
+// promoted, a multi-host data source that asks for a read-write server reaches it.
+func TestStandbyPromotedAfterCrash(t *testing.T) {
+	primary, err := StartPrimary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer primary.Stop()
+	standby, err := primary.StartStandby("standby1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer standby.Stop()
+	dsn, _, err := primary.CreateDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := DatabaseName(dsn)
+	multi := MultiHostDSN(db, primary, standby)
+	ctx := context.Background()
+	exec := func(dsn, sql string) error { return Exec(ctx, dsn, sql) }
+	if err := exec(multi, "CREATE TABLE t (n int); INSERT INTO t VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	onStandby := WithDatabase(standby.AdminDSN(), db)
+	deadline := time.Now().Add(30 * time.Second)
+	for exec(onStandby, "SELECT 1/count(*) FROM t") != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the standby did not replay the primary's row within 30s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := exec(onStandby, "INSERT INTO t VALUES (2)"); err == nil || !strings.Contains(err.Error(), "read-only") {
+		t.Fatalf("a write on the standby returned %v, want a read-only error", err)
+	}
+	if err := primary.Crash(); err != nil {
+		t.Fatal(err)
+	}
+	if err := standby.Promote(); err != nil {
+		t.Fatal(err)
+	}
+	if err := exec(multi, "INSERT INTO t VALUES (3)"); err != nil {
+		t.Fatalf("the multi-host data source did not reach the promoted standby: %v", err)
+	}
+	if err := primary.Stop(); err != nil {
+		t.Fatalf("stop the crashed primary: %v", err)
+	}
+}

@@ -29,6 +29,7 @@ type Limits struct {
 	HeldCheckInterval     time.Duration
 	DeadLetterAttempts    int
 	DeadLetterAfter       time.Duration
+	AwaitStandbys         int
 }
 
 // Defaults of Limits. A zero field takes its default.

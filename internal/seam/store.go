@@ -169,6 +169,12 @@ type Features struct {
 	Backlog BacklogSampler
 	// Shards splits the outbox into shards; nil: one shard only.
 	Shards Sharder
+	// Recovery tells whether the database is a standby; nil: taken to be a primary.
+	Recovery RecoveryChecker
+	// Standbys tells how far the standbys have come; nil: Limits.AwaitStandbys has no effect.
+	Standbys StandbyWaiter
+	// Server tells which database server answers; nil: a failover is noticed only by errors.
+	Server ServerIdentifier
 }
 
 // FeaturesOf returns what the store offers besides Store.
@@ -179,6 +185,9 @@ func FeaturesOf(s Store) Features {
 	f.Ping, _ = s.(Pinger)
 	f.Backlog, _ = s.(BacklogSampler)
 	f.Shards, _ = s.(Sharder)
+	f.Recovery, _ = s.(RecoveryChecker)
+	f.Standbys, _ = s.(StandbyWaiter)
+	f.Server, _ = s.(ServerIdentifier)
 	return f
 }
 

@@ -140,6 +140,7 @@ type Report struct {
 	Duplicates int64 // Messages - Distinct
 	Lost       []string
 	LostCount  int64
+	Missing    map[string][]int64 // the sequence numbers lost, by key
 	Reversals  []Reversal
 	P50, P99   time.Duration // write-to-consumption latency
 	Max        time.Duration
@@ -170,6 +171,10 @@ func (c *Checker) Report(expected map[string]int64) Report {
 			}
 		}
 		if len(missing) > 0 {
+			if r.Missing == nil {
+				r.Missing = map[string][]int64{}
+			}
+			r.Missing[key] = missing
 			r.LostCount += int64(len(missing))
 			r.Lost = append(r.Lost, fmt.Sprintf("key %s: %s", key, ranges(missing)))
 		}
@@ -243,4 +248,66 @@ func Backlog(topic, run string, keys, perKey int, value *string) ([]outbox.Recor
 		expected["key-"+strconv.Itoa(k)] = int64(perKey)
 	}
 	return records, expected
+}
+
+// Message is one consumed message of a run: its key, its stamp and its id header's value.
+type Message struct {
+	Key   string
+	Stamp Stamp
+	ID    string
+}
+
+// Dedup is what a consumer that skips every message whose id header it has seen before (README's
+// recipe) makes of the messages it consumed.
+type Dedup struct {
+	Removed int // repeats of a record under its id, skipped as they should be
+	// Passed counts records processed twice under two ids: the same row published twice with
+	// different ids, which the recipe cannot catch; never expected.
+	Passed int
+	// Rewritten counts records a writer wrote twice, as two rows (the same key and sequence
+	// number, written at two times): a writer that retried a commit whose outcome it did not
+	// know. They are the application's duplicates; the recipe rightly processes both.
+	Rewritten int
+	// Skipped counts records skipped because another record had carried their id: a new row
+	// given the id of a published row that the promoted database had lost.
+	Skipped int
+}
+
+// DedupByID applies the id recipe to messages in the order they were consumed. A row is told by
+// its key, sequence number and write time, which a writer's retry changes.
+func DedupByID(messages []Message) Dedup {
+	type row struct {
+		key     string
+		seq     int64
+		written int64
+	}
+	type record struct {
+		key string
+		seq int64
+	}
+	var d Dedup
+	byID := map[string]row{}
+	processedRows := map[row]bool{}
+	processed := map[record]bool{}
+	for _, m := range messages {
+		r := row{m.Key, m.Stamp.Seq, m.Stamp.Written.UnixNano()}
+		if first, seen := byID[m.ID]; seen {
+			if first == r {
+				d.Removed++
+			} else {
+				d.Skipped++
+			}
+			continue
+		}
+		byID[m.ID] = r
+		switch {
+		case processedRows[r]:
+			d.Passed++
+		case processed[record{r.key, r.seq}]:
+			d.Rewritten++
+		}
+		processedRows[r] = true
+		processed[record{r.key, r.seq}] = true
+	}
+	return d
 }

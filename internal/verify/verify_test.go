@@ -73,3 +73,19 @@ func TestRecordAndParseRoundTrip(t *testing.T) {
 		t.Fatal("a message without a stamp parsed")
 	}
 }
+
+func TestDedupByID(t *testing.T) {
+	at := func(seq int64, written int64) Stamp { return Stamp{Run: "r", Seq: seq, Written: time.Unix(0, written)} }
+	got := DedupByID([]Message{
+		{Key: "a", Stamp: at(0, 1), ID: "1"},
+		{Key: "a", Stamp: at(0, 1), ID: "1"}, // a repeat: removed
+		{Key: "a", Stamp: at(1, 2), ID: "2"},
+		{Key: "a", Stamp: at(1, 2), ID: "7"}, // the same row under another id: passed
+		{Key: "a", Stamp: at(2, 3), ID: "3"},
+		{Key: "a", Stamp: at(2, 4), ID: "4"}, // a writer's second row for seq 2: rewritten
+		{Key: "b", Stamp: at(0, 5), ID: "3"}, // a new record with a reused id: skipped
+	})
+	if want := (Dedup{Removed: 1, Passed: 1, Rewritten: 1, Skipped: 1}); got != want {
+		t.Fatalf("DedupByID = %+v, want %+v", got, want)
+	}
+}

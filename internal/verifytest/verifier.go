@@ -4,6 +4,7 @@ package verifytest
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,7 +20,9 @@ import (
 type Verifier struct {
 	mu       sync.Mutex
 	checker  *verify.Checker
-	arrivals []time.Time // when each batch of records arrived, in order
+	arrivals []time.Time      // when each batch of records arrived, in order
+	idHeader string           // the header whose value messages records, "" for none
+	messages []verify.Message // every message of the run, in order, when idHeader is set
 	cancel   context.CancelFunc
 	done     chan struct{}
 }
@@ -38,7 +41,19 @@ func StartUncommitted(tb testing.TB, addr, topic, run string) *Verifier {
 	return start(tb, addr, topic, run, kgo.ReadUncommitted())
 }
 
+// StartUncommittedWithIDs is StartUncommitted that also keeps every message of the run with the
+// value of its idHeader header, for Messages.
+func StartUncommittedWithIDs(tb testing.TB, addr, topic, run, idHeader string) *Verifier {
+	tb.Helper()
+	return startWith(tb, addr, topic, run, kgo.ReadUncommitted(), idHeader)
+}
+
 func start(tb testing.TB, addr, topic, run string, isolation kgo.IsolationLevel) *Verifier {
+	tb.Helper()
+	return startWith(tb, addr, topic, run, isolation, "")
+}
+
+func startWith(tb testing.TB, addr, topic, run string, isolation kgo.IsolationLevel, idHeader string) *Verifier {
 	tb.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(addr, ",")...), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(isolation))
@@ -46,7 +61,7 @@ func start(tb testing.TB, addr, topic, run string, isolation kgo.IsolationLevel)
 		tb.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	v := &Verifier{checker: verify.NewChecker(run), cancel: cancel, done: make(chan struct{})}
+	v := &Verifier{checker: verify.NewChecker(run), cancel: cancel, done: make(chan struct{}), idHeader: idHeader}
 	go func() {
 		defer close(v.done)
 		defer cl.Close()
@@ -63,7 +78,10 @@ func start(tb testing.TB, addr, topic, run string, isolation kgo.IsolationLevel)
 					tb.Errorf("offset %d: %v", rec.Offset, err)
 					return
 				}
-				v.checker.Observe(string(rec.Key), stamp, now)
+				if v.checker.Observe(string(rec.Key), stamp, now) && idHeader != "" {
+					id, _ := header(rec, idHeader)
+					v.messages = append(v.messages, verify.Message{Key: string(rec.Key), Stamp: stamp, ID: id})
+				}
 			})
 			v.mu.Unlock()
 		}
@@ -74,14 +92,25 @@ func start(tb testing.TB, addr, topic, run string, isolation kgo.IsolationLevel)
 
 // ParseRecord reads the stamp of a consumed record.
 func ParseRecord(rec *kgo.Record) (verify.Stamp, error) {
-	return verify.Parse(func(name string) (string, bool) {
-		for _, h := range rec.Headers {
-			if h.Key == name {
-				return string(h.Value), true
-			}
+	return verify.Parse(func(name string) (string, bool) { return header(rec, name) })
+}
+
+// header returns the value of a record's first header of that name, and whether it has one.
+func header(rec *kgo.Record, name string) (string, bool) {
+	for _, h := range rec.Headers {
+		if h.Key == name {
+			return string(h.Value), true
 		}
-		return "", false
-	})
+	}
+	return "", false
+}
+
+// Messages returns the run's messages consumed so far, with their id headers (see
+// StartUncommittedWithIDs), in the order they arrived.
+func (v *Verifier) Messages() []verify.Message {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return slices.Clone(v.messages)
 }
 
 // Stop stops consuming; calling it again does nothing.

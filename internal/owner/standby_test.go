@@ -1,0 +1,89 @@
+package owner
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/goharvest/goharvest/internal/seam"
+)
+
+// standbyFakeDB is a fake database whose standbys hold what the test says: every WAL position
+// asked for is new, and holding standbys hold all of them.
+type standbyFakeDB struct {
+	*fakeDB
+	holding   atomic.Int32
+	positions atomic.Int64
+	server    atomic.Value // string
+}
+
+func (d *standbyFakeDB) WALPosition(context.Context) (seam.WALPosition, error) {
+	return seam.WALPosition{LSN: strconv.FormatInt(d.positions.Add(1), 10), Server: d.server.Load().(string)}, nil
+}
+
+func (d *standbyFakeDB) Standbys(_ context.Context, pos seam.WALPosition) (seam.StandbyCount, error) {
+	if pos.Server != d.server.Load().(string) {
+		return seam.StandbyCount{}, seam.ErrServerChanged
+	}
+	return seam.StandbyCount{Holding: int(d.holding.Load()), Streaming: 1}, nil
+}
+
+// harvestOn replaces the rig's harvester with one on db, with limits.
+func (r *rig) harvestOn(db seam.DatabaseBinding, limits seam.Limits) {
+	r.h = r.newHarvest(limits)
+	r.h.cfg.OpenStore = func() (seam.DatabaseBinding, error) { return db, nil }
+}
+
+// With AwaitStandbys, nothing is published while no standby holds the marks, Ready says why,
+// and everything is published, in order, once one does.
+func TestAwaitStandbysHoldsPublishingUntilAStandbyHolds(t *testing.T) {
+	limits := fastLimits()
+	limits.AwaitStandbys = 1
+	r := newRig(t, limits)
+	db := &standbyFakeDB{fakeDB: r.db}
+	db.server.Store("primary")
+	r.harvestOn(db, limits)
+	ids := r.load(20, 10)
+	r.start()
+	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
+	r.waitFor("Ready to report the wait", 5*time.Second, func() bool {
+		err := r.h.Ready(context.Background())
+		return err != nil && strings.Contains(err.Error(), "awaitStandbys is 1: 1 standbys stream, 0 of them have flushed")
+	})
+	if n := len(r.kafka.published()); n != 0 {
+		t.Fatalf("%d records published while no standby held their marks", n)
+	}
+	db.holding.Store(1)
+	r.waitEmpty(20 * time.Second)
+	r.checkOrder(ids)
+	r.waitFor("Ready", 5*time.Second, func() bool { return r.h.Ready(context.Background()) == nil })
+	r.stop()
+}
+
+// An epoch whose statements reach another server than before (a failover the pool followed)
+// ends, and its successor publishes from what the new server holds.
+func TestAwaitStandbysEndsTheEpochWhenTheServerChanges(t *testing.T) {
+	limits := fastLimits()
+	limits.AwaitStandbys = 1
+	r := newRig(t, limits)
+	db := &standbyFakeDB{fakeDB: r.db}
+	db.server.Store("old")
+	db.holding.Store(1)
+	r.harvestOn(db, limits)
+	r.start()
+	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
+	// The epoch learns its server from its first wait, at the marker's start.
+	r.waitFor("the epoch's first wait", 5*time.Second, func() bool { return db.positions.Load() > 0 })
+	first := *r.h.LeaderID()
+	db.server.Store("promoted")
+	ids := r.load(5, 4)
+	r.waitEmpty(20 * time.Second)
+	r.checkOrder(ids)
+	if now := r.h.LeaderID(); now == nil || *now == first {
+		t.Fatalf("leader ID %v after the server changed, want a new epoch after %v", now, first)
+	}
+	r.stop()
+}
