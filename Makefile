@@ -17,13 +17,15 @@ TEST_TIMEOUT ?= 30m
 NESTED_MODULES := examples/kubernetes
 
 # The engine (internal/owner, internal/epoch), its seams and the contract suites import no driver:
-# their tests run without cgo, librdkafka or Postgres, which make test checks first.
+# their tests run without cgo, librdkafka or Postgres, which make test checks first; the engine's
+# tests run once with each claim strategy (read, the default, and mark).
 ENGINE_PACKAGES := ./internal/seam ./internal/epoch ./internal/owner ./internal/storetest ./internal/producertest
 
 ## test: format check, vet, the engine's tests without cgo, then every test (integration tests
 ## included) under the race detector
 test: lint kafka
 	CGO_ENABLED=0 $(GO) test -count=1 $(ENGINE_PACKAGES)
+	GOHARVEST_TEST_CLAIM=mark CGO_ENABLED=0 $(GO) test -count=1 ./internal/owner
 	$(GO) test -race -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./...
 	for m in $(NESTED_MODULES); do (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
 

@@ -2,6 +2,7 @@ package goharvest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -52,20 +53,33 @@ const (
 )
 
 // BenchmarkDrain: a backlog of 200,000 records over 10,000 keys, drained by one harvester.
-func BenchmarkDrain(b *testing.B) { benchDrain(b, 200_000, 10_000, 0) }
+func BenchmarkDrain(b *testing.B) {
+	byClaim(b, func(b *testing.B, claim string) { benchDrain(b, 200_000, 10_000, 0, claim) })
+}
+
+// byClaim runs a benchmark once with each claim strategy (Config.ClaimStrategy), the default
+// first, so that one run compares them on the same machine at the same moment.
+func byClaim(b *testing.B, bench func(b *testing.B, claim string)) {
+	for _, claim := range []string{goharvest.ClaimRead, goharvest.ClaimMark} {
+		b.Run("claim="+claim, func(b *testing.B) { bench(b, claim) })
+	}
+}
 
 // BenchmarkDrainHotKeys: 50,000 records over only 10 keys. With one record per key in flight
 // (MaxKeyRun 1, the default) the keys, not the database, set the pace; with runs of up to 100
 // records per key per transaction they do not.
 func BenchmarkDrainHotKeys(b *testing.B) {
 	for _, run := range []int{1, 100} {
-		b.Run("maxKeyRun="+strconv.Itoa(run), func(b *testing.B) { benchDrain(b, 50_000, 10, run) })
+		b.Run("maxKeyRun="+strconv.Itoa(run), func(b *testing.B) { benchDrain(b, 50_000, 10, run, goharvest.DefaultClaimStrategy) })
 	}
 }
 
 // BenchmarkDrainMillion: 1,000,000 records over 10,000 keys, for the peak memory of a large
-// drain, which the in-flight limit should bound.
-func BenchmarkDrainMillion(b *testing.B) { benchDrain(b, 1_000_000, 10_000, 0) }
+// drain, which the in-flight limit should bound, and for what the dead rows that purges leave at
+// the head of the table cost each claim.
+func BenchmarkDrainMillion(b *testing.B) {
+	byClaim(b, func(b *testing.B, claim string) { benchDrain(b, 1_000_000, 10_000, 0, claim) })
+}
 
 // BenchmarkDrainPastHeldKey: BenchmarkDrain's backlog behind a row that cannot be published (an
 // invalid topic name) and 3,000 more rows of its key, more than the in-flight limit (2,000): the
@@ -103,18 +117,21 @@ func BenchmarkDrainPastHeldKey(b *testing.B) {
 }
 
 // benchDrain drains a backlog of records over keys; maxKeyRun 0 is the default.
-func benchDrain(b *testing.B, records, keys, maxKeyRun int) {
+func benchDrain(b *testing.B, records, keys, maxKeyRun int, claim string) {
 	rig := startBenchRig(b)
 	for range b.N {
 		run := rig.newRun()
-		run.maxKeyRun = maxKeyRun
+		run.maxKeyRun, run.claim = maxKeyRun, claim
 		run.loadBacklog(records, keys)
 		b.ResetTimer()
 		m := rig.measure()
+		db := run.tableStats()
 		run.startHarvester()
 		testwait.For(b, 10*time.Minute, "the outbox to drain", run.empty)
 		m.stop(b, records)
 		b.StopTimer()
+		run.stopHarvester() // its connections report their statistics as they close
+		run.reportTableStats(db, records)
 		run.reportStatements()
 		run.close()
 	}
@@ -124,8 +141,12 @@ func benchDrain(b *testing.B, records, keys, maxKeyRun int) {
 // call in the server and how many rows each call carried: what the profile of a drain comes down
 // to on the database's side.
 func (r *benchRun) reportStatements() {
+	claim := "UPDATE % SET leader_id = $1%RETURNING%"
+	if r.claim != goharvest.ClaimMark {
+		claim = "SELECT % WHERE id > $1 AND id <= $2%"
+	}
 	for _, st := range []struct{ name, like string }{
-		{"mark", "UPDATE % SET leader_id = $1%RETURNING%"},
+		{"claim", claim},
 		{"purge", "DELETE FROM % WHERE id = ANY($1)"},
 	} {
 		var calls, rows int64
@@ -154,17 +175,41 @@ func BenchmarkSustained(b *testing.B) {
 		if rate == 0 {
 			name = "rate=max"
 		}
-		b.Run(name, func(b *testing.B) { benchSustained(b, rate) })
+		if rate == 5000 {
+			// The rate every machine keeps up with compares the claim strategies.
+			b.Run(name, func(b *testing.B) {
+				byClaim(b, func(b *testing.B, claim string) { benchSustained(b, rate, claim, 0) })
+			})
+			continue
+		}
+		b.Run(name, func(b *testing.B) { benchSustained(b, rate, goharvest.DefaultClaimStrategy, 0) })
 	}
 }
 
-func benchSustained(b *testing.B, rate float64) {
+// BenchmarkWritersWithRollbacks: BenchmarkSustained at 3,000 records/s from 16 writers, each of
+// which rolls back one transaction of ten records in every four it begins, leaving gaps in the
+// ids that nothing will fill. Neither strategy may wait for them.
+func BenchmarkWritersWithRollbacks(b *testing.B) {
+	byClaim(b, func(b *testing.B, claim string) { benchSustained(b, 3000, claim, 4) })
+}
+
+// benchSustained has writers stash at rate (0: as fast as they can) for 20 s while a harvester
+// claiming by claim publishes; with rollbackEvery, each writer rolls back one transaction in
+// that many.
+func benchSustained(b *testing.B, rate float64, claim string, rollbackEvery int) {
 	rig := startBenchRig(b)
 	for range b.N {
 		run := rig.newRun()
+		run.claim = claim
 		run.startHarvester()
 		c := run.startConsumer()
-		w := run.writers(8, 10, 1000, rate)
+		writers := 8
+		if rollbackEvery > 0 {
+			writers = 16
+		}
+		w := run.writers(writers, 10, 1000, rate)
+		w.rollbackEvery = rollbackEvery
+		db := run.tableStats()
 		b.ResetTimer()
 		m := rig.measure()
 		var maxBacklog int
@@ -185,6 +230,8 @@ func benchSustained(b *testing.B, rate float64) {
 		c.report(b, w)
 		b.ReportMetric(float64(maxBacklog), "max-backlog")
 		b.ReportMetric(float64(endBacklog), "end-backlog")
+		run.stopHarvester()
+		run.reportRowStats(db, w.total())
 		run.close()
 	}
 }
@@ -436,6 +483,7 @@ type benchRun struct {
 	run       string // stamped on the records, for the consumer
 	consumers []*benchConsumer
 	maxKeyRun int    // Limits.MaxKeyRun of the harvester; 0 is the default
+	claim     string // Config.ClaimStrategy of the harvester; "" is the default
 	shards    int    // Config.Shards of the harvester; 0 is the default
 	group     string // the election group of the run's harvesters, set by startHarvester
 }
@@ -481,10 +529,11 @@ func (r *benchRun) startHarvester() {
 type benchHarvesterConfig struct {
 	Broker, DSN, Group string
 	Shards, MaxKeyRun  int
+	Claim              string
 }
 
 func (r *benchRun) harvesterConfig() benchHarvesterConfig {
-	return benchHarvesterConfig{Broker: r.rig.broker.Addr, DSN: r.dsn, Group: r.group, Shards: r.shards, MaxKeyRun: r.maxKeyRun}
+	return benchHarvesterConfig{Broker: r.rig.broker.Addr, DSN: r.dsn, Group: r.group, Shards: r.shards, MaxKeyRun: r.maxKeyRun, Claim: r.claim}
 }
 
 func (c benchHarvesterConfig) config() goharvest.Config {
@@ -494,6 +543,7 @@ func (c benchHarvesterConfig) config() goharvest.Config {
 		LeaderTopic:       c.Group + ".leader",
 		DataSource:        c.DSN,
 		Shards:            c.Shards,
+		ClaimStrategy:     c.Claim,
 		Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, MaxKeyRun: c.MaxKeyRun},
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
 		MetricsRegisterer: prometheus.NewRegistry(),
@@ -501,17 +551,78 @@ func (c benchHarvesterConfig) config() goharvest.Config {
 }
 
 func (r *benchRun) close() {
-	if r.h != nil {
-		r.h.Stop()
-		if err := r.h.Await(); err != nil {
-			r.b.Fatal(err)
-		}
-	}
+	r.stopHarvester()
 	for _, c := range r.consumers {
 		c.close()
 	}
 	r.pool.Close()
 	r.drop()
+}
+
+// stopHarvester stops the run's harvester, if it is running.
+func (r *benchRun) stopHarvester() {
+	if r.h == nil {
+		return
+	}
+	r.h.Stop()
+	if err := r.h.Await(); err != nil {
+		r.b.Fatal(err)
+	}
+	r.h = nil
+}
+
+// tableStats is what Postgres counted of the outbox table and its WAL at one moment.
+type tableStats struct {
+	wal              string // pg_current_wal_lsn()
+	updated, deleted int64  // pg_stat_user_tables.n_tup_upd and n_tup_del
+}
+
+// tableStats reads the outbox's statistics now.
+func (r *benchRun) tableStats() tableStats {
+	var s tableStats
+	err := r.pool.QueryRow(context.Background(), `SELECT pg_stat_clear_snapshot(), pg_current_wal_lsn()::text, n_tup_upd, n_tup_del
+		FROM pg_stat_user_tables WHERE relname = 'outbox'`).Scan(nil, &s.wal, &s.updated, &s.deleted)
+	if err != nil {
+		r.b.Fatal(err)
+	}
+	return s
+}
+
+// reportTableStats reports what the drain of records cost the database since before, per record:
+// the WAL written (wal-B/rec: the harvester's alone, since the backlog was written before),
+// rows updated (upd/rec) and tuples left dead by updates and deletes (dead/rec), which vacuum
+// must clear. It waits until the statistics count every purge: the harvester's connections
+// report theirs as they close.
+func (r *benchRun) reportTableStats(before tableStats, records int) {
+	var after tableStats
+	testwait.For(r.b, 10*time.Second, "the statistics to count every purge", func() bool {
+		after = r.tableStats()
+		return after.deleted-before.deleted >= int64(records)
+	})
+	var wal int64
+	err := r.pool.QueryRow(context.Background(), `SELECT pg_wal_lsn_diff($1::pg_lsn, $2::pg_lsn)::bigint`, after.wal, before.wal).Scan(&wal)
+	if err != nil {
+		r.b.Fatal(err)
+	}
+	r.b.ReportMetric(float64(wal)/float64(records), "wal-B/rec")
+	r.reportRows(before, after, records)
+}
+
+// reportRowStats reports rows updated and tuples left dead per record (see reportTableStats) by a
+// run whose writers wrote records while the harvester ran, whose WAL is theirs as much as its.
+func (r *benchRun) reportRowStats(before tableStats, records int) {
+	var after tableStats
+	testwait.For(r.b, 10*time.Second, "the statistics to count every purge", func() bool {
+		after = r.tableStats()
+		return after.deleted-before.deleted >= int64(records)
+	})
+	r.reportRows(before, after, records)
+}
+
+func (r *benchRun) reportRows(before, after tableStats, records int) {
+	updated, deleted := after.updated-before.updated, after.deleted-before.deleted
+	r.b.ReportMetric(float64(updated)/float64(records), "upd/rec")
+	r.b.ReportMetric(float64(updated+deleted)/float64(records), "dead/rec")
 }
 
 // loadBacklog stashes records over keys, round robin, before the harvester starts.
@@ -596,6 +707,10 @@ type benchWriters struct {
 	rate  float64 // records/s for all writers together; 0: as fast as they can
 	keys  [][]string
 	next  []map[string]int64 // per writer: the next sequence number of each key
+	// rollbackEvery, when not 0, has each writer roll back one transaction of a batch of records
+	// in every rollbackEvery it begins: ids taken and never committed, as failing requests leave.
+	rollbackEvery int
+	txns          []int // per writer: transactions begun
 
 	mu        sync.Mutex
 	committed map[string]time.Time // by key/seq
@@ -607,6 +722,7 @@ func (r *benchRun) writers(n, batch, keys int, rate float64) *benchWriters {
 		committed: map[string]time.Time{}}
 	w.keys = make([][]string, n)
 	w.next = make([]map[string]int64, n)
+	w.txns = make([]int, n)
 	for k := range keys {
 		w.keys[k%n] = append(w.keys[k%n], "key-"+strconv.Itoa(k))
 	}
@@ -641,8 +757,30 @@ func (w *benchWriters) runFor(d time.Duration) <-chan struct{} {
 	return done
 }
 
-// writeOne commits one transaction of writer i's batch of records.
+// errRollback rolls back a writer's transaction on purpose.
+var errRollback = errors.New("rolled back on purpose")
+
+// writeOne commits one transaction of writer i's batch of records (after one it rolls back, now
+// and then: see rollbackEvery).
 func (w *benchWriters) writeOne(i int) {
+	ctx := context.Background()
+	if w.rollbackEvery > 0 {
+		if w.txns[i]++; w.txns[i]%w.rollbackEvery == 0 {
+			discarded := make([]goharvest.OutboxRecord, w.batch)
+			for j := range discarded {
+				discarded[j] = goharvest.OutboxRecord{KafkaTopic: benchTopic, KafkaKey: "rolled-back", KafkaValue: &w.value}
+			}
+			err := pgx.BeginFunc(ctx, w.r.pool, func(tx pgx.Tx) error {
+				if err := w.st.StashPgx(ctx, tx, discarded...); err != nil {
+					return err
+				}
+				return errRollback
+			})
+			if !errors.Is(err, errRollback) {
+				w.r.b.Error(err)
+			}
+		}
+	}
 	keys, next := w.keys[i], w.next[i]
 	batch := make([]goharvest.OutboxRecord, 0, w.batch)
 	ids := make([]string, 0, w.batch)
@@ -654,7 +792,6 @@ func (w *benchWriters) writeOne(i int) {
 		next[key]++
 	}
 	w.keys[i] = keys
-	ctx := context.Background()
 	if err := pgx.BeginFunc(ctx, w.r.pool, func(tx pgx.Tx) error { return w.st.StashPgx(ctx, tx, batch...) }); err != nil {
 		w.r.b.Error(err)
 		return

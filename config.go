@@ -48,6 +48,18 @@ const (
 	// topics written by goharvest co-partition with those of Java producers, Kafka Streams and
 	// ksqlDB. librdkafka's own default is "consistent_random" (CRC32).
 	DefaultPartitioner = "murmur2_random"
+	// DefaultClaimStrategy is ClaimRead: the database pays only for each record's INSERT and
+	// DELETE.
+	DefaultClaimStrategy = ClaimRead
+)
+
+// The claim strategies (Config.ClaimStrategy).
+const (
+	// ClaimRead reads rows without changing them; the binding must be a seam.Reader, as the
+	// Postgres binding is.
+	ClaimRead = "read"
+	// ClaimMark marks rows with the epoch's leader ID before publishing them (DatabaseBinding.Mark).
+	ClaimMark = "mark"
 )
 
 // Defaults of Limits. A zero field takes its default.
@@ -121,6 +133,12 @@ type Config struct {
 	// in decimal ("12345"), after the row's own headers. A record published again (at least
 	// once) carries the same id, so consumers can drop repeats. Default: "" (no such header).
 	IDHeader string `yaml:"idHeader"`
+
+	// ClaimStrategy is how an epoch claims the rows it publishes (see README, How rows are
+	// claimed). ClaimRead reads them and writes nothing to a row but its purge; ClaimMark, the
+	// original goharvest's mark-and-purge, sets each row's leader_id first, an UPDATE per record.
+	// Either keeps every guarantee. Default: DefaultClaimStrategy.
+	ClaimStrategy string `yaml:"claimStrategy"`
 
 	// Shards splits the outbox by key into this many shards, each published by one harvester at a
 	// time, so that several harvesters publish at once (see README, Scaling out). A record's shard
@@ -361,6 +379,9 @@ func (c Config) WithDefaults() Config {
 	if c.OutboxTable == "" {
 		c.OutboxTable = DefaultOutboxTable
 	}
+	if c.ClaimStrategy == "" {
+		c.ClaimStrategy = DefaultClaimStrategy
+	}
 	if c.Name == "" {
 		host, err := os.Hostname()
 		if err != nil {
@@ -499,6 +520,9 @@ func (c Config) Validate() error {
 	}
 	if c.Shards < 1 || c.Shards > outbox.MaxShards {
 		bad("Shards", "shards", "%d is out of range [1, %d]", c.Shards, outbox.MaxShards)
+	}
+	if c.ClaimStrategy != ClaimRead && c.ClaimStrategy != ClaimMark {
+		bad("ClaimStrategy", "claimStrategy", "%q: must be %q or %q", c.ClaimStrategy, ClaimRead, ClaimMark)
 	}
 	if c.IDHeader != "" && (strings.TrimSpace(c.IDHeader) != c.IDHeader || !utf8.ValidString(c.IDHeader) || strings.ContainsRune(c.IDHeader, 0)) {
 		bad("IDHeader", "idHeader", "%q: a header name must be valid UTF-8 without NUL bytes or surrounding blanks; or empty for no id header", c.IDHeader)

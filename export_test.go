@@ -12,6 +12,12 @@ func ShardMarkStatements(table string, shards, shard int) (pick, mark string) {
 	return pickStatement(table, " AND "+where, orderBy), markStatement(table, " AND "+where, orderBy)
 }
 
+// ShardReadStatement returns what a shard's view of the binding reads with (the read strategy).
+func ShardReadStatement(table string, shards, shard int) string {
+	where, orderBy := outbox.ShardMarkClauses(shards, shard)
+	return readStatement(table, " AND "+where, orderBy)
+}
+
 // EncodeNote and MaxNotedRecords let tests write a note as the harvester does (see note.go).
 var EncodeNote = epoch.EncodeNote
 

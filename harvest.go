@@ -85,6 +85,7 @@ func New(config Config) (*Harvest, error) {
 		Registerer:      cfg.MetricsRegisterer,
 		Tracer:          tracer,
 		IDHeader:        cfg.IDHeader,
+		ClaimStrategy:   cfg.ClaimStrategy,
 		NoteGroup:       cfg.LeaderGroupID + NoteGroupSuffix,
 		LeaderTopic:     cfg.LeaderTopic,
 		TransactionalID: TransactionalID(cfg.LeaderGroupID, 0, 1),

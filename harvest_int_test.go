@@ -200,17 +200,52 @@ func checkDelivered(t *testing.T, v *verifytest.Verifier, expected map[string]in
 	return report.Duplicates
 }
 
+// Each claim strategy drains a backlog whole and in order, and only the mark strategy writes to
+// the rows it publishes before it purges them.
 func TestHarvestDrainsFiftyThousandRecordsInOrder(t *testing.T) {
-	const keys, perKey = 1000, 50
-	r := newIntRig(t)
-	expected := r.load(keys, perKey)
-	v := r.verifier()
-	start := time.Now()
-	r.runUntilDelivered(r.harvester(nil), v, keys*perKey)
-	t.Logf("drained and verified %d records in %v", keys*perKey, time.Since(start))
-	if dups := checkDelivered(t, v, expected); dups != 0 {
-		t.Errorf("%d duplicates in a run without faults", dups)
+	for _, strategy := range []string{goharvest.ClaimRead, goharvest.ClaimMark} {
+		t.Run(strategy, func(t *testing.T) {
+			const keys, perKey = 1000, 50
+			r := newIntRig(t)
+			expected := r.load(keys, perKey)
+			v := r.verifier()
+			updatedBefore, deletedBefore := r.rowStats()
+			start := time.Now()
+			h := r.harvesterWith("harvest-int", goharvest.Limits{}, nil, func(c *goharvest.Config) { c.ClaimStrategy = strategy })
+			r.runUntilDelivered(h, v, keys*perKey)
+			t.Logf("drained and verified %d records in %v", keys*perKey, time.Since(start))
+			if dups := checkDelivered(t, v, expected); dups != 0 {
+				t.Errorf("%d duplicates in a run without faults", dups)
+			}
+			// The harvester's connections report their counts as they close; the purges, one per
+			// record, say when they all have.
+			var updated, deleted int64
+			testwait.For(t, 10*time.Second, "the statistics to count every purge", func() bool {
+				updated, deleted = r.rowStats()
+				updated, deleted = updated-updatedBefore, deleted-deletedBefore
+				return deleted >= keys*perKey
+			})
+			if strategy == goharvest.ClaimRead && updated != 0 {
+				t.Errorf("the read strategy updated %d rows", updated)
+			}
+			if strategy == goharvest.ClaimMark && updated < keys*perKey {
+				t.Errorf("the mark strategy updated %d rows, want at least one per record (%d)", updated, keys*perKey)
+			}
+		})
 	}
+}
+
+// rowStats returns how many rows of the outbox have been updated and deleted, as
+// pg_stat_user_tables counts them now.
+func (r *intRig) rowStats() (updated, deleted int64) {
+	r.t.Helper()
+	// pg_stat_clear_snapshot drops the counts this transaction read before, if any.
+	err := r.pool.QueryRow(context.Background(), `SELECT pg_stat_clear_snapshot(), n_tup_upd, n_tup_del
+		FROM pg_stat_user_tables WHERE relname = 'outbox'`).Scan(nil, &updated, &deleted)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return updated, deleted
 }
 
 // 1% of produce requests fail with an error the harvester sees (its transaction is aborted and

@@ -67,6 +67,7 @@ type PostgresBinding struct {
 	channel  string
 	table    string // quoted
 	markSQL  string
+	readSQL  string
 	purgeSQL string
 	resetSQL string
 	held     heldSQL
@@ -96,6 +97,29 @@ func pickStatement(table, where, orderBy string) string {
   LIMIT $2`
 }
 
+// readStatement reads, without changing them, the oldest rows above an id and up to another (see
+// Read), of the rows where holds: a walk of the primary key, or of a shard's index, from $1.
+func readStatement(table, where, orderBy string) string {
+	return `SELECT ` + outboxSelect + ` FROM ` + table + `
+  WHERE id > $1 AND id <= $2 AND id <> ALL($3) AND kafka_key <> ALL($4)` + where + `
+  ORDER BY ` + orderBy + `
+  LIMIT $5`
+}
+
+// Read implements seam.Reader with one SELECT: it writes nothing.
+func (b *PostgresBinding) Read(ctx context.Context, after, through int64, limit int, heldKeys []string, exclude []int64) ([]MarkedRecord, error) {
+	// As bytes, so that the comparison holds for a bytea kafka_key too (see MarkExcept).
+	keys := make([][]byte, len(heldKeys))
+	for i, k := range heldKeys {
+		keys[i] = []byte(k)
+	}
+	if exclude == nil {
+		exclude = []int64{} // an empty array, not NULL: <> ALL of NULL is never true
+	}
+	rows, err := b.pool.Query(ctx, b.readSQL, after, through, exclude, keys, limit)
+	return readMarked("read outbox", rows, err, limit)
+}
+
 // Shard returns a view of the binding that marks only the rows of one shard of shards (see
 // Config.Shards); purges, resets and re-reads work by id and are the same. The view's Dispose
 // does nothing: the binding's pool is shared.
@@ -104,6 +128,7 @@ func (b *PostgresBinding) Shard(shard, shards int) DatabaseBinding {
 	where, orderBy := outbox.ShardMarkClauses(shards, shard)
 	v.shard, v.shardOrder = " AND "+where, orderBy
 	v.markSQL = markStatement(b.table, v.shard, orderBy)
+	v.readSQL = readStatement(b.table, v.shard, orderBy)
 	v.held.markExcept = markStatement(b.table, v.shard+` AND kafka_key <> ALL($3)`, orderBy)
 	return &v
 }
@@ -257,6 +282,7 @@ func NewPostgresBinding(dataSource, outboxTable string, options ...PostgresOptio
 		channel:  NotifyChannel(outboxTable),
 		table:    table,
 		markSQL:  markStatement(table, "", "id"),
+		readSQL:  readStatement(table, "", "id"),
 		purgeSQL: `DELETE FROM ` + table + ` WHERE id = ANY($1)`,
 		resetSQL: `UPDATE ` + table + ` SET leader_id = NULL WHERE id = ANY($1) AND leader_id = $2`,
 		held:     newHeldSQL(outboxTable),
@@ -266,13 +292,13 @@ func NewPostgresBinding(dataSource, outboxTable string, options ...PostgresOptio
 // Mark implements DatabaseBinding.
 func (b *PostgresBinding) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]MarkedRecord, error) {
 	rows, err := b.pool.Query(ctx, b.markSQL, leaderID, limit)
-	return readMarked(rows, err, limit)
+	return readMarked("mark outbox", rows, err, limit)
 }
 
 // readMarked reads the rows of a mark, sorted by id.
-func readMarked(rows pgx.Rows, err error, limit int) ([]MarkedRecord, error) {
+func readMarked(op string, rows pgx.Rows, err error, limit int) ([]MarkedRecord, error) {
 	if err != nil {
-		return nil, fmt.Errorf("mark outbox: %w", err)
+		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	defer rows.Close()
 
@@ -280,12 +306,12 @@ func readMarked(rows pgx.Rows, err error, limit int) ([]MarkedRecord, error) {
 	for rows.Next() {
 		rec, err := scanRecord(rows)
 		if err != nil {
-			return nil, fmt.Errorf("mark outbox: read row: %w", err)
+			return nil, fmt.Errorf("%s: read row: %w", op, err)
 		}
 		records = append(records, rec)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("mark outbox: %w", err)
+		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	slices.SortFunc(records, func(a, b MarkedRecord) int { return cmp.Compare(a.ID, b.ID) })
 	return records, nil

@@ -66,7 +66,7 @@ func (b *PostgresBinding) MarkExcept(ctx context.Context, leaderID uuid.UUID, li
 		keys[i] = []byte(k)
 	}
 	rows, err := b.pool.Query(ctx, b.held.markExcept, leaderID, limit, keys)
-	return readMarked(rows, err, limit)
+	return readMarked("mark outbox", rows, err, limit)
 }
 
 // Reread implements HeldRowBinding.

@@ -3,6 +3,7 @@ package goharvest_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -139,6 +140,14 @@ func TestShardMarkUsesShardIndex(t *testing.T) {
 				if plan := explain(t, conn, mark); !strings.Contains(plan, "Index Scan using outbox_shards8 ") {
 					t.Errorf("shard %d's mark does not walk the shard index:\n%s\n%s", shard, mark, plan)
 				}
+				// The read strategy's query walks the same index, from the head or from an id.
+				read := goharvest.ShardReadStatement("outbox", shards, shard)
+				for _, after := range []int64{math.MinInt64, 1000} {
+					plan := explain(t, conn, read, after, int64(math.MaxInt64), []int64{1, 2}, [][]byte{[]byte("held")}, 500)
+					if !strings.Contains(plan, "Index Scan using outbox_shards8 ") || strings.Contains(plan, "Seq Scan") {
+						t.Errorf("shard %d's read from id %d does not walk the shard index alone:\n%s\n%s", shard, after, read, plan)
+					}
+				}
 
 				rows, _ := conn.Query(ctx, "SELECT kafka_key::bytea FROM outbox WHERE "+where)
 				keys, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
@@ -164,9 +173,13 @@ func TestShardMarkUsesShardIndex(t *testing.T) {
 }
 
 // explain returns the plan of a mark statement or its subquery ($1 a leader ID, $2 a limit).
-func explain(t *testing.T, conn *pgx.Conn, sql string) string {
+// explain returns the plan of sql with args, or with a mark's (a leader ID and a limit).
+func explain(t *testing.T, conn *pgx.Conn, sql string, args ...any) string {
 	t.Helper()
-	rows, _ := conn.Query(context.Background(), "EXPLAIN "+sql, uuid.New(), 500)
+	if len(args) == 0 {
+		args = []any{uuid.New(), 500}
+	}
+	rows, _ := conn.Query(context.Background(), "EXPLAIN "+sql, args...)
 	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		t.Fatal(err)

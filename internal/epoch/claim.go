@@ -9,9 +9,9 @@ import (
 )
 
 // Claimer is how an epoch claims the rows it publishes next: a strategy. The marker calls Claim
-// while the pipeline has room, and Release for records the epoch gives up on. Another strategy
-// is one new file with a type that implements these three methods, and a constructor the owner
-// can choose (see MarkClaim).
+// while the pipeline has room; the pipeline calls Release for records the epoch gives up on, and
+// Finished for records whose rows are gone. Another strategy is one new file with a type that
+// implements these methods, and a constructor the owner can choose (see MarkClaim and ReadClaim).
 //
 // What belongs to a strategy:
 //   - What claiming writes, if anything, and so what a claim left behind when an epoch ends.
@@ -41,6 +41,10 @@ type Claimer interface {
 	// Release gives back rows this epoch claimed and will not publish, so that a later claim
 	// returns them again.
 	Release(ctx context.Context, ids []int64) error
+	// Finished says that these records have left the epoch for good, their rows gone: purged
+	// (called once the purge has committed), deleted by an operator or moved to the dead-letter
+	// table. A claim that begins afterwards cannot return them, so the strategy may forget them.
+	Finished(ids []int64)
 	// FailedClaimEndsEpoch reports whether a failed Claim may have claimed rows that only a new
 	// epoch can claim again.
 	FailedClaimEndsEpoch() bool
@@ -69,3 +73,6 @@ func (m markClaim) Release(ctx context.Context, ids []int64) error {
 }
 
 func (markClaim) FailedClaimEndsEpoch() bool { return true }
+
+// Finished needs nothing: a purged row is gone, and no mark can return it.
+func (markClaim) Finished([]int64) {}

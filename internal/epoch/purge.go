@@ -106,10 +106,13 @@ func (p *Epoch) commit(op string, batch []*flight, exec func(context.Context, []
 func (p *Epoch) finish(batch []*flight) {
 	// Any mark that returns these rows again began before the records left the budget.
 	purgedAt := p.budget.give(batch...)
-	for _, f := range batch {
+	ids := make([]int64, len(batch))
+	for i, f := range batch {
 		f.purgedAt = purgedAt
 		f.worker.tell(workerMsg{finished: f})
+		ids[i] = f.rec.ID
 	}
+	p.Claim.Finished(ids)
 	p.Metrics.Purged.Add(float64(len(batch)))
 	p.Meter.Add(int64(len(batch)))
 	if stats, ok := p.Meter.Read(); ok {

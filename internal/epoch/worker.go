@@ -423,11 +423,15 @@ func (w *sendWorker) judge(v verdict) {
 	switch v.kind {
 	case verdictDeleted, verdictMoved:
 		w.drop(q, f)
+		if v.kind == verdictDeleted {
+			p.Claim.Finished([]int64{f.rec.ID}) // a moved row was released, to be claimed under its new key
+		}
 		p.Metrics.HeldDeleted.Inc()
 		p.Log.Warn("held outbox record deleted (or given another key) in the outbox; dropped it and released its key", attrs...)
 		p.Emit(seam.HeldRecordDeleted{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: f.rec.KafkaKey})
 	case verdictDeadLettered:
 		w.drop(q, f)
+		p.Claim.Finished([]int64{f.rec.ID})
 		p.Metrics.DeadLettered.Inc()
 		p.Log.Error("held outbox record moved to the dead-letter table; its key's later records are published without it",
 			append(attrs, "attempts", f.attempts, "error", f.lastErr)...)

@@ -168,6 +168,36 @@ func (d *fakeDB) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, 
 	return out, nil
 }
 
+// Read is the read strategy's query: what MarkExcept would return, changing nothing.
+func (d *fakeDB) Read(ctx context.Context, after, through int64, limit int, heldKeys []string, exclude []int64) ([]seam.MarkedRecord, error) {
+	time.Sleep(d.markDelay)
+	if err := d.wait(ctx); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.marks++
+	if d.down {
+		return nil, errDBDown
+	}
+	if d.failMk > 0 {
+		d.failMk--
+		return nil, errDBDown
+	}
+	var ids []int64
+	for id, r := range d.rows {
+		if id > after && id <= through && !slices.Contains(exclude, id) && !slices.Contains(heldKeys, r.KafkaKey) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	var out []seam.MarkedRecord
+	for _, id := range ids[:min(limit, len(ids))] {
+		out = append(out, seam.MarkedRecord{OutboxRecord: *d.rows[id], Err: d.markErr[id]})
+	}
+	return out, nil
+}
+
 func (d *fakeDB) Purge(ctx context.Context, ids []int64) (int, error) {
 	time.Sleep(d.purgeDelay) // a purge's latency, as a test sets it
 	if err := d.wait(ctx); err != nil {
@@ -217,7 +247,10 @@ func (d *fakeDB) Reset(ctx context.Context, leaderID uuid.UUID, ids []int64) (in
 
 func (d *fakeDB) Dispose() {}
 
-var _ seam.Store = (*fakeDB)(nil)
+var (
+	_ seam.Store  = (*fakeDB)(nil)
+	_ seam.Reader = (*fakeDB)(nil)
+)
 
 // update changes a row as an operator would, giving it a new version.
 func (d *fakeDB) update(id int64, change func(*seam.OutboxRecord)) {

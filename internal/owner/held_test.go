@@ -294,9 +294,9 @@ func TestHeldRecordFailuresSurviveARemark(t *testing.T) {
 		}
 		return false
 	})
-	r.db.mu.Lock()
-	r.db.failMk = 1 // the next mark fails: the epoch ends and a new leader ID marks the record again
-	r.db.mu.Unlock()
+	r.kafka.mu.Lock()
+	r.kafka.produceFatal = true // the next send fails fatally: a new epoch claims the record again
+	r.kafka.mu.Unlock()
 	r.waitFor("a remark and the record held again", 10*time.Second, func() bool {
 		held := r.h.HeldRecords()
 		return countEvents[seam.LeaderRefreshed](r.events) >= 1 && len(held) == 1 && held[0].Attempts > first.Attempts

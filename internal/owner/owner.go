@@ -40,6 +40,9 @@ type Config struct {
 	Tracer trace.Tracer
 	// IDHeader names the header that carries each record's id; "" for none.
 	IDHeader string
+	// ClaimStrategy is how epochs claim rows: "read" (epoch.ReadClaim; the store must be a
+	// seam.Reader) or "mark" (epoch.MarkClaim); "" takes "read" where the store can read.
+	ClaimStrategy string
 	// NoteGroup and LeaderTopic make each shard's NotePlace (the shard is the partition).
 	NoteGroup, LeaderTopic string
 	// TransactionalID is the shards' transactional ID without a shard suffix, for error messages.
@@ -168,6 +171,9 @@ func (h *Owner) Start() error {
 		return fmt.Errorf("harvest: open outbox: %w", err)
 	}
 	shards, err := h.newShards(db)
+	if err == nil && h.cfg.ClaimStrategy == "read" && seam.FeaturesOf(db).Read == nil {
+		err = fmt.Errorf("harvest: claimStrategy is read, but the database binding (%T) cannot read rows without marking them (seam.Reader); set claimStrategy: mark", db)
+	}
 	if err != nil {
 		db.Dispose()
 		h.metrics.Unregister(h.cfg.Registerer)

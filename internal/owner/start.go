@@ -135,6 +135,7 @@ func (h *Owner) launchEpoch(s *shard, producer seam.KafkaProducer) {
 	leaderID := uuid.New()
 	p := epoch.Start(epoch.Deps{
 		LeaderID:   leaderID,
+		Claim:      h.claimer(s, leaderID),
 		Limits:     h.cfg.Limits,
 		Store:      s.db,
 		Features:   s.features,
@@ -265,4 +266,12 @@ func (h *Owner) schemaReady(ctx context.Context) bool {
 		h.log.Info("the outbox table fits now")
 	}
 	return true
+}
+
+// claimer returns how a shard's new epoch claims its rows (Config.ClaimStrategy).
+func (h *Owner) claimer(s *shard, leaderID uuid.UUID) epoch.Claimer {
+	if h.cfg.ClaimStrategy != "mark" && s.features.Read != nil {
+		return epoch.ReadClaim(s.features.Read)
+	}
+	return epoch.MarkClaim(s.db, leaderID)
 }

@@ -102,6 +102,15 @@ type Store interface {
 	HeldRowBinding
 }
 
+// Reader is implemented by stores that can read rows without claiming them, for the read
+// strategy (internal/epoch/claim_read.go), which writes nothing to a row but its purge.
+type Reader interface {
+	// Read returns up to limit rows whose id is above after and at most through, in id order,
+	// leaving out the rows whose id is in exclude or whose kafka_key is in heldKeys. It changes
+	// nothing. A malformed row comes back as Mark returns it (with Err set).
+	Read(ctx context.Context, after, through int64, limit int, heldKeys []string, exclude []int64) ([]MarkedRecord, error)
+}
+
 // SchemaChecker is implemented by bindings that can check the outbox table's columns before
 // publishing starts (PostgresBinding does). The harvester checks before every epoch.
 type SchemaChecker interface {
@@ -169,6 +178,8 @@ type Features struct {
 	Backlog BacklogSampler
 	// Shards splits the outbox into shards; nil: one shard only.
 	Shards Sharder
+	// Read reads rows without claiming them; nil: epochs claim by marking (MarkClaim).
+	Read Reader
 	// Recovery tells whether the database is a standby; nil: taken to be a primary.
 	Recovery RecoveryChecker
 	// Standbys tells how far the standbys have come; nil: Limits.AwaitStandbys has no effect.
@@ -185,6 +196,7 @@ func FeaturesOf(s Store) Features {
 	f.Ping, _ = s.(Pinger)
 	f.Backlog, _ = s.(BacklogSampler)
 	f.Shards, _ = s.(Sharder)
+	f.Read, _ = s.(Reader)
 	f.Recovery, _ = s.(RecoveryChecker)
 	f.Standbys, _ = s.(StandbyWaiter)
 	f.Server, _ = s.(ServerIdentifier)
