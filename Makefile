@@ -62,10 +62,12 @@ bench: kafka
 	set -o pipefail; GOHARVEST_BENCH_BROKER=$(BROKER) $(GO) test -run '^$$' -bench '$(value BENCH)' -benchtime 1x -count 1 -timeout 60m . \
 		| $(GO) run ./internal/benchtable
 
-## chaos: the long variants of the fault-tolerance suite (int/); prints the figures README reports
+## chaos: the long variants of the fault-tolerance suite (int/), and a writing transaction held open
+## for ten minutes; prints the figures README reports
 chaos:
 	rm -f chaos-figures.txt
 	GOHARVEST_CHAOS=1 GOHARVEST_CHAOS_FIGURES=$(CURDIR)/chaos-figures.txt $(GO) test -count=1 -v -timeout 60m ./int
+	GOHARVEST_CHAOS=1 $(GO) test -count=1 -v -timeout 30m -run '^TestLongTransactionDelaysOnlyItsOwnRows$$' .
 	@echo; echo "figures:"; cat chaos-figures.txt
 
 ## soak: the randomized soak (int/TestSoak): 3 reapers on 8 shards under load, every kind of fault

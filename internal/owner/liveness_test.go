@@ -373,3 +373,31 @@ func TestEpochStartOutageLasts(t *testing.T) {
 		t.Error("ready while every epoch start fails")
 	}
 }
+
+// slowDispose is an outbox whose connections take their time to close, as a pool's do on a
+// server that does not answer.
+type slowDispose struct {
+	*fakeDB
+	release chan struct{}
+}
+
+func (d slowDispose) Dispose() { <-d.release }
+
+// Stop does not wait for the database's connections to close: on a server that does not answer
+// that can take pgx 15 s, and a process that was told to stop must not.
+func TestStopDoesNotWaitForTheDatabaseToClose(t *testing.T) {
+	r := newRig(t, fastLimits())
+	db := slowDispose{fakeDB: r.db, release: make(chan struct{})}
+	defer close(db.release)
+	r.h.cfg.OpenStore = func() (seam.DatabaseBinding, error) { return db, nil }
+	r.start()
+	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
+	began := time.Now()
+	r.stop()
+	if took := time.Since(began); took > 3*r.h.cfg.Limits.HeartbeatTimeout {
+		t.Errorf("Stop took %v while the database's connections were closing", took)
+	}
+	if !strings.Contains(r.logs.String(), "still closing at shutdown") {
+		t.Error("the log does not say the connections are still closing")
+	}
+}

@@ -456,7 +456,19 @@ func (h *Owner) shutdown(cause error) {
 			h.log.Warn("the last epoch's producer is still closing at shutdown", "shard", s.id)
 		}
 	}
-	h.db.Dispose()
+	// Closing the database's connections can take long on a server that does not answer: pgx
+	// cancels a query that timed out over a connection of its own and waits up to 15 s for the
+	// server, and closing the pool waits for that. Stop does not.
+	disposed := make(chan struct{})
+	go func() {
+		defer close(disposed)
+		h.db.Dispose()
+	}()
+	select {
+	case <-disposed:
+	case <-closeCtx.Done():
+		h.log.Warn("the database's connections are still closing at shutdown (a server that does not answer?); they close in the background")
+	}
 	h.metrics.Unregister(h.cfg.Registerer)
 	h.events.Close()
 	select {
