@@ -20,7 +20,6 @@ import (
 	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/internal/strictyaml"
 	"github.com/goharvest/goharvest/internal/timing"
-	"github.com/goharvest/goharvest/neli"
 	"github.com/goharvest/goharvest/outbox"
 )
 
@@ -402,25 +401,6 @@ func (l Limits) election() timing.Election {
 	return timing.Election{HeartbeatTimeout: l.HeartbeatTimeout, PollDuration: l.PollDuration, MinPollInterval: l.MinPollInterval}
 }
 
-// producerOwnedProperties are set by goharvest on its producer; a value from the user would break
-// the delivery guarantees. Leader election owns more (neli.OwnedProperties).
-var producerOwnedProperties = map[string]string{
-	"enable.idempotence":         "always on: without it a retried batch can reorder a key's records",
-	"transactional.id":           "set from LeaderGroupID, so that a new leader's producer fences its predecessors'",
-	"go.delivery.reports":        "delivery reports decide whether a record is purged or reset",
-	"delivery.report.only.error": "delivery reports decide whether a record is purged or reset",
-	"acks":                       "always all: a record is purged only once every in-sync replica has it",
-}
-
-// ownedKafkaProperties returns why goharvest owns key, if it does.
-func ownedKafkaProperties(key string) (string, bool) {
-	if why, ok := neli.OwnedProperties[key]; ok {
-		return why, true
-	}
-	why, ok := producerOwnedProperties[key]
-	return why, ok
-}
-
 // topicSafe replaces what a Kafka name may not hold (see outbox.NameChar) with '_', to make a
 // default group ID or name from a host or program name.
 func topicSafe(s string) string {
@@ -430,42 +410,6 @@ func topicSafe(s string) string {
 		}
 		return '_'
 	}, s)
-}
-
-// kafkaMillis returns a producer property given in milliseconds, and whether it is set (to a
-// value that reads as a number).
-func (c Config) kafkaMillis(key string) (time.Duration, bool) {
-	v, ok := c.ProducerKafkaConfig[key]
-	if !ok {
-		v, ok = c.BaseKafkaConfig[key]
-	}
-	if !ok {
-		return 0, false
-	}
-	// Numbers of any type, and strings (as YAML and librdkafka allow), read alike.
-	var ms float64
-	if _, err := fmt.Sscan(fmt.Sprint(v), &ms); err != nil {
-		return 0, false
-	}
-	return time.Duration(ms * float64(time.Millisecond)), true
-}
-
-// messageTimeout is how long the producer tries to deliver a message: message.timeout.ms (or its
-// alias delivery.timeout.ms) if set, else QueueTimeout.
-func (c Config) messageTimeout() time.Duration {
-	if d, ok := c.kafkaMillis("message.timeout.ms"); ok {
-		return d
-	}
-	if d, ok := c.kafkaMillis("delivery.timeout.ms"); ok {
-		return d
-	}
-	return c.Limits.QueueTimeout
-}
-
-// transactionTimeout is the producer's transaction.timeout.ms unless the configuration sets it:
-// librdkafka's default, or the message timeout if that is longer.
-func (c Config) transactionTimeout() time.Duration {
-	return max(DefaultTransactionTimeout, c.messageTimeout())
 }
 
 // Validate checks a Config whose defaults have been applied (see WithDefaults). It reports

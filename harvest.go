@@ -195,38 +195,3 @@ func TransactionalID(leaderGroupID string, shard, shards int) string {
 	}
 	return TransactionalIDPrefix + leaderGroupID + "." + strconv.Itoa(shard)
 }
-
-// producerSettings returns the librdkafka properties of the harvester's producers: the user's,
-// goharvest's defaults where the user set none, and the properties goharvest owns (see
-// producerOwnedProperties). The transactional ID is shard 0's (or the only shard's).
-func producerSettings(cfg Config) KafkaConfigMap {
-	producerConfig := maps.Clone(cfg.BaseKafkaConfig)
-	maps.Copy(producerConfig, cfg.ProducerKafkaConfig)
-	if _, ok := cfg.ProducerKafkaConfig["client.id"]; !ok {
-		producerConfig["client.id"] = cfg.Name
-	}
-	_, hasMessageTimeout := producerConfig["message.timeout.ms"]
-	_, hasDeliveryTimeout := producerConfig["delivery.timeout.ms"]
-	if !hasMessageTimeout && !hasDeliveryTimeout {
-		producerConfig["message.timeout.ms"] = int(cfg.Limits.QueueTimeout.Milliseconds())
-	}
-	if _, ok := producerConfig["transaction.timeout.ms"]; !ok {
-		producerConfig["transaction.timeout.ms"] = int(cfg.transactionTimeout().Milliseconds())
-	}
-	_, hasLinger := producerConfig["linger.ms"]
-	_, hasLingerAlias := producerConfig["queue.buffering.max.ms"]
-	if !hasLinger && !hasLingerAlias {
-		// The transaction loop already gathers records between commits, and a commit sends what is
-		// queued at once; librdkafka's own 5 ms wait would only delay each delivery report, and
-		// with it the commit that releases a key's next record.
-		producerConfig["linger.ms"] = DefaultProducerLinger
-	}
-	setDefaultPartitioner(producerConfig)
-	maps.Copy(producerConfig, KafkaConfigMap{
-		"enable.idempotence":  true,
-		"acks":                "all",
-		"go.delivery.reports": true,
-		"transactional.id":    TransactionalID(cfg.LeaderGroupID, 0, cfg.Shards),
-	})
-	return producerConfig
-}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -395,4 +396,94 @@ func classify(err error) error {
 		return &RejectedError{Err: kerr}
 	}
 	return err
+}
+
+// producerSettings returns the librdkafka properties of the harvester's producers: the user's,
+// goharvest's defaults where the user set none, and the properties goharvest owns (see
+// producerOwnedProperties). The transactional ID is shard 0's (or the only shard's).
+func producerSettings(cfg Config) KafkaConfigMap {
+	producerConfig := maps.Clone(cfg.BaseKafkaConfig)
+	maps.Copy(producerConfig, cfg.ProducerKafkaConfig)
+	if _, ok := cfg.ProducerKafkaConfig["client.id"]; !ok {
+		producerConfig["client.id"] = cfg.Name
+	}
+	_, hasMessageTimeout := producerConfig["message.timeout.ms"]
+	_, hasDeliveryTimeout := producerConfig["delivery.timeout.ms"]
+	if !hasMessageTimeout && !hasDeliveryTimeout {
+		producerConfig["message.timeout.ms"] = int(cfg.Limits.QueueTimeout.Milliseconds())
+	}
+	if _, ok := producerConfig["transaction.timeout.ms"]; !ok {
+		producerConfig["transaction.timeout.ms"] = int(cfg.transactionTimeout().Milliseconds())
+	}
+	_, hasLinger := producerConfig["linger.ms"]
+	_, hasLingerAlias := producerConfig["queue.buffering.max.ms"]
+	if !hasLinger && !hasLingerAlias {
+		// The transaction loop already gathers records between commits, and a commit sends what is
+		// queued at once; librdkafka's own 5 ms wait would only delay each delivery report, and
+		// with it the commit that releases a key's next record.
+		producerConfig["linger.ms"] = DefaultProducerLinger
+	}
+	setDefaultPartitioner(producerConfig)
+	maps.Copy(producerConfig, KafkaConfigMap{
+		"enable.idempotence":  true,
+		"acks":                "all",
+		"go.delivery.reports": true,
+		"transactional.id":    TransactionalID(cfg.LeaderGroupID, 0, cfg.Shards),
+	})
+	return producerConfig
+}
+
+// producerOwnedProperties are set by goharvest on its producer; a value from the user would break
+// the delivery guarantees. Leader election owns more (neli.OwnedProperties).
+var producerOwnedProperties = map[string]string{
+	"enable.idempotence":         "always on: without it a retried batch can reorder a key's records",
+	"transactional.id":           "set from LeaderGroupID, so that a new leader's producer fences its predecessors'",
+	"go.delivery.reports":        "delivery reports decide whether a record is purged or reset",
+	"delivery.report.only.error": "delivery reports decide whether a record is purged or reset",
+	"acks":                       "always all: a record is purged only once every in-sync replica has it",
+}
+
+// ownedKafkaProperties returns why goharvest owns key, if it does.
+func ownedKafkaProperties(key string) (string, bool) {
+	if why, ok := neli.OwnedProperties[key]; ok {
+		return why, true
+	}
+	why, ok := producerOwnedProperties[key]
+	return why, ok
+}
+
+// kafkaMillis returns a producer property given in milliseconds, and whether it is set (to a
+// value that reads as a number).
+func (c Config) kafkaMillis(key string) (time.Duration, bool) {
+	v, ok := c.ProducerKafkaConfig[key]
+	if !ok {
+		v, ok = c.BaseKafkaConfig[key]
+	}
+	if !ok {
+		return 0, false
+	}
+	// Numbers of any type, and strings (as YAML and librdkafka allow), read alike.
+	var ms float64
+	if _, err := fmt.Sscan(fmt.Sprint(v), &ms); err != nil {
+		return 0, false
+	}
+	return time.Duration(ms * float64(time.Millisecond)), true
+}
+
+// messageTimeout is how long the producer tries to deliver a message: message.timeout.ms (or its
+// alias delivery.timeout.ms) if set, else QueueTimeout.
+func (c Config) messageTimeout() time.Duration {
+	if d, ok := c.kafkaMillis("message.timeout.ms"); ok {
+		return d
+	}
+	if d, ok := c.kafkaMillis("delivery.timeout.ms"); ok {
+		return d
+	}
+	return c.Limits.QueueTimeout
+}
+
+// transactionTimeout is the producer's transaction.timeout.ms unless the configuration sets it:
+// librdkafka's default, or the message timeout if that is longer.
+func (c Config) transactionTimeout() time.Duration {
+	return max(DefaultTransactionTimeout, c.messageTimeout())
 }
