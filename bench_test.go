@@ -104,7 +104,12 @@ func BenchmarkDrainPastHeldKey(b *testing.B) {
 
 // benchDrain drains a backlog of records over keys; maxKeyRun 0 is the default.
 func benchDrain(b *testing.B, records, keys, maxKeyRun int) {
-	rig := startBenchRig(b)
+	startBenchRig(b).drain(records, keys, maxKeyRun)
+}
+
+// drain is benchDrain on a rig already started.
+func (rig *benchRig) drain(records, keys, maxKeyRun int) {
+	b := rig.b
 	for range b.N {
 		run := rig.newRun()
 		run.maxKeyRun = maxKeyRun
@@ -166,8 +171,11 @@ func BenchmarkSustained(b *testing.B) {
 	}
 }
 
-func benchSustained(b *testing.B, rate float64) {
-	rig := startBenchRig(b)
+func benchSustained(b *testing.B, rate float64) { startBenchRig(b).sustained(rate) }
+
+// sustained is benchSustained on a rig already started.
+func (rig *benchRig) sustained(rate float64) {
+	b := rig.b
 	for range b.N {
 		run := rig.newRun()
 		run.startHarvester()
@@ -375,6 +383,11 @@ type benchRig struct {
 	server *pgcluster.Server
 	broker benchBroker
 	runs   int // harvesters started, for unique election groups
+
+	// Set by BenchmarkAwaitStandbys only: the server's streaming standby, whose CPU is reported
+	// beside the server's, and Limits.AwaitStandbys of the harvesters the rig starts.
+	standby       *pgcluster.Server
+	awaitStandbys int
 }
 
 // benchBroker is the Kafka a benchmark runs against, in processes of its own so that its CPU is
@@ -423,9 +436,12 @@ func (k benchBroker) cpu(b *testing.B) time.Duration {
 	return total
 }
 
-func startBenchRig(b *testing.B) *benchRig {
+func startBenchRig(b *testing.B) *benchRig { return startBenchRigWith(b, pgcluster.StartDurable) }
+
+// startBenchRigWith is startBenchRig on a server that start starts.
+func startBenchRigWith(b *testing.B, start func() (*pgcluster.Server, error)) *benchRig {
 	b.StopTimer()
-	server, err := pgcluster.StartDurable()
+	server, err := start()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -487,12 +503,13 @@ func (r *benchRun) startHarvester() {
 // benchHarvesterConfig is what sets a benchmark's harvester apart from the others; it travels as
 // JSON to a harvester in a child process (see bench_scale_test.go).
 type benchHarvesterConfig struct {
-	Broker, DSN, Group string
-	Shards, MaxKeyRun  int
+	Broker, DSN, Group               string
+	Shards, MaxKeyRun, AwaitStandbys int
 }
 
 func (r *benchRun) harvesterConfig() benchHarvesterConfig {
-	return benchHarvesterConfig{Broker: r.rig.broker.Addr, DSN: r.dsn, Group: r.group, Shards: r.shards, MaxKeyRun: r.maxKeyRun}
+	return benchHarvesterConfig{Broker: r.rig.broker.Addr, DSN: r.dsn, Group: r.group, Shards: r.shards, MaxKeyRun: r.maxKeyRun,
+		AwaitStandbys: r.rig.awaitStandbys}
 }
 
 func (c benchHarvesterConfig) config() goharvest.Config {
@@ -502,7 +519,7 @@ func (c benchHarvesterConfig) config() goharvest.Config {
 		LeaderTopic:       c.Group + ".leader",
 		DataSource:        c.DSN,
 		Shards:            c.Shards,
-		Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, MaxKeyRun: c.MaxKeyRun},
+		Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, MaxKeyRun: c.MaxKeyRun, AwaitStandbys: c.AwaitStandbys},
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
 		MetricsRegisterer: prometheus.NewRegistry(),
 	}
@@ -564,15 +581,19 @@ func (r *benchRun) statements() int64 {
 
 // measurement is CPU time and peak memory from start to stop.
 type measurement struct {
-	rig       *benchRig
-	start     time.Time
-	relay, pg time.Duration
+	rig                *benchRig
+	start              time.Time
+	relay, pg, standby time.Duration
 }
 
 func (rig *benchRig) measure() *measurement {
 	resetPeakRSS(rig.b)
 	rig.b.StartTimer()
-	return &measurement{rig: rig, start: time.Now(), relay: processCPU(), pg: mustCPU(rig.b, rig.server)}
+	m := &measurement{rig: rig, start: time.Now(), relay: processCPU(), pg: mustCPU(rig.b, rig.server)}
+	if rig.standby != nil {
+		m.standby = mustCPU(rig.b, rig.standby)
+	}
+	return m
 }
 
 // stopIdle reports CPU per second rather than per record, and statements per second.
@@ -591,6 +612,10 @@ func (m *measurement) stop(b *testing.B, records int) {
 	b.ReportMetric(float64(records)/elapsed.Seconds(), "records/s")
 	b.ReportMetric(float64(relay.Microseconds())/float64(records), "relay-µs/rec")
 	b.ReportMetric(float64(pg.Microseconds())/float64(records), "pg-µs/rec")
+	if m.rig.standby != nil {
+		standby := mustCPU(b, m.rig.standby) - m.standby
+		b.ReportMetric(float64(standby.Microseconds())/float64(records), "standby-µs/rec")
+	}
 	b.ReportMetric(float64(peakRSS(b))/(1<<20), "peak-MiB")
 }
 
