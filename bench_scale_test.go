@@ -92,7 +92,7 @@ func benchDrainShards(b *testing.B, shards, processes int) {
 		// Reported only now: ResetTimer drops the metrics reported before it.
 		b.ReportMetric(idleRelay, "idle-relay-ms/s")
 		b.ReportMetric(idlePG, "idle-pg-ms/s")
-		run.reportStatements()
+		run.reportStatements(records)
 		if n := run.rows("outbox_standby"); n != 0 {
 			b.Fatalf("%d rows reached the standby outbox", n)
 		}

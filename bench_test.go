@@ -118,7 +118,12 @@ func BenchmarkDrainPastHeldKey(b *testing.B) {
 
 // benchDrain drains a backlog of records over keys; maxKeyRun 0 is the default.
 func benchDrain(b *testing.B, records, keys, maxKeyRun int, claim string) {
-	rig := startBenchRig(b)
+	startBenchRig(b).drain(records, keys, maxKeyRun, claim)
+}
+
+// drain is benchDrain on a rig already started.
+func (rig *benchRig) drain(records, keys, maxKeyRun int, claim string) {
+	b := rig.b
 	for range b.N {
 		run := rig.newRun()
 		run.maxKeyRun, run.claim = maxKeyRun, claim
@@ -132,22 +137,27 @@ func benchDrain(b *testing.B, records, keys, maxKeyRun int, claim string) {
 		b.StopTimer()
 		run.stopHarvester() // its connections report their statistics as they close
 		run.reportTableStats(db, records)
-		run.reportStatements()
+		run.reportStatements(records)
 		run.close()
 	}
 }
 
 // reportStatements reports, from pg_stat_statements, how long the mark and the purge took per
 // call in the server and how many rows each call carried: what the profile of a drain comes down
-// to on the database's side.
-func (r *benchRun) reportStatements() {
+// to on the database's side. The purge is a DELETE inside a statement that also checks the server
+// (postgres_failover.go), whose row count in pg_stat_statements is that of its one-row answer, so
+// the rows it carried are taken from the drain: purged, every record.
+func (r *benchRun) reportStatements(purged int) {
 	claim := "UPDATE % SET leader_id = $1%RETURNING%"
 	if r.claim != goharvest.ClaimMark {
 		claim = "SELECT % WHERE id > $1 AND id <= $2%"
 	}
-	for _, st := range []struct{ name, like string }{
-		{"claim", claim},
-		{"purge", "DELETE FROM % WHERE id = ANY($1)"},
+	for _, st := range []struct {
+		name, like string
+		rows       int64 // the rows the statement carried in all, when pg_stat_statements cannot tell
+	}{
+		{name: "claim", like: claim},
+		{name: "purge", like: "%DELETE FROM % WHERE id = ANY($1)%", rows: int64(purged)},
 	} {
 		var calls, rows int64
 		var total float64
@@ -159,6 +169,9 @@ func (r *benchRun) reportStatements() {
 		}
 		if calls == 0 {
 			r.b.Fatalf("pg_stat_statements saw no %s statement", st.name)
+		}
+		if st.rows > 0 {
+			rows = st.rows
 		}
 		r.b.ReportMetric(total/float64(calls), st.name+"-ms/call")
 		r.b.ReportMetric(float64(rows)/float64(calls), st.name+"-rows/call")
@@ -197,7 +210,12 @@ func BenchmarkWritersWithRollbacks(b *testing.B) {
 // claiming by claim publishes; with rollbackEvery, each writer rolls back one transaction in
 // that many.
 func benchSustained(b *testing.B, rate float64, claim string, rollbackEvery int) {
-	rig := startBenchRig(b)
+	startBenchRig(b).sustained(rate, claim, rollbackEvery)
+}
+
+// sustained is benchSustained on a rig already started.
+func (rig *benchRig) sustained(rate float64, claim string, rollbackEvery int) {
+	b := rig.b
 	for range b.N {
 		run := rig.newRun()
 		run.claim = claim
@@ -414,6 +432,11 @@ type benchRig struct {
 	server *pgcluster.Server
 	broker benchBroker
 	runs   int // harvesters started, for unique election groups
+
+	// Set by BenchmarkAwaitStandbys only: the server's streaming standby, whose CPU is reported
+	// beside the server's, and Limits.AwaitStandbys of the harvesters the rig starts.
+	standby       *pgcluster.Server
+	awaitStandbys int
 }
 
 // benchBroker is the Kafka a benchmark runs against, in processes of its own so that its CPU is
@@ -462,9 +485,12 @@ func (k benchBroker) cpu(b *testing.B) time.Duration {
 	return total
 }
 
-func startBenchRig(b *testing.B) *benchRig {
+func startBenchRig(b *testing.B) *benchRig { return startBenchRigWith(b, pgcluster.StartDurable) }
+
+// startBenchRigWith is startBenchRig on a server that start starts.
+func startBenchRigWith(b *testing.B, start func() (*pgcluster.Server, error)) *benchRig {
 	b.StopTimer()
-	server, err := pgcluster.StartDurable()
+	server, err := start()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -527,13 +553,14 @@ func (r *benchRun) startHarvester() {
 // benchHarvesterConfig is what sets a benchmark's harvester apart from the others; it travels as
 // JSON to a harvester in a child process (see bench_scale_test.go).
 type benchHarvesterConfig struct {
-	Broker, DSN, Group string
-	Shards, MaxKeyRun  int
-	Claim              string
+	Broker, DSN, Group               string
+	Shards, MaxKeyRun, AwaitStandbys int
+	Claim                            string
 }
 
 func (r *benchRun) harvesterConfig() benchHarvesterConfig {
-	return benchHarvesterConfig{Broker: r.rig.broker.Addr, DSN: r.dsn, Group: r.group, Shards: r.shards, MaxKeyRun: r.maxKeyRun, Claim: r.claim}
+	return benchHarvesterConfig{Broker: r.rig.broker.Addr, DSN: r.dsn, Group: r.group, Shards: r.shards, MaxKeyRun: r.maxKeyRun,
+		AwaitStandbys: r.rig.awaitStandbys, Claim: r.claim}
 }
 
 func (c benchHarvesterConfig) config() goharvest.Config {
@@ -544,7 +571,7 @@ func (c benchHarvesterConfig) config() goharvest.Config {
 		DataSource:        c.DSN,
 		Shards:            c.Shards,
 		ClaimStrategy:     c.Claim,
-		Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, MaxKeyRun: c.MaxKeyRun},
+		Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, MaxKeyRun: c.MaxKeyRun, AwaitStandbys: c.AwaitStandbys},
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
 		MetricsRegisterer: prometheus.NewRegistry(),
 	}
@@ -667,15 +694,19 @@ func (r *benchRun) statements() int64 {
 
 // measurement is CPU time and peak memory from start to stop.
 type measurement struct {
-	rig       *benchRig
-	start     time.Time
-	relay, pg time.Duration
+	rig                *benchRig
+	start              time.Time
+	relay, pg, standby time.Duration
 }
 
 func (rig *benchRig) measure() *measurement {
 	resetPeakRSS(rig.b)
 	rig.b.StartTimer()
-	return &measurement{rig: rig, start: time.Now(), relay: processCPU(), pg: mustCPU(rig.b, rig.server)}
+	m := &measurement{rig: rig, start: time.Now(), relay: processCPU(), pg: mustCPU(rig.b, rig.server)}
+	if rig.standby != nil {
+		m.standby = mustCPU(rig.b, rig.standby)
+	}
+	return m
 }
 
 // stopIdle reports CPU per second rather than per record, and statements per second.
@@ -694,6 +725,10 @@ func (m *measurement) stop(b *testing.B, records int) {
 	b.ReportMetric(float64(records)/elapsed.Seconds(), "records/s")
 	b.ReportMetric(float64(relay.Microseconds())/float64(records), "relay-µs/rec")
 	b.ReportMetric(float64(pg.Microseconds())/float64(records), "pg-µs/rec")
+	if m.rig.standby != nil {
+		standby := mustCPU(b, m.rig.standby) - m.standby
+		b.ReportMetric(float64(standby.Microseconds())/float64(records), "standby-µs/rec")
+	}
 	b.ReportMetric(float64(peakRSS(b))/(1<<20), "peak-MiB")
 }
 

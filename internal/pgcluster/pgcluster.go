@@ -39,6 +39,7 @@ type Server struct {
 	runAs   *syscall.Credential
 	opts    string // the postmaster's settings, for Resume
 	port    int    // set for a cluster on TCP (StartTCP, StartPrimary)
+	durable bool   // fsync on (StartDurable, StartDurablePrimary), which its standbys inherit
 }
 
 // CreateDatabase creates an empty database and returns its DSN and a function that drops it.
@@ -108,7 +109,7 @@ func startCluster(durable, tcp bool, extra []string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{binDir: binDir, dataDir: filepath.Join(dir, "data")}
+	s := &Server{binDir: binDir, dataDir: filepath.Join(dir, "data"), durable: durable}
 	if os.Geteuid() == 0 {
 		if s.runAs, err = UnprivilegedUser("PostgreSQL"); err != nil {
 			os.RemoveAll(dir)

@@ -15,8 +15,8 @@ import (
 // on a port of its own), so that a multi-host data source (MultiHostDSN) can name them, and
 // replicate over loopback TCP, as a standby on another machine would.
 
-// primarySettings make a cluster a primary that streams to standbys. Durability stays off
-// (fsync), which a killed process does not need; synchronous_commit is on, so that a commit
+// primarySettings make a cluster a primary that streams to standbys. StartPrimary leaves
+// durability off (fsync), which a killed process does not need; synchronous_commit is on, so that a commit
 // waits for a synchronous standby once synchronous_standby_names names one.
 var primarySettings = []string{
 	"-c wal_level=replica",
@@ -29,6 +29,11 @@ var primarySettings = []string{
 // StartPrimary starts a throwaway cluster on 127.0.0.1 (as StartTCP) that standbys can stream
 // from (StartStandby).
 func StartPrimary() (*Server, error) { return startCluster(false, true, primarySettings) }
+
+// StartDurablePrimary is StartPrimary with PostgreSQL's default durability and
+// pg_stat_statements, as StartDurable: for benchmarks of what replication costs, whose standbys
+// then flush their WAL to disk too, as a real standby does before it reports the flush.
+func StartDurablePrimary() (*Server, error) { return startCluster(true, true, primarySettings) }
 
 // Port returns the TCP port of a cluster started by StartTCP, StartPrimary or StartStandby, 0
 // for one on a Unix socket only.
@@ -49,7 +54,7 @@ func (s *Server) StartStandby(name string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	st := &Server{binDir: s.binDir, dataDir: filepath.Join(dir, "data"), runAs: s.runAs}
+	st := &Server{binDir: s.binDir, dataDir: filepath.Join(dir, "data"), runAs: s.runAs, durable: s.durable}
 	if st.runAs != nil {
 		if err := os.Chown(dir, int(st.runAs.Uid), int(st.runAs.Gid)); err != nil {
 			os.RemoveAll(dir)
@@ -68,15 +73,18 @@ func (s *Server) StartStandby(name string) (*Server, error) {
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	settings := append([]string{
+	settings := []string{
 		"-c listen_addresses=127.0.0.1",
 		"-c port=" + strconv.Itoa(port),
 		"-c unix_socket_directories=" + dir,
 		"-c max_connections=300",
-		"-c fsync=off",
 		"-c hot_standby=on",
 		"-c cluster_name=" + name,
-	}, primarySettings...)
+	}
+	if !st.durable {
+		settings = append(settings, "-c fsync=off")
+	}
+	settings = append(settings, primarySettings...)
 	st.opts = strings.Join(settings, " ")
 	if err := st.Resume(); err != nil {
 		st.Stop()
