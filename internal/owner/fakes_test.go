@@ -137,6 +137,24 @@ func (d *fakeDB) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]sea
 }
 
 func (d *fakeDB) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, heldKeys []string) ([]seam.MarkedRecord, error) {
+	return d.claim(ctx, limit, func(id int64, r *seam.OutboxRecord) bool {
+		return (r.LeaderID == nil || *r.LeaderID != leaderID) && !slices.Contains(heldKeys, r.KafkaKey)
+	}, func(r *seam.OutboxRecord) {
+		l := leaderID
+		r.LeaderID = &l
+	})
+}
+
+// Read is the read strategy's query: what MarkExcept would return, changing nothing.
+func (d *fakeDB) Read(ctx context.Context, after, through int64, limit int, heldKeys []string, exclude []int64) ([]seam.MarkedRecord, error) {
+	return d.claim(ctx, limit, func(id int64, r *seam.OutboxRecord) bool {
+		return id > after && id <= through && !slices.Contains(exclude, id) && !slices.Contains(heldKeys, r.KafkaKey)
+	}, func(*seam.OutboxRecord) {})
+}
+
+// claim returns up to limit of the oldest rows that pick, after taking a mark's time and failing
+// as the test says; claimed changes each row returned (a mark's stamp), under the lock.
+func (d *fakeDB) claim(ctx context.Context, limit int, pick func(int64, *seam.OutboxRecord) bool, claimed func(*seam.OutboxRecord)) ([]seam.MarkedRecord, error) {
 	time.Sleep(d.markDelay)
 	if err := d.wait(ctx); err != nil {
 		return nil, err
@@ -153,7 +171,7 @@ func (d *fakeDB) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, 
 	}
 	var ids []int64
 	for id, r := range d.rows {
-		if (r.LeaderID == nil || *r.LeaderID != leaderID) && !slices.Contains(heldKeys, r.KafkaKey) {
+		if pick(id, r) {
 			ids = append(ids, id)
 		}
 	}
@@ -161,39 +179,8 @@ func (d *fakeDB) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, 
 	var out []seam.MarkedRecord
 	for _, id := range ids[:min(limit, len(ids))] {
 		r := d.rows[id]
-		l := leaderID
-		r.LeaderID = &l
+		claimed(r)
 		out = append(out, seam.MarkedRecord{OutboxRecord: *r, Err: d.markErr[id]})
-	}
-	return out, nil
-}
-
-// Read is the read strategy's query: what MarkExcept would return, changing nothing.
-func (d *fakeDB) Read(ctx context.Context, after, through int64, limit int, heldKeys []string, exclude []int64) ([]seam.MarkedRecord, error) {
-	time.Sleep(d.markDelay)
-	if err := d.wait(ctx); err != nil {
-		return nil, err
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.marks++
-	if d.down {
-		return nil, errDBDown
-	}
-	if d.failMk > 0 {
-		d.failMk--
-		return nil, errDBDown
-	}
-	var ids []int64
-	for id, r := range d.rows {
-		if id > after && id <= through && !slices.Contains(exclude, id) && !slices.Contains(heldKeys, r.KafkaKey) {
-			ids = append(ids, id)
-		}
-	}
-	slices.Sort(ids)
-	var out []seam.MarkedRecord
-	for _, id := range ids[:min(limit, len(ids))] {
-		out = append(out, seam.MarkedRecord{OutboxRecord: *d.rows[id], Err: d.markErr[id]})
 	}
 	return out, nil
 }
