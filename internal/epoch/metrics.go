@@ -50,7 +50,7 @@ func NewMetrics(name string, inFlight func() ([]string, int), held func() (int, 
 	}
 	return &Metrics{
 		Leader:    gauge("leader", "1 while this harvester is the leader and publishing, else 0."),
-		Marked:    counter("records_marked_total", "Records marked for publishing."),
+		Marked:    counter("records_marked_total", "Records claimed for publishing: marked, or read (claimStrategy read)."),
 		Published: counter("records_published_total", "Records committed to Kafka."),
 		Purged:    counter("records_purged_total", "Records deleted from the outbox after publishing."),
 		Reset:     counter("records_reset_total", "Records reset to be marked again after a failure."),
