@@ -87,3 +87,31 @@ func TestAwaitStandbysEndsTheEpochWhenTheServerChanges(t *testing.T) {
 	}
 	r.stop()
 }
+
+// A wait for standbys that never ends holds neither Stop nor the election loop: the leader stays
+// healthy while it waits, and stops promptly.
+func TestStopWhileAwaitingStandbys(t *testing.T) {
+	limits := fastLimits()
+	limits.AwaitStandbys = 1
+	r := newRig(t, limits)
+	db := &standbyFakeDB{fakeDB: r.db}
+	db.server.Store("primary")
+	r.harvestOn(db, limits)
+	r.load(5, 2)
+	r.start()
+	r.waitFor("Ready to report the wait", 5*time.Second, func() bool {
+		err := r.h.Ready(context.Background())
+		return err != nil && strings.Contains(err.Error(), "awaitStandbys is 1")
+	})
+	if err := r.h.Healthy(); err != nil {
+		t.Fatalf("Healthy while waiting for standbys: %v", err)
+	}
+	began := time.Now()
+	r.stop() // fails the test past 10 s
+	if took := time.Since(began); took > 2*r.h.cfg.Limits.HeartbeatTimeout {
+		t.Errorf("Stop took %v while waiting for standbys", took)
+	}
+	if n := len(r.kafka.published()); n != 0 {
+		t.Errorf("%d records published while no standby held their marks", n)
+	}
+}
