@@ -182,7 +182,9 @@ func (h *Harvest) Healthy() error { return h.owner.Healthy() }
 // Answering is not enough for a leader: one whose marks, purges or pre-epoch checks keep
 // failing (say, behind a pooler that rejects its statements while it answers pings) publishes
 // nothing, and Ready says so, with how long, how many failures and the last error. Such a
-// leader has no epoch running most of the time, so goharvest_leader reads 0 then too.
+// leader publishes nothing, and Ready is what says so: with claimStrategy mark it has no epoch
+// running most of the time, so goharvest_leader reads 0 then too; with read (the default) its
+// epoch goes on, reading again, and goharvest_leader stays 1.
 func (h *Harvest) Ready(ctx context.Context) error { return h.owner.Ready(ctx) }
 
 // TransactionalID is the transactional ID of a shard's producers, which every harvester of the
