@@ -13,8 +13,9 @@
 //	              │                                   │
 //	              └──── key finished <── committers (purge) <── committed records
 //
-// The marker marks batches from the head of the outbox while the pipeline has room (the
-// in-flight budget, MaxInFlightRecords: see budget), and hands each record to the send worker
+// The marker claims batches from the head of the outbox (by reading them, or by marking them:
+// see claim.go) while the pipeline has room (the in-flight budget, MaxInFlightRecords: see
+// budget), and hands each record to the send worker
 // that owns its key. A worker keeps a queue per key, and a key's records with Kafka all belong
 // to one transaction: its first record starts a run in the current transaction, and more join
 // the run while that transaction stays open (up to MaxKeyRun, and while the note has room; see
@@ -29,15 +30,15 @@
 // Kafka refused outright is retried with backoff, holding back only its own key. (The reference
 // algorithm resets and remarks on every failed delivery because it cannot tell what else of a
 // batch was sent; with transactions that churn buys nothing.) A fatal producer error (fenced by
-// a newer epoch, say) resets the records and asks for a remark: the owner ends the epoch and
-// starts another under a new leader ID, which marks everything not yet purged again, from the
+// a newer epoch, say) releases the records and asks for a remark: the owner ends the epoch and
+// starts another under a new leader ID, which claims everything not yet purged again, from the
 // head, in order.
 //
 // The stages, one file each: the marker (mark.go, which claims rows through a Claimer: claim.go),
 // the send workers (worker.go; the records they own and who writes what of them, flight.go; held
 // keys, held.go), the transaction loop and the delivery reader (txn.go), the committers
-// (purge.go) and tracing (trace.go). Each piece of mutable
-// state has one owner, named where it is declared: a goroutine, or one lock. Stages pass work on
+// (purge.go), failovers (standby.go) and tracing (trace.go). Each piece of mutable state has one
+// owner, named where it is declared: a goroutine, or one lock. Stages pass work on
 // through mailboxes and wakes (mailbox.go), whose sends never block; the one blocking send, the
 // marker's to a worker's inbox, waits only for a worker, which itself waits on nothing but
 // txnMu and the producer, each bounded in time.
