@@ -136,6 +136,10 @@ func TestLongTransactionDelaysOnlyItsOwnRows(t *testing.T) {
 	stashIn(t, long, r.topic, "long", "long")
 	stop := runHarvester(t, r.harvesterWith("long", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil))
 	defer stop()
+	// Once the harvester publishes (its election and first epoch take a few seconds on Kafka),
+	// each record is timed.
+	r.write("warm-up", "warm-up")
+	c.await(t, time.Minute, "the first record", hasValue("warm-up"))
 	began, n := time.Now(), 0
 	for time.Since(began) < hold {
 		v := fmt.Sprint("meanwhile ", n)
