@@ -31,21 +31,22 @@ func (d *standbyFakeDB) Standbys(_ context.Context, pos seam.WALPosition) (seam.
 	return seam.StandbyCount{Holding: int(d.holding.Load()), Streaming: 1}, nil
 }
 
-// harvestOn replaces the rig's harvester with one on db, with limits.
-func (r *rig) harvestOn(db seam.DatabaseBinding, limits seam.Limits) {
-	r.h = r.newHarvest(limits)
+// newStandbyRig is a rig whose harvester awaits one standby (Limits.AwaitStandbys 1), on a fake
+// database whose server is server.
+func newStandbyRig(t *testing.T, server string) (*rig, *standbyFakeDB) {
+	limits := fastLimits()
+	limits.AwaitStandbys = 1
+	r := newRig(t, limits)
+	db := &standbyFakeDB{fakeDB: r.db}
+	db.server.Store(server)
 	r.h.cfg.OpenStore = func() (seam.DatabaseBinding, error) { return db, nil }
+	return r, db
 }
 
 // With AwaitStandbys, nothing is published while no standby holds the marks, Ready says why,
 // and everything is published, in order, once one does.
 func TestAwaitStandbysHoldsPublishingUntilAStandbyHolds(t *testing.T) {
-	limits := fastLimits()
-	limits.AwaitStandbys = 1
-	r := newRig(t, limits)
-	db := &standbyFakeDB{fakeDB: r.db}
-	db.server.Store("primary")
-	r.harvestOn(db, limits)
+	r, db := newStandbyRig(t, "primary")
 	ids := r.load(20, 10)
 	r.start()
 	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
@@ -66,13 +67,8 @@ func TestAwaitStandbysHoldsPublishingUntilAStandbyHolds(t *testing.T) {
 // An epoch whose statements reach another server than before (a failover the pool followed)
 // ends, and its successor publishes from what the new server holds.
 func TestAwaitStandbysEndsTheEpochWhenTheServerChanges(t *testing.T) {
-	limits := fastLimits()
-	limits.AwaitStandbys = 1
-	r := newRig(t, limits)
-	db := &standbyFakeDB{fakeDB: r.db}
-	db.server.Store("old")
+	r, db := newStandbyRig(t, "old")
 	db.holding.Store(1)
-	r.harvestOn(db, limits)
 	r.start()
 	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
 	// The epoch learns its server from its first wait, at the marker's start.
@@ -91,12 +87,7 @@ func TestAwaitStandbysEndsTheEpochWhenTheServerChanges(t *testing.T) {
 // A wait for standbys that never ends holds neither Stop nor the election loop: the leader stays
 // healthy while it waits, and stops promptly.
 func TestStopWhileAwaitingStandbys(t *testing.T) {
-	limits := fastLimits()
-	limits.AwaitStandbys = 1
-	r := newRig(t, limits)
-	db := &standbyFakeDB{fakeDB: r.db}
-	db.server.Store("primary")
-	r.harvestOn(db, limits)
+	r, _ := newStandbyRig(t, "primary")
 	r.load(5, 2)
 	r.start()
 	r.waitFor("Ready to report the wait", 5*time.Second, func() bool {
