@@ -16,10 +16,13 @@ import (
 	"github.com/goharvest/goharvest/stasher"
 )
 
-// The read strategy (the default) keeps in memory what it has read rather than writing to rows,
+// The read strategy keeps in memory what it has read rather than writing to rows,
 // so these tests hold it to what a naive cursor (read the rows above the last id read) would
 // break, on a real Postgres: a row whose transaction took a lower id and committed late, ids that
 // rolled-back transactions burned, and a writing transaction left open.
+
+// readClaims has a harvester claim by reading (ClaimRead, which these tests are about).
+func readClaims(c *goharvest.Config) { c.ClaimStrategy = goharvest.ClaimRead }
 
 // stashIn writes one record of key with value in tx.
 func stashIn(t *testing.T, tx pgx.Tx, topic, key, value string) {
@@ -76,7 +79,7 @@ func TestLateCommitWithALowerIDIsPublished(t *testing.T) {
 	late := r.begin()
 	stashIn(t, late, r.topic, "late", "late") // takes the lower id, and stays open
 	r.write("early", "early")
-	stop := runHarvester(t, r.harvesterWith("late", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil))
+	stop := runHarvester(t, r.harvesterWith("late", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil, readClaims))
 	defer stop()
 	c.await(t, 30*time.Second, "the record committed first", hasValue("early"))
 	r.write("after", "after")
@@ -95,7 +98,7 @@ func TestLateCommitWithALowerIDIsPublished(t *testing.T) {
 func TestRolledBackIDsStallNothing(t *testing.T) {
 	r := newIntRig(t)
 	c := collect(t, r.addr, r.topic)
-	stop := runHarvester(t, r.harvesterWith("gaps", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil))
+	stop := runHarvester(t, r.harvesterWith("gaps", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil, readClaims))
 	defer stop()
 	for i := range 20 {
 		gap := r.begin()
@@ -134,7 +137,7 @@ func TestLongTransactionDelaysOnlyItsOwnRows(t *testing.T) {
 	c := collect(t, r.addr, r.topic)
 	long := r.begin()
 	stashIn(t, long, r.topic, "long", "long")
-	stop := runHarvester(t, r.harvesterWith("long", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil))
+	stop := runHarvester(t, r.harvesterWith("long", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil, readClaims))
 	defer stop()
 	// Once the harvester publishes (its election and first epoch take a few seconds on Kafka),
 	// each record is timed.
