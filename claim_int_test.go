@@ -128,9 +128,9 @@ func longTransaction() time.Duration {
 }
 
 // A writing transaction held open delays only its own rows: every other key's records, written
-// while it stays open, are published within seconds (designs that read only below the oldest open
-// transaction, pg_snapshot_xmin, publish none of them until it ends); its own row is published
-// once it commits.
+// while it stays open, are published while it is still open (designs that read only below the
+// oldest open transaction, pg_snapshot_xmin, publish none of them until it ends); its own row is
+// published once it commits.
 func TestLongTransactionDelaysOnlyItsOwnRows(t *testing.T) {
 	hold := longTransaction()
 	r := newIntRig(t)
@@ -140,18 +140,18 @@ func TestLongTransactionDelaysOnlyItsOwnRows(t *testing.T) {
 	stop := runHarvester(t, r.harvesterWith("long", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil, readClaims))
 	defer stop()
 	// Once the harvester publishes (its election and first epoch take a few seconds on Kafka),
-	// each record is timed.
+	// each record is awaited.
 	r.write("warm-up", "warm-up")
 	c.await(t, time.Minute, "the first record", hasValue("warm-up"))
-	began, n := time.Now(), 0
+	began, n, slowest := time.Now(), 0, time.Duration(0)
 	for time.Since(began) < hold {
 		v := fmt.Sprint("meanwhile ", n)
 		r.write(fmt.Sprint("k", n%10), v)
 		written := time.Now()
-		c.await(t, 10*time.Second, v, hasValue(v))
-		if took := time.Since(written); took > 5*time.Second {
-			t.Errorf("record %q took %v to arrive while another transaction stayed open", v, took)
-		}
+		// Arriving at all while the transaction is open is the property; how fast is a
+		// benchmark's business on a shared machine.
+		c.await(t, 30*time.Second, v+" while another transaction stayed open", hasValue(v))
+		slowest = max(slowest, time.Since(written))
 		n++
 		time.Sleep(500 * time.Millisecond)
 	}
@@ -162,5 +162,5 @@ func TestLongTransactionDelaysOnlyItsOwnRows(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.await(t, 30*time.Second, "the long transaction's record", hasValue("long"))
-	t.Logf("%d records of other keys published while a transaction stayed open for %v", n, hold)
+	t.Logf("%d records of other keys published while a transaction stayed open for %v, the slowest in %v", n, hold, slowest.Round(time.Millisecond))
 }
