@@ -30,7 +30,7 @@ func (stubStore) PurgeUnchanged(context.Context, map[int64]string) ([]int64, err
 func (stubStore) DeadLetter(context.Context, int64, string, DeadLetterInfo) (bool, error) {
 	return false, nil
 }
-func (stubStore) Read(context.Context, int64, int64, int, []string, []int64) ([]MarkedRecord, error) {
+func (stubStore) Read(context.Context, int, []string, []int64) ([]MarkedRecord, error) {
 	return nil, nil
 }
 func (stubStore) Dispose() {}

@@ -146,9 +146,9 @@ func (d *fakeDB) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, 
 }
 
 // Read is the read strategy's query: what MarkExcept would return, changing nothing.
-func (d *fakeDB) Read(ctx context.Context, after, through int64, limit int, heldKeys []string, exclude []int64) ([]seam.MarkedRecord, error) {
+func (d *fakeDB) Read(ctx context.Context, limit int, heldKeys []string, exclude []int64) ([]seam.MarkedRecord, error) {
 	return d.claim(ctx, limit, func(id int64, r *seam.OutboxRecord) bool {
-		return id > after && id <= through && !slices.Contains(exclude, id) && !slices.Contains(heldKeys, r.KafkaKey)
+		return !slices.Contains(exclude, id) && !slices.Contains(heldKeys, r.KafkaKey)
 	}, func(*seam.OutboxRecord) {})
 }
 

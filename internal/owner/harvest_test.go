@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -336,6 +337,33 @@ func TestLateCommittedLowerIDIsPublished(t *testing.T) {
 	if len(got) != 2 || got[0].id != high[0] || got[1].id != high[0]-1 {
 		t.Fatalf("published %+v, want the higher id then the late lower one", got)
 	}
+}
+
+// A transaction that took a low id commits while a backlog drains, and its writer then writes the
+// key's next record, at the tail: the late record is published first. A claim that read forward
+// from the highest id it had read would reach the next record before it went back for the late one.
+func TestLateCommitThenNextRecordKeepOrderWhileDraining(t *testing.T) {
+	limits := fastLimits()
+	limits.MaxInFlightRecords = 20 // every claim comes back full while the backlog lasts
+	r := newRig(t, limits)
+	r.db.nextID += 10 // ids taken by a transaction still open
+	late, next := int64(5), int64(1_000_000)
+	r.note(late, "late")
+	r.note(next, "late")
+	ids := r.load(50, 40)
+	trigger := ids[100]
+	var once sync.Once
+	r.kafka.onProduce = func(id int64) {
+		if id != trigger {
+			return
+		}
+		once.Do(func() {
+			r.db.insertAt(late, seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "late", KafkaValue: String("committed late")})
+			r.db.insertAt(next, seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "late", KafkaValue: String("written after")})
+		})
+	}
+	r.runUntilEmpty()
+	r.checkOrder(append(ids, late, next))
 }
 
 func TestRejectedRecordHoldsOnlyItsKey(t *testing.T) {

@@ -105,10 +105,10 @@ type Store interface {
 // Reader is implemented by stores that can read rows without claiming them, for the read
 // strategy (internal/epoch/claim_read.go), which writes nothing to a row but its purge.
 type Reader interface {
-	// Read returns up to limit rows whose id is above after and at most through, in id order,
-	// leaving out the rows whose id is in exclude or whose kafka_key is in heldKeys. It changes
-	// nothing. A malformed row comes back as Mark returns it (with Err set).
-	Read(ctx context.Context, after, through int64, limit int, heldKeys []string, exclude []int64) ([]MarkedRecord, error)
+	// Read returns the oldest rows, up to limit, in id order, leaving out the rows whose id is in
+	// exclude or whose kafka_key is in heldKeys. It changes nothing. A malformed row comes back as
+	// Mark returns it (with Err set).
+	Read(ctx context.Context, limit int, heldKeys []string, exclude []int64) ([]MarkedRecord, error)
 }
 
 // SchemaChecker is implemented by bindings that can check the outbox table's columns before
