@@ -150,7 +150,7 @@ func (rig *benchRig) drain(records, keys, maxKeyRun int, claim string) {
 func (r *benchRun) reportStatements(purged int) {
 	claim := "UPDATE % SET leader_id = $1%RETURNING%"
 	if r.claim != goharvest.ClaimMark {
-		claim = "SELECT % WHERE id > $1 AND id <= $2%"
+		claim = "SELECT % WHERE id NOT IN (SELECT unnest($1::bigint[]))%"
 	}
 	for _, st := range []struct {
 		name, like string

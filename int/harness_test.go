@@ -169,7 +169,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
   dataSource: ${DATABASE_URL}
   shards: %d
   idHeader: "%s"
-  limits:
+%s  limits:
     heartbeatTimeout: %s
     minPollInterval: 50ms
     ioErrorBackoff: 100ms
@@ -177,7 +177,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 logging:
   level: info
   format: json
-`, bootstrap, id, id, o.shards, o.idHeader, o.heartbeatTimeout, o.extraYAML)
+`, bootstrap, id, id, o.shards, o.idHeader, claimStrategyYAML(), o.heartbeatTimeout, o.extraYAML)
 	}
 	if err := os.WriteFile(r.config, []byte(r.yaml(r.addr)), 0o600); err != nil {
 		t.Fatal(err)
@@ -689,4 +689,13 @@ func figure(t *testing.T, scenario, format string, args ...any) {
 			f.Close()
 		}
 	}
+}
+
+// claimStrategyYAML sets harvest.claimStrategy from GOHARVEST_TEST_CLAIM ("read" or "mark"), so
+// that a scenario can run with either strategy; unset, the reapers use the default.
+func claimStrategyYAML() string {
+	if claim := os.Getenv("GOHARVEST_TEST_CLAIM"); claim != "" {
+		return "  claimStrategy: " + claim + "\n"
+	}
+	return ""
 }

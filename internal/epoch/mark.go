@@ -126,6 +126,11 @@ func (p *Epoch) markLoop() {
 				return
 			}
 			p.sleep(p.Limits.IOErrorBackoff, nil)
+			// The retry may reach a promoted standby, where ids this epoch purged or holds can
+			// name other rows (standby.go): a new epoch starts there instead.
+			if p.serverChanged(p.ctx) {
+				return
+			}
 			continue
 		}
 		p.DBTrouble.OK(p.Log)

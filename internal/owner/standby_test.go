@@ -106,3 +106,35 @@ func TestStopWhileAwaitingStandbys(t *testing.T) {
 		t.Errorf("%d records published while no standby held their marks", n)
 	}
 }
+
+// serverFakeDB is a fake database that says which server answers (seam.ServerIdentifier).
+type serverFakeDB struct {
+	*fakeDB
+	server atomic.Value // string
+}
+
+func (d *serverFakeDB) Server(context.Context) (string, error) { return d.server.Load().(string), nil }
+
+// A claim that fails and is then retried on another server (the pool followed a failover)
+// ends the epoch, whatever the claim strategy: the promoted database can hand out again ids this
+// epoch has purged or holds, and its successor starts afresh there.
+func TestFailedClaimOnAnotherServerEndsTheEpoch(t *testing.T) {
+	r := newRig(t, fastLimits())
+	db := &serverFakeDB{fakeDB: r.db}
+	db.server.Store("old")
+	r.h.cfg.OpenStore = func() (seam.DatabaseBinding, error) { return db, nil }
+	r.start()
+	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
+	first := *r.h.LeaderID()
+	r.db.mu.Lock()
+	r.db.failMk = 1
+	r.db.mu.Unlock()
+	db.server.Store("promoted")
+	ids := r.load(5, 4)
+	r.waitEmpty(20 * time.Second)
+	r.checkOrder(ids)
+	if now := r.h.LeaderID(); now == nil || *now == first {
+		t.Fatalf("leader ID %v after a claim failed and the server changed, want a new epoch after %v", now, first)
+	}
+	r.stop()
+}
