@@ -267,7 +267,7 @@ func (p *Epoch) requestRemark(reason string, err error) {
 // The order matters: the senders stop first, so that Stop, ending the last transaction, is the
 // only one to touch txnMu's state; the committers then take the last outcomes; the delivery
 // reader ends only once the producer is closed, since that closes its channel.
-func (p *Epoch) Stop(timeout time.Duration) (unpurged []int64, closed <-chan struct{}) {
+func (p *Epoch) Stop(timeout time.Duration) (unpurged Unpurged, closed <-chan struct{}) {
 	deadline := time.Now().Add(timeout)
 	p.flushDeadline.Store(&deadline)
 	giveUp := time.AfterFunc(timeout, p.flushCancel)
@@ -294,7 +294,15 @@ func (p *Epoch) Stop(timeout time.Duration) (unpurged []int64, closed <-chan str
 	}()
 	p.unpurgedMu.Lock()
 	defer p.unpurgedMu.Unlock()
-	return p.unpurged, done
+	return Unpurged{IDs: p.unpurged, Server: p.epochServerOf()}, done
+}
+
+// Unpurged lists the records an epoch committed to Kafka and could not purge, and the database
+// server it read them from ("" when the binding cannot tell servers apart): the next epoch purges
+// them on that server only (seam.WithServer), since on another one their ids can name other rows.
+type Unpurged struct {
+	IDs    []int64
+	Server string
 }
 
 // InFlight returns the keys of the records in flight (see budget), each once, and how many

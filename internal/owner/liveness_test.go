@@ -253,7 +253,7 @@ func TestNextEpochPurgesWhatTheLastCouldNot(t *testing.T) {
 			t.Errorf("record %d published again", p.id)
 		}
 	}
-	if !strings.Contains(r.logs.String(), "purged records the last epoch published") {
+	if !strings.Contains(r.logs.String(), "purge records the last epoch published") {
 		t.Error("the purge of the last epoch's records was not logged")
 	}
 }

@@ -26,11 +26,11 @@ type shard struct {
 	epoch *epoch.Epoch
 
 	// Owned by the owner goroutine (run):
-	starting    *epochStart     // an epoch being prepared, if any
-	prevClosed  <-chan struct{} // closed once the last epoch's producer has closed
-	unpurged    []int64         // records the last epoch published and could not purge
-	acquired    bool            // the current leadership of the shard has had an epoch already
-	nextEpochAt time.Time       // after an error, the next epoch waits for IOErrorBackoff
+	starting    *epochStart      // an epoch being prepared, if any
+	prevClosed  <-chan struct{}  // closed once the last epoch's producer has closed
+	unpurged    []epoch.Unpurged // records the last epochs published and could not purge
+	acquired    bool             // the current leadership of the shard has had an epoch already
+	nextEpochAt time.Time        // after an error, the next epoch waits for IOErrorBackoff
 
 	backlog atomic.Int64 // the shard's latest backlog sample, -1 when none; written by sampleBacklog
 }
@@ -74,7 +74,9 @@ func (h *Owner) signal() {
 func (h *Owner) endEpoch(s *shard, why seam.Event) {
 	if p := h.epochOf(s); p != nil {
 		unpurged, closed := p.Stop(h.cfg.Limits.MaxPollInterval)
-		s.unpurged = append(s.unpurged, unpurged...)
+		if len(unpurged.IDs) > 0 {
+			s.unpurged = append(s.unpurged, unpurged)
+		}
 		s.prevClosed = closed
 		h.mu.Lock()
 		s.epoch = nil

@@ -2,6 +2,8 @@ package owner
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -115,14 +117,28 @@ type serverFakeDB struct {
 
 func (d *serverFakeDB) Server(context.Context) (string, error) { return d.server.Load().(string), nil }
 
+// Purge deletes only on the server the context names, if it names one, as the Postgres binding's
+// does (seam.WithServer).
+func (d *serverFakeDB) Purge(ctx context.Context, ids []int64) (int, error) {
+	if server, ok := seam.ServerOf(ctx); ok && server != d.server.Load().(string) {
+		return 0, seam.ErrServerChanged
+	}
+	return d.fakeDB.Purge(ctx, ids)
+}
+
+func newServerRig(t *testing.T, limits seam.Limits, server string) (*rig, *serverFakeDB) {
+	r := newRig(t, limits)
+	db := &serverFakeDB{fakeDB: r.db}
+	db.server.Store(server)
+	r.h.cfg.OpenStore = func() (seam.DatabaseBinding, error) { return db, nil }
+	return r, db
+}
+
 // A claim that fails and is then retried on another server (the pool followed a failover)
 // ends the epoch, whatever the claim strategy: the promoted database can hand out again ids this
 // epoch has purged or holds, and its successor starts afresh there.
 func TestFailedClaimOnAnotherServerEndsTheEpoch(t *testing.T) {
-	r := newRig(t, fastLimits())
-	db := &serverFakeDB{fakeDB: r.db}
-	db.server.Store("old")
-	r.h.cfg.OpenStore = func() (seam.DatabaseBinding, error) { return db, nil }
+	r, db := newServerRig(t, fastLimits(), "old")
 	r.start()
 	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
 	first := *r.h.LeaderID()
@@ -137,4 +153,49 @@ func TestFailedClaimOnAnotherServerEndsTheEpoch(t *testing.T) {
 		t.Fatalf("leader ID %v after a claim failed and the server changed, want a new epoch after %v", now, first)
 	}
 	r.stop()
+}
+
+// Records an epoch published and could not purge are not purged by id on another server: after a
+// failover, a promoted standby that lacked the old primary's last inserts hands their ids out
+// again, to new rows, which such a purge would delete unpublished. They are left, and published
+// again if their rows are there.
+func TestUnpurgedRecordsAreNotPurgedOnAnotherServer(t *testing.T) {
+	limits := fastLimits()
+	limits.MaxKeyRun = 1
+	r, db := newServerRig(t, limits, "old")
+	r.kafka.delay = time.Millisecond
+	ids := r.load(20, 20)
+	r.start()
+	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids)-40 })
+	r.db.setFailPurges(true)
+	r.waitFor("records committed and not purged", 10*time.Second, func() bool {
+		return len(r.kafka.published()) > len(ids)-r.db.len()
+	})
+	r.elector.revoke()
+	r.waitFor("the revoke", 5*time.Second, func() bool { return !r.h.IsLeader() && r.h.pulseAge() < 50*time.Millisecond })
+	// The promoted server gives the ids of the records committed and not purged to new rows.
+	var reused []int64
+	for _, p := range r.kafka.published() {
+		if r.db.exists(p.id) {
+			reused = append(reused, p.id)
+			r.db.update(p.id, func(rec *seam.OutboxRecord) { rec.KafkaKey, rec.KafkaValue = "new", String("new row") })
+		}
+	}
+	if len(reused) == 0 {
+		t.Fatal("no record was committed and left unpurged; the test exercised nothing")
+	}
+	db.server.Store("promoted")
+	r.db.setFailPurges(false)
+	r.elector.set(stateLeader)
+	r.waitEmpty(10 * time.Second)
+	r.stop()
+	values := r.publishedValues()
+	for _, id := range reused {
+		if !slices.Contains(values, fmt.Sprintf("%d:new row", id)) {
+			t.Errorf("the new row with id %d, reused on the promoted server, was never published", id)
+		}
+	}
+	if !strings.Contains(r.logs.String(), "the database server changed") {
+		t.Error("the records left unpurged were not logged")
+	}
 }

@@ -50,19 +50,19 @@ func (h *Owner) beginEpoch(ctx context.Context, s *shard) *epochStart {
 
 // prepareEpoch runs the steps of an epoch's start and returns its producer, or nil when a step
 // failed and should be retried after IOErrorBackoff.
-func (h *Owner) prepareEpoch(ctx context.Context, s *shard, unpurged []int64) (seam.KafkaProducer, error) {
+func (h *Owner) prepareEpoch(ctx context.Context, s *shard, unpurged []epoch.Unpurged) (seam.KafkaProducer, error) {
 	// Each step first checks that the start has not been abandoned: above all InitTransactions,
 	// which would otherwise fence a leader elected meanwhile.
 	if ctx.Err() != nil || !h.schemaReady(ctx) {
 		return nil, nil
 	}
-	// Records this harvester committed to Kafka and could not purge when its last epoch ended
-	// would otherwise be marked and published again.
-	if len(unpurged) > 0 {
-		if !h.purgeIDs(ctx, "purge records the last epoch published", unpurged) {
+	// Records this harvester committed to Kafka and could not purge when its last epochs ended
+	// would otherwise be marked and published again. Each is purged on the server it was read
+	// from, and left where that server is gone (purgeIDs).
+	for _, u := range unpurged {
+		if !h.purgeIDs(seam.WithServer(ctx, u.Server), "purge records the last epoch published", u.IDs) {
 			return nil, nil
 		}
-		h.log.Info("purged records the last epoch published and could not purge", "records", len(unpurged), "shard", s.id)
 	}
 	if ctx.Err() != nil {
 		return nil, nil
@@ -208,13 +208,21 @@ func (h *Owner) purgeNoted(ctx context.Context, s *shard, producer seam.KafkaPro
 }
 
 // purgeIDs deletes the rows of records that an earlier epoch published, before this one marks
-// anything. It reports false, to be retried, when the database fails.
+// anything. It reports false, to be retried, when the database fails. A purge bound to a server
+// (seam.WithServer) that finds another one (a failover since the records were read) deletes
+// nothing: on a promoted standby that lacked the old primary's last inserts, their ids can name
+// new rows. The records are left, and published again where their rows are still there.
 func (h *Owner) purgeIDs(ctx context.Context, op string, ids []int64) bool {
 	n := 0
 	for batch := range slices.Chunk(ids, epoch.MaxCommitBatch) {
 		purgeCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
 		purged, err := h.db.Purge(purgeCtx, batch)
 		cancel()
+		if errors.Is(err, seam.ErrServerChanged) {
+			h.log.Warn("records an earlier epoch published are not purged: the database server changed since they were read (a failover?), and their ids may name other rows now; those whose rows are there are published again",
+				"records", len(ids), "op", op)
+			break
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				h.dbTrouble.Fail(h.log, op, err)
