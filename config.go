@@ -47,10 +47,9 @@ const (
 	// topics written by goharvest co-partition with those of Java producers, Kafka Streams and
 	// ksqlDB. librdkafka's own default is "consistent_random" (CRC32).
 	DefaultPartitioner = "murmur2_random"
-	// DefaultClaimStrategy is ClaimMark, the strategy every release so far has used. ClaimRead
-	// costs the database less per record (see README, How rows are claimed) and is opt-in until
-	// one failure of the asynchronous Postgres failover scenario with it is understood.
-	DefaultClaimStrategy = ClaimMark
+	// DefaultClaimStrategy is ClaimRead: the database pays only for each record's INSERT and
+	// DELETE.
+	DefaultClaimStrategy = ClaimRead
 )
 
 // The claim strategies (Config.ClaimStrategy).

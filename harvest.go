@@ -183,7 +183,7 @@ func (h *Harvest) Healthy() error { return h.owner.Healthy() }
 // failing (say, behind a pooler that rejects its statements while it answers pings) publishes
 // nothing, and Ready says so, with how long, how many failures and the last error. Such a
 // leader publishes nothing, and Ready is what says so: with claimStrategy mark it has no epoch
-// running most of the time, so goharvest_leader reads 0 then too; with read its
+// running most of the time, so goharvest_leader reads 0 then too; with read (the default) its
 // epoch goes on, reading again, and goharvest_leader stays 1.
 func (h *Harvest) Ready(ctx context.Context) error { return h.owner.Ready(ctx) }
 

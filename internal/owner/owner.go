@@ -41,7 +41,7 @@ type Config struct {
 	// IDHeader names the header that carries each record's id; "" for none.
 	IDHeader string
 	// ClaimStrategy is how epochs claim rows: "read" (epoch.ReadClaim; the store must be a
-	// seam.Reader) or "mark" (epoch.MarkClaim, also for "").
+	// seam.Reader) or "mark" (epoch.MarkClaim); "" takes "read" where the store can read.
 	ClaimStrategy string
 	// NoteGroup and LeaderTopic make each shard's NotePlace (the shard is the partition).
 	NoteGroup, LeaderTopic string
@@ -504,7 +504,7 @@ func (h *Owner) Healthy() error {
 // failing (say, behind a pooler that rejects its statements while it answers pings) publishes
 // nothing, and Ready says so, with how long, how many failures and the last error. Such a
 // leader publishes nothing, and Ready is what says so: with claimStrategy mark it has no epoch
-// running most of the time, so goharvest_leader reads 0 then too; with read its
+// running most of the time, so goharvest_leader reads 0 then too; with read (the default) its
 // epoch goes on, reading again, and goharvest_leader stays 1.
 func (h *Owner) Ready(ctx context.Context) error {
 	if err := h.Healthy(); err != nil {

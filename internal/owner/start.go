@@ -278,7 +278,7 @@ func (h *Owner) schemaReady(ctx context.Context) bool {
 
 // claimer returns how a shard's new epoch claims its rows (Config.ClaimStrategy).
 func (h *Owner) claimer(s *shard, leaderID uuid.UUID) epoch.Claimer {
-	if h.cfg.ClaimStrategy == "read" && s.features.Read != nil {
+	if h.cfg.ClaimStrategy != "mark" && s.features.Read != nil {
 		return epoch.ReadClaim(s.features.Read)
 	}
 	return epoch.MarkClaim(s.db, leaderID)
