@@ -21,6 +21,8 @@ func ShardReadStatement(table string, shards, shard int) string {
 // EncodeNote and MaxNotedRecords let tests write a note as the harvester does (see note.go).
 var EncodeNote = epoch.EncodeNote
 
+type Noted = epoch.Noted
+
 const MaxNotedRecords = epoch.MaxNotedRecords
 
 // ProducerSettings returns the librdkafka properties a harvester configured with cfg gives its

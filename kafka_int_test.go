@@ -87,7 +87,7 @@ func TestNoteReadRightAfterInitTransactionsIsSettled(t *testing.T) {
 			t.Fatal(err)
 		}
 		produceOne(t, p, topic, fmt.Sprint(round))
-		note := goharvest.EncodeNote([]int64{int64(round) + 1})
+		note := goharvest.EncodeNote([]goharvest.Noted{{ID: int64(round) + 1}})
 		if err := p.WriteNote(ctx, place, note); err != nil {
 			t.Fatalf("round %d: write note: %v", round, err)
 		}
@@ -108,11 +108,11 @@ func TestFullNoteCommitsOnApacheKafka(t *testing.T) {
 	id := fmt.Sprintf("note-full-%d", time.Now().UnixNano())
 	topic := c.Topic(t, id, 1)
 	place := goharvest.NotePlace{Group: id + ".notes", Topic: topic, Partition: 0}
-	ids := make([]int64, goharvest.MaxNotedRecords)
-	for i := range ids {
-		ids[i] = math.MaxInt64 / goharvest.MaxNotedRecords * int64(i+1)
+	records := make([]goharvest.Noted, goharvest.MaxNotedRecords)
+	for i := range records {
+		records[i] = goharvest.Noted{ID: math.MaxInt64 / goharvest.MaxNotedRecords * int64(i+1), Fingerprint: math.MaxUint32}
 	}
-	note := goharvest.EncodeNote(ids)
+	note := goharvest.EncodeNote(records)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	p := producerFor(t, id)

@@ -261,6 +261,9 @@ func (d *fakeDB) delete(id int64) {
 func (d *fakeDB) version(id int64) string { return fmt.Sprint(d.versions[id]) }
 
 func (d *fakeDB) Reread(ctx context.Context, ids []int64) ([]seam.RereadRecord, error) {
+	if err := d.wait(ctx); err != nil {
+		return nil, err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.rereads++
@@ -277,6 +280,9 @@ func (d *fakeDB) Reread(ctx context.Context, ids []int64) ([]seam.RereadRecord, 
 }
 
 func (d *fakeDB) PurgeUnchanged(ctx context.Context, versions map[int64]string) ([]int64, error) {
+	if err := d.wait(ctx); err != nil {
+		return nil, err
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.down {
@@ -537,9 +543,12 @@ func (p *fakeProducer) CommitTransaction(ctx context.Context) error {
 	// so that a successor can purge it rather than publish the run again.
 	var noted []int64
 	if p.note != nil {
-		var err error
-		if noted, err = epoch.DecodeNote(*p.note); err != nil {
+		records, err := epoch.DecodeNote(*p.note)
+		if err != nil {
 			k.violate("note %q: %v", *p.note, err)
+		}
+		for _, r := range records {
+			noted = append(noted, r.ID)
 		}
 	}
 	last := map[string]int64{}

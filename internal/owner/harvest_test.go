@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -246,6 +247,40 @@ func TestNextEpochPurgesNotedRecords(t *testing.T) {
 	}
 	if !strings.Contains(r.logs.String(), "purged records an earlier leader published") {
 		t.Error("the next epoch did not report purging the noted records")
+	}
+}
+
+// The leader stops after a run committed and before its purge did, and the database fails over
+// to a standby that lacked the run's rows: it hands their ids out again, to new rows. The next
+// epoch purges only the noted rows that are still what was published (their fingerprints match),
+// so the new rows are published, not deleted unseen.
+func TestNextEpochLeavesNotedIDsThatNameOtherRows(t *testing.T) {
+	r := newRig(t, fastLimits())
+	r.load(3, 100)
+	r.db.failPurgesFromRun = true
+	r.start()
+	r.waitFor("a run to commit and its purge to fail", 10*time.Second, r.db.purgesFailing)
+	r.stop()
+	var reused []int64
+	for _, p := range r.kafka.published() {
+		if r.db.exists(p.id) && !slices.Contains(reused, p.id) {
+			reused = append(reused, p.id)
+			r.db.update(p.id, func(rec *seam.OutboxRecord) { rec.KafkaKey, rec.KafkaValue = "new", String("new row") })
+		}
+	}
+	if len(reused) == 0 {
+		t.Fatal("no published record was left unpurged; the test exercised nothing")
+	}
+
+	r.db.setFailPurges(false)
+	r.elector.set(stateLeader)
+	r.h = r.newHarvest(fastLimits())
+	r.runUntilEmpty()
+	values := r.publishedValues()
+	for _, id := range reused {
+		if !slices.Contains(values, fmt.Sprintf("%d:new row", id)) {
+			t.Errorf("the new row that took id %d was never published", id)
+		}
 	}
 }
 

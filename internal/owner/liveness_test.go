@@ -44,7 +44,7 @@ func TestElectionPulsesWhileEpochStartHangs(t *testing.T) {
 	}{
 		{"InitTransactions", func(r *rig) { r.kafka.initHang = true }},
 		{"database", func(r *rig) {
-			r.kafka.note[rigNotes] = epoch.EncodeNote([]int64{1 << 40}) // a record long gone
+			r.kafka.note[rigNotes] = epoch.EncodeNote([]epoch.Noted{{ID: 1 << 40}}) // a record long gone
 			r.db.setHang(true)
 		}},
 	} {
@@ -347,12 +347,17 @@ func TestReadyReportsTableThatDoesNotFit(t *testing.T) {
 	r.checkOrder(ids)
 }
 
-// failingNotePurge is an outbox whose schema check passes while every purge fails.
+// failingNotePurge is an outbox whose schema check passes while every purge, and every read of
+// the noted rows that a purge of them begins with, fails.
 type failingNotePurge struct{ *fakeDB }
 
 func (d failingNotePurge) CheckSchema(context.Context) error { return nil }
 
 func (d failingNotePurge) Purge(context.Context, []int64) (int, error) { return 0, errDBDown }
+
+func (d failingNotePurge) Reread(context.Context, []int64) ([]seam.RereadRecord, error) {
+	return nil, errDBDown
+}
 
 // An epoch start whose schema check passes while the purge after it keeps failing is one lasting
 // outage, not one that ends and begins again on every attempt: the log says so once (then at its
@@ -361,7 +366,7 @@ func TestEpochStartOutageLasts(t *testing.T) {
 	r := newRig(t, fastLimits())
 	db := failingNotePurge{r.db}
 	r.h.cfg.OpenStore = func() (seam.DatabaseBinding, error) { return db, nil }
-	r.kafka.note[rigNotes] = epoch.EncodeNote([]int64{1 << 40})
+	r.kafka.note[rigNotes] = epoch.EncodeNote([]epoch.Noted{{ID: 1 << 40}})
 	r.start()
 	r.waitFor("several failed starts", 5*time.Second, func() bool {
 		return testutil.ToFloat64(r.h.metrics.Errors.WithLabelValues(epoch.ErrorKindDatabase)) >= 5

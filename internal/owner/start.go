@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/google/uuid"
@@ -194,17 +195,76 @@ func (h *Owner) purgeNoted(ctx context.Context, s *shard, producer seam.KafkaPro
 		}
 		return false, nil
 	}
-	ids, err := epoch.DecodeNote(note)
+	noted, err := epoch.DecodeNote(note)
 	if err != nil {
 		// Not ours to interpret: someone else wrote to the group. Publishing on would risk a run
 		// going out again whole, so wait for an operator.
 		h.kafkaTrouble.Fail(h.log, "read note of group "+place.Group, err, "shard", s.id)
 		return false, nil
 	}
-	if len(ids) == 0 {
-		return true, nil
+	var byID []int64 // a format 1 note's, which has no fingerprints
+	fingerprints := map[int64]uint32{}
+	for _, r := range noted {
+		if r.Fingerprinted {
+			fingerprints[r.ID] = r.Fingerprint
+		} else {
+			byID = append(byID, r.ID)
+		}
 	}
-	return h.purgeIDs(ctx, "purge noted records", ids), nil
+	if len(byID) > 0 && !h.purgeIDs(ctx, "purge noted records", byID) {
+		return false, nil
+	}
+	return h.purgeFingerprinted(ctx, fingerprints), nil
+}
+
+// purgeFingerprinted purges the noted rows that still have the fingerprint the note gives them
+// (epoch.Fingerprint): it reads them, and deletes each only if it is still the version read. A
+// row with another fingerprint took the id after the noted record's row went (a failover to an
+// asynchronous standby): it is left, to be published. It reports false, to be retried, when the
+// database fails.
+func (h *Owner) purgeFingerprinted(ctx context.Context, fingerprints map[int64]uint32) bool {
+	if len(fingerprints) == 0 {
+		return true
+	}
+	ids := slices.Collect(maps.Keys(fingerprints))
+	readCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
+	rows, err := h.db.Reread(readCtx, ids)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			h.dbTrouble.Fail(h.log, "read noted records", err)
+		}
+		return false
+	}
+	versions := map[int64]string{}
+	var others []int64
+	for _, row := range rows {
+		if epoch.Fingerprint(row.OutboxRecord) == fingerprints[row.ID] {
+			versions[row.ID] = row.Version
+		} else {
+			others = append(others, row.ID)
+		}
+	}
+	if len(others) > 0 {
+		h.log.Warn("rows with the ids of noted records are other rows now (ids handed out again after a failover?); they are published, not purged",
+			"ids", others)
+	}
+	if len(versions) == 0 {
+		return true
+	}
+	purgeCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
+	purged, err := h.db.PurgeUnchanged(purgeCtx, versions)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			h.dbTrouble.Fail(h.log, "purge noted records", err)
+		}
+		return false
+	}
+	if len(purged) > 0 {
+		h.log.Info("purged records an earlier leader published and had not purged", "records", len(purged), "op", "purge noted records")
+	}
+	return true
 }
 
 // purgeIDs deletes the rows of records that an earlier epoch published, before this one marks

@@ -44,6 +44,7 @@ func Run(t *testing.T, open func(t *testing.T) Outbox) {
 		{"MarkTakesOverOtherLeadersRows", markTakesOverOtherLeadersRows},
 		{"MarkExceptLeavesHeldKeysAlone", markExceptLeavesHeldKeysAlone},
 		{"RecordsComeBackAsWritten", recordsComeBackAsWritten},
+		{"RereadReturnsWhatAClaimReturned", rereadReturnsWhatAClaimReturned},
 		{"MalformedRowComesBackWithItsError", malformedRowComesBackWithItsError},
 		{"PurgeDeletesAndIgnoresMissing", purgeDeletesAndIgnoresMissing},
 		{"ResetReleasesOnlyOwnRows", resetReleasesOnlyOwnRows},
@@ -156,6 +157,46 @@ func recordsComeBackAsWritten(t *testing.T, o Outbox) {
 		}
 		if !r.CreateTime.Equal(w.CreateTime) {
 			t.Errorf("record %d: creation time %v, written %v", r.ID, r.CreateTime, w.CreateTime)
+		}
+	}
+}
+
+// A row read afresh comes back exactly as a claim returned it: the next epoch tells a noted
+// record's row from a new one that took its id by comparing what it reads afresh with what was
+// published (the engine's note fingerprints), so any difference would leave published rows
+// behind, to be published again.
+func rereadReturnsWhatAClaimReturned(t *testing.T, o Outbox) {
+	value, empty := "value", ""
+	ids := o.Insert(t,
+		seam.OutboxRecord{CreateTime: now(), KafkaTopic: "t1", KafkaKey: "k1", KafkaValue: &value,
+			KafkaHeaders: outbox.Headers{{Key: "h", Value: "1"}, {Key: "h", Value: "2"}}},
+		seam.OutboxRecord{CreateTime: now().Add(-time.Hour), KafkaTopic: "t2", KafkaKey: "", KafkaValue: nil},
+		seam.OutboxRecord{CreateTime: now(), KafkaTopic: "t3", KafkaKey: "k3", KafkaValue: &empty})
+	claimed, err := o.Store.Mark(context.Background(), uuid.New(), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reread, err := o.Store.Reread(context.Background(), ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byID := map[int64]seam.OutboxRecord{}
+	for _, r := range reread {
+		byID[r.ID] = r.OutboxRecord
+	}
+	for _, c := range claimed {
+		r, ok := byID[c.ID]
+		switch {
+		case !ok:
+			t.Errorf("record %d was not read afresh", c.ID)
+		case !r.CreateTime.Equal(c.CreateTime) || r.CreateTime.UnixMicro() != c.CreateTime.UnixMicro():
+			t.Errorf("record %d: creation time %v afresh, %v claimed", c.ID, r.CreateTime, c.CreateTime)
+		case r.KafkaTopic != c.KafkaTopic || r.KafkaKey != c.KafkaKey:
+			t.Errorf("record %d: topic %q key %q afresh, %q %q claimed", c.ID, r.KafkaTopic, r.KafkaKey, c.KafkaTopic, c.KafkaKey)
+		case (r.KafkaValue == nil) != (c.KafkaValue == nil) || r.KafkaValue != nil && *r.KafkaValue != *c.KafkaValue:
+			t.Errorf("record %d: value %v afresh, %v claimed", c.ID, deref(r.KafkaValue), deref(c.KafkaValue))
+		case !slices.Equal(r.KafkaHeaders, c.KafkaHeaders) && len(r.KafkaHeaders)+len(c.KafkaHeaders) > 0:
+			t.Errorf("record %d: headers %v afresh, %v claimed", c.ID, r.KafkaHeaders, c.KafkaHeaders)
 		}
 	}
 }
