@@ -234,14 +234,7 @@ func TestNextEpochPurgesWhatTheLastCouldNot(t *testing.T) {
 	r := newRig(t, limits)
 	r.kafka.delay = time.Millisecond
 	ids := r.load(20, 20)
-	r.start()
-	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids)-40 })
-	r.db.setFailPurges(true)
-	r.waitFor("records committed and not purged", 10*time.Second, func() bool {
-		return len(r.kafka.published()) > len(ids)-r.db.len()
-	})
-	r.elector.revoke()
-	r.waitFor("the revoke", 5*time.Second, func() bool { return !r.h.IsLeader() && r.h.pulseAge() < 50*time.Millisecond })
+	r.endEpochLeavingUnpurged(ids)
 	r.db.setFailPurges(false)
 	r.elector.set(stateLeader)
 	r.waitEmpty(10 * time.Second)
@@ -405,4 +398,19 @@ func TestStopDoesNotWaitForTheDatabaseToClose(t *testing.T) {
 	if !strings.Contains(r.logs.String(), "still closing at shutdown") {
 		t.Error("the log does not say the connections are still closing")
 	}
+}
+
+// endEpochLeavingUnpurged runs the harvester over ids until some are published, then makes purges
+// fail until records are committed and not purged, and revokes the leadership: the epoch ends with
+// records it could not purge. Purges still fail afterwards.
+func (r *rig) endEpochLeavingUnpurged(ids []int64) {
+	r.t.Helper()
+	r.start()
+	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids)-40 })
+	r.db.setFailPurges(true)
+	r.waitFor("records committed and not purged", 10*time.Second, func() bool {
+		return len(r.kafka.published()) > len(ids)-r.db.len()
+	})
+	r.elector.revoke()
+	r.waitFor("the revoke", 5*time.Second, func() bool { return !r.h.IsLeader() && r.h.pulseAge() < 50*time.Millisecond })
 }

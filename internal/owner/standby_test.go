@@ -165,14 +165,7 @@ func TestUnpurgedRecordsAreNotPurgedOnAnotherServer(t *testing.T) {
 	r, db := newServerRig(t, limits, "old")
 	r.kafka.delay = time.Millisecond
 	ids := r.load(20, 20)
-	r.start()
-	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids)-40 })
-	r.db.setFailPurges(true)
-	r.waitFor("records committed and not purged", 10*time.Second, func() bool {
-		return len(r.kafka.published()) > len(ids)-r.db.len()
-	})
-	r.elector.revoke()
-	r.waitFor("the revoke", 5*time.Second, func() bool { return !r.h.IsLeader() && r.h.pulseAge() < 50*time.Millisecond })
+	r.endEpochLeavingUnpurged(ids)
 	// The promoted server gives the ids of the records committed and not purged to new rows.
 	var reused []int64
 	for _, p := range r.kafka.published() {
