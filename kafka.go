@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"sync"
 	"time"
 
@@ -147,6 +148,12 @@ type confluentProducer struct {
 	topics   map[string]topicState
 	lookups  sync.WaitGroup // metadata lookups under way; Close waits for them
 	closing  chan struct{}  // closed by Close: lookups stop waiting for a topic to appear
+
+	commitMu sync.Mutex
+	// commitTime is the time the first call of the commit under way was given, or 0 when no
+	// commit is under way: the last call to CommitTransaction ran out of time (see
+	// CommitTransaction). Guarded by commitMu.
+	commitTime time.Duration
 }
 
 // topicState is what the producer last learnt of a topic: usable (err nil) or not, and when;
@@ -303,8 +310,36 @@ func (c *confluentProducer) InitTransactions(ctx context.Context) error {
 
 func (c *confluentProducer) BeginTransaction() error { return txnError(c.p.BeginTransaction()) }
 
+// CommitTransaction commits, or resumes the commit that an earlier call left under way when it
+// ran out of time. librdkafka's first step of a resumed call must be taken up by its own thread
+// within the call's time; when it is not (a timeout near zero, or that thread kept busy), the
+// call ends for good and librdkafka forgets that a commit is under way. The commit's EndTxn,
+// when Kafka answers it, is then taken for an abort's, and librdkafka asserts and aborts the
+// process ("BUG: Invalid transaction state transition attempted: CommittingTransaction ->
+// AbortedNotAcked", librdkafka 2.11; TestResumingACommitWithNoTimeLeftKeepsTheProcess). The
+// epoch resumes with each attempt's full time, but its last attempt before a deadline can have
+// almost none; so a resume given less than half the time its commit's first call had is not
+// made, and returns a retriable error, as a call that ran out of time does. The commit stays
+// under way, and whatever ends it (a resume with time, the producer's close) finds it known.
 func (c *confluentProducer) CommitTransaction(ctx context.Context) error {
-	return txnError(c.p.CommitTransaction(ctx))
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
+	timeLeft := time.Duration(math.MaxInt64) // no deadline: librdkafka waits as long as it takes
+	if deadline, ok := ctx.Deadline(); ok {
+		timeLeft = max(time.Until(deadline), 0)
+	}
+	if c.commitTime > 0 && timeLeft < c.commitTime/2 {
+		return &TxnError{Retriable: true, Err: fmt.Errorf("commit transaction: %v left is too little to resume the commit under way", timeLeft)}
+	}
+	err := txnError(c.p.CommitTransaction(ctx))
+	var txnErr *TxnError
+	switch {
+	case !errors.As(err, &txnErr) || !txnErr.Retriable:
+		c.commitTime = 0 // committed, or failed for good: no commit under way
+	case c.commitTime == 0:
+		c.commitTime = timeLeft
+	}
+	return err
 }
 
 func (c *confluentProducer) AbortTransaction(ctx context.Context) error {

@@ -19,6 +19,7 @@ var (
 func TestMain(m *testing.M) {
 	kafkatest.ServeIfChild() // benchmarks run their broker in a child process
 	serveHarvesterIfChild()  // and BenchmarkDrainShards a second harvester
+	resumeCommitIfChild()    // and TestResumingACommitWithNoTimeLeftKeepsTheProcess a producer
 	code := pgtest.RunWithDatabase(kafkacluster.Around(m), func(dsn string) error {
 		exampleDataSource = dsn
 		var err error

@@ -59,7 +59,9 @@ type KafkaProducer interface {
 	// BeginTransaction starts a transaction; produced messages belong to it until it ends.
 	BeginTransaction() error
 	// CommitTransaction flushes the transaction's messages and commits it. On error, see
-	// TxnError for what may follow.
+	// TxnError for what may follow. A commit that ran out of time goes on, and the next call
+	// resumes it; a driver may refuse a resume given too little time, with a retriable error,
+	// rather than lose track of the commit (the librdkafka driver does).
 	CommitTransaction(ctx context.Context) error
 	// AbortTransaction aborts the current transaction; its messages are never committed.
 	AbortTransaction(ctx context.Context) error
