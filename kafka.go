@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math"
 	"sync"
 	"time"
 
@@ -150,9 +149,9 @@ type confluentProducer struct {
 	closing  chan struct{}  // closed by Close: lookups stop waiting for a topic to appear
 
 	commitMu sync.Mutex
-	// commitTime is the time the first call of the commit under way was given, or 0 when no
-	// commit is under way: the last call to CommitTransaction ran out of time (see
-	// CommitTransaction). Guarded by commitMu.
+	// commitTime is the time the first call with a deadline of the commit under way was given
+	// (the last call to CommitTransaction returned a retriable error, having run out of time,
+	// say), or 0 when no commit is under way; see CommitTransaction. Guarded by commitMu.
 	commitTime time.Duration
 }
 
@@ -324,11 +323,9 @@ func (c *confluentProducer) BeginTransaction() error { return txnError(c.p.Begin
 func (c *confluentProducer) CommitTransaction(ctx context.Context) error {
 	c.commitMu.Lock()
 	defer c.commitMu.Unlock()
-	timeLeft := time.Duration(math.MaxInt64) // no deadline: librdkafka waits as long as it takes
-	if deadline, ok := ctx.Deadline(); ok {
-		timeLeft = max(time.Until(deadline), 0)
-	}
-	if c.commitTime > 0 && timeLeft < c.commitTime/2 {
+	deadline, hasDeadline := ctx.Deadline() // without one, librdkafka waits as long as it takes
+	timeLeft := max(time.Until(deadline), 0)
+	if hasDeadline && c.commitTime > 0 && timeLeft < c.commitTime/2 {
 		return &TxnError{Retriable: true, Err: fmt.Errorf("commit transaction: %v left is too little to resume the commit under way", timeLeft)}
 	}
 	err := txnError(c.p.CommitTransaction(ctx))
@@ -336,7 +333,7 @@ func (c *confluentProducer) CommitTransaction(ctx context.Context) error {
 	switch {
 	case !errors.As(err, &txnErr) || !txnErr.Retriable:
 		c.commitTime = 0 // committed, or failed for good: no commit under way
-	case c.commitTime == 0:
+	case c.commitTime == 0 && hasDeadline:
 		c.commitTime = timeLeft
 	}
 	return err
