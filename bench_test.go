@@ -54,14 +54,14 @@ const (
 
 // BenchmarkDrain: a backlog of 200,000 records over 10,000 keys, drained by one harvester.
 func BenchmarkDrain(b *testing.B) {
-	byClaim(b, func(b *testing.B, claim string) { benchDrain(b, 200_000, 10_000, 0, claim) })
+	byClaim(b, func(b *testing.B, claim goharvest.ClaimStrategy) { benchDrain(b, 200_000, 10_000, 0, claim) })
 }
 
 // byClaim runs a benchmark once with each claim strategy (Config.ClaimStrategy), the default
 // first, so that one run compares them on the same machine at the same moment.
-func byClaim(b *testing.B, bench func(b *testing.B, claim string)) {
-	for _, claim := range []string{goharvest.ClaimRead, goharvest.ClaimMark} {
-		b.Run("claim="+claim, func(b *testing.B) { bench(b, claim) })
+func byClaim(b *testing.B, bench func(b *testing.B, claim goharvest.ClaimStrategy)) {
+	for _, claim := range []goharvest.ClaimStrategy{goharvest.ClaimRead, goharvest.ClaimMark} {
+		b.Run("claim="+string(claim), func(b *testing.B) { bench(b, claim) })
 	}
 }
 
@@ -78,7 +78,7 @@ func BenchmarkDrainHotKeys(b *testing.B) {
 // drain, which the in-flight limit should bound, and for what the dead rows that purges leave at
 // the head of the table cost each claim.
 func BenchmarkDrainMillion(b *testing.B) {
-	byClaim(b, func(b *testing.B, claim string) { benchDrain(b, 1_000_000, 10_000, 0, claim) })
+	byClaim(b, func(b *testing.B, claim goharvest.ClaimStrategy) { benchDrain(b, 1_000_000, 10_000, 0, claim) })
 }
 
 // BenchmarkDrainPastHeldKey: BenchmarkDrain's backlog behind a row that cannot be published (an
@@ -117,12 +117,12 @@ func BenchmarkDrainPastHeldKey(b *testing.B) {
 }
 
 // benchDrain drains a backlog of records over keys; maxKeyRun 0 is the default.
-func benchDrain(b *testing.B, records, keys, maxKeyRun int, claim string) {
+func benchDrain(b *testing.B, records, keys, maxKeyRun int, claim goharvest.ClaimStrategy) {
 	startBenchRig(b).drain(records, keys, maxKeyRun, claim)
 }
 
 // drain is benchDrain on a rig already started.
-func (rig *benchRig) drain(records, keys, maxKeyRun int, claim string) {
+func (rig *benchRig) drain(records, keys, maxKeyRun int, claim goharvest.ClaimStrategy) {
 	b := rig.b
 	for range b.N {
 		run := rig.newRun()
@@ -195,7 +195,7 @@ func BenchmarkSustained(b *testing.B) {
 		if rate == 5000 {
 			// The rate every machine keeps up with compares the claim strategies.
 			b.Run(name, func(b *testing.B) {
-				byClaim(b, func(b *testing.B, claim string) { benchSustained(b, rate, claim, 0) })
+				byClaim(b, func(b *testing.B, claim goharvest.ClaimStrategy) { benchSustained(b, rate, claim, 0) })
 			})
 			continue
 		}
@@ -207,18 +207,18 @@ func BenchmarkSustained(b *testing.B) {
 // which rolls back one transaction of ten records in every four it begins, leaving gaps in the
 // ids that nothing will fill. Neither strategy may wait for them.
 func BenchmarkWritersWithRollbacks(b *testing.B) {
-	byClaim(b, func(b *testing.B, claim string) { benchSustained(b, 3000, claim, 4) })
+	byClaim(b, func(b *testing.B, claim goharvest.ClaimStrategy) { benchSustained(b, 3000, claim, 4) })
 }
 
 // benchSustained has writers stash at rate (0: as fast as they can) for 20 s while a harvester
 // claiming by claim publishes; with rollbackEvery, each writer rolls back one transaction in
 // that many.
-func benchSustained(b *testing.B, rate float64, claim string, rollbackEvery int) {
+func benchSustained(b *testing.B, rate float64, claim goharvest.ClaimStrategy, rollbackEvery int) {
 	startBenchRig(b).sustained(rate, claim, rollbackEvery)
 }
 
 // sustained is benchSustained on a rig already started.
-func (rig *benchRig) sustained(rate float64, claim string, rollbackEvery int) {
+func (rig *benchRig) sustained(rate float64, claim goharvest.ClaimStrategy, rollbackEvery int) {
 	b := rig.b
 	for range b.N {
 		run := rig.newRun()
@@ -514,10 +514,10 @@ type benchRun struct {
 	h         *goharvest.Harvest
 	run       string // stamped on the records, for the consumer
 	consumers []*benchConsumer
-	maxKeyRun int    // Limits.MaxKeyRun of the harvester; 0 is the default
-	claim     string // Config.ClaimStrategy of the harvester; "" is the default
-	shards    int    // Config.Shards of the harvester; 0 is the default
-	group     string // the election group of the run's harvesters, set by startHarvester
+	maxKeyRun int                     // Limits.MaxKeyRun of the harvester; 0 is the default
+	claim     goharvest.ClaimStrategy // Config.ClaimStrategy of the harvester; "" is the default
+	shards    int                     // Config.Shards of the harvester; 0 is the default
+	group     string                  // the election group of the run's harvesters, set by startHarvester
 }
 
 func (rig *benchRig) newRun() *benchRun {
@@ -561,7 +561,7 @@ func (r *benchRun) startHarvester() {
 type benchHarvesterConfig struct {
 	Broker, DSN, Group               string
 	Shards, MaxKeyRun, AwaitStandbys int
-	Claim                            string
+	Claim                            goharvest.ClaimStrategy
 }
 
 func (r *benchRun) harvesterConfig() benchHarvesterConfig {

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/goharvest/goharvest/internal/owner"
 	"github.com/goharvest/goharvest/internal/pgname"
 	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/internal/strictyaml"
@@ -52,14 +53,29 @@ const (
 	DefaultClaimStrategy = ClaimRead
 )
 
-// The claim strategies (Config.ClaimStrategy).
+// ClaimStrategy is how an epoch claims the rows it publishes (Config.ClaimStrategy). Its YAML
+// form is its string; Validate refuses any value but the constants below.
+type ClaimStrategy string
+
+// The claim strategies.
 const (
 	// ClaimRead reads rows without changing them; the binding must be a seam.Reader, as the
 	// Postgres binding is.
-	ClaimRead = "read"
+	ClaimRead ClaimStrategy = "read"
 	// ClaimMark marks rows with the epoch's leader ID before publishing them (DatabaseBinding.Mark).
-	ClaimMark = "mark"
+	ClaimMark ClaimStrategy = "mark"
 )
+
+// engineClaim is the engine's value for a strategy; ok is false for a value that is none.
+func (s ClaimStrategy) engineClaim() (claim owner.Claim, ok bool) {
+	switch s {
+	case ClaimRead:
+		return owner.ClaimByReading, true
+	case ClaimMark:
+		return owner.ClaimByMarking, true
+	}
+	return 0, false
+}
 
 // Defaults of Limits. A zero field takes its default.
 const (
@@ -137,7 +153,7 @@ type Config struct {
 	// claimed). ClaimRead reads them and writes nothing to a row but its purge; ClaimMark, the
 	// original goharvest's mark-and-purge, sets each row's leader_id first, an UPDATE per record.
 	// Either keeps every guarantee. Default: DefaultClaimStrategy.
-	ClaimStrategy string `yaml:"claimStrategy"`
+	ClaimStrategy ClaimStrategy `yaml:"claimStrategy"`
 
 	// Shards splits the outbox by key into this many shards, each published by one harvester at a
 	// time, so that several harvesters publish at once (see README, Scaling out). A record's shard
@@ -465,7 +481,7 @@ func (c Config) Validate() error {
 	if c.Shards < 1 || c.Shards > outbox.MaxShards {
 		bad("Shards", "shards", "%d is out of range [1, %d]", c.Shards, outbox.MaxShards)
 	}
-	if c.ClaimStrategy != ClaimRead && c.ClaimStrategy != ClaimMark {
+	if _, ok := c.ClaimStrategy.engineClaim(); !ok {
 		bad("ClaimStrategy", "claimStrategy", "%q: must be %q or %q", c.ClaimStrategy, ClaimRead, ClaimMark)
 	}
 	if c.IDHeader != "" && (strings.TrimSpace(c.IDHeader) != c.IDHeader || !utf8.ValidString(c.IDHeader) || strings.ContainsRune(c.IDHeader, 0)) {

@@ -133,6 +133,8 @@ func TestValidateNamesFieldAndRange(t *testing.T) {
 			[]string{"producerKafkaConfig.x", "string, number or boolean"}},
 		{"no bootstrap servers", func(c *Config) { c.BaseKafkaConfig["bootstrap.servers"] = " " },
 			[]string{"baseKafkaConfig.bootstrap.servers"}},
+		{"unknown claim strategy", func(c *Config) { c.ClaimStrategy = "Read" },
+			[]string{"ClaimStrategy (claimStrategy)", `"Read"`, `must be "read" or "mark"`}},
 		{"bad leader topic", func(c *Config) { c.LeaderTopic = "my topic" }, []string{"LeaderTopic (leaderTopic)", `"my topic"`}},
 		{"long leader topic", func(c *Config) { c.LeaderTopic = strings.Repeat("t", 250) }, []string{"leaderTopic", "at most 249"}},
 		{"bad group", func(c *Config) { c.LeaderGroupID = "a/b" }, []string{"LeaderGroupID (leaderGroupID)"}},

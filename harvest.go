@@ -71,6 +71,7 @@ func New(config Config) (*Harvest, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	claim, _ := cfg.ClaimStrategy.engineClaim() // Validate refused any other
 	producerConfig := producerSettings(cfg)
 	var tracer trace.Tracer
 	if cfg.TracerProvider != nil {
@@ -85,7 +86,7 @@ func New(config Config) (*Harvest, error) {
 		Registerer:      cfg.MetricsRegisterer,
 		Tracer:          tracer,
 		IDHeader:        cfg.IDHeader,
-		ClaimStrategy:   cfg.ClaimStrategy,
+		Claim:           claim,
 		NoteGroup:       cfg.LeaderGroupID + NoteGroupSuffix,
 		LeaderTopic:     cfg.LeaderTopic,
 		TransactionalID: TransactionalID(cfg.LeaderGroupID, 0, 1),

@@ -203,8 +203,8 @@ func checkDelivered(t *testing.T, v *verifytest.Verifier, expected map[string]in
 // Each claim strategy drains a backlog whole and in order, and only the mark strategy writes to
 // the rows it publishes before it purges them.
 func TestHarvestDrainsFiftyThousandRecordsInOrder(t *testing.T) {
-	for _, strategy := range []string{goharvest.ClaimRead, goharvest.ClaimMark} {
-		t.Run(strategy, func(t *testing.T) {
+	for _, strategy := range []goharvest.ClaimStrategy{goharvest.ClaimRead, goharvest.ClaimMark} {
+		t.Run(string(strategy), func(t *testing.T) {
 			const keys, perKey = 1000, 50
 			r := newIntRig(t)
 			expected := r.load(keys, perKey)

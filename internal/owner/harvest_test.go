@@ -1,7 +1,6 @@
 package owner
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,10 +21,15 @@ import (
 	"github.com/goharvest/goharvest/internal/testwait"
 )
 
-// claimStrategy is how the rig's harvesters claim rows: "read" unless GOHARVEST_TEST_CLAIM says
-// "mark". make test runs this package's tests with each, so that both strategies are held to
-// every test of the engine.
-var claimStrategy = cmp.Or(os.Getenv("GOHARVEST_TEST_CLAIM"), "read")
+// claimStrategy is how the rig's harvesters claim rows: by reading unless GOHARVEST_TEST_CLAIM
+// says "mark". make test runs this package's tests with each, so that both strategies are held
+// to every test of the engine.
+var claimStrategy = func() Claim {
+	if os.Getenv("GOHARVEST_TEST_CLAIM") == "mark" {
+		return ClaimByMarking
+	}
+	return ClaimByReading
+}()
 
 // rigNotes is where the rig's harvester leaves its notes.
 var rigNotes = seam.NotePlace{Group: "g.notes", Topic: "t"}
@@ -73,7 +77,7 @@ func (r *rig) newHarvest(limits seam.Limits) *Owner {
 		Limits:          limits.WithDefaults(),
 		Logger:          slog.New(slog.NewTextHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Registerer:      r.registry,
-		ClaimStrategy:   claimStrategy,
+		Claim:           claimStrategy,
 		NoteGroup:       rigNotes.Group,
 		LeaderTopic:     rigNotes.Topic,
 		TransactionalID: "goharvest.g",
@@ -477,10 +481,10 @@ func TestFailedClaimRemarksOnlyAMark(t *testing.T) {
 	r.stop()
 	r.checkOrder(ids)
 	n := countEvents[seam.LeaderRefreshed](r.events)
-	if claimStrategy == "mark" && n < 2 {
+	if claimStrategy == ClaimByMarking && n < 2 {
 		t.Fatalf("%d LeaderRefreshed events after two failed marks, want 2", n)
 	}
-	if claimStrategy == "read" && n != 0 {
+	if claimStrategy == ClaimByReading && n != 0 {
 		t.Fatalf("%d LeaderRefreshed events after two failed reads, want none", n)
 	}
 }
@@ -563,13 +567,13 @@ func TestRecordsMarkedAgainMidEpochAreNotQueuedTwice(t *testing.T) {
 	// The deposed leader marks until this leader has taken back at least one record it held (it
 	// used to mark at least five times, which a fast machine drains the outbox before). A leader
 	// that reads takes nothing back: the deposed leader's marks change nothing it reads.
-	for marks := 0; claimStrategy == "mark" && testutil.ToFloat64(r.h.metrics.MarkedAgain) == 0 ||
-		claimStrategy == "read" && marks < 5 && r.db.len() > 0; marks++ {
+	for marks := 0; claimStrategy == ClaimByMarking && testutil.ToFloat64(r.h.metrics.MarkedAgain) == 0 ||
+		claimStrategy == ClaimByReading && marks < 5 && r.db.len() > 0; marks++ {
 		marked, err := r.db.Mark(context.Background(), uuid.New(), 200) // the deposed leader's mark
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(marked) == 0 && claimStrategy == "mark" {
+		if len(marked) == 0 && claimStrategy == ClaimByMarking {
 			t.Fatal("nothing was left to mark again")
 		}
 		time.Sleep(20 * time.Millisecond) // paces the deposed leader's marks, as its loop would
@@ -580,7 +584,7 @@ func TestRecordsMarkedAgainMidEpochAreNotQueuedTwice(t *testing.T) {
 	if dups := len(r.kafka.published()) - len(ids); dups != 0 {
 		t.Errorf("%d records published twice by one leader", dups)
 	}
-	if again := testutil.ToFloat64(r.h.metrics.MarkedAgain); claimStrategy == "mark" && again == 0 {
+	if again := testutil.ToFloat64(r.h.metrics.MarkedAgain); claimStrategy == ClaimByMarking && again == 0 {
 		t.Error("no record was counted as marked again")
 	}
 }

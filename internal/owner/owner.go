@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,27 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
+// Claim is how an epoch claims the rows it publishes.
+type Claim int
+
+const (
+	// ClaimByReading reads rows without writing to them (epoch.ReadClaim); the store must be a
+	// seam.Reader, or Start fails.
+	ClaimByReading Claim = iota
+	// ClaimByMarking sets each row's leader_id before publishing it (epoch.MarkClaim).
+	ClaimByMarking
+)
+
+func (c Claim) String() string {
+	switch c {
+	case ClaimByReading:
+		return "read"
+	case ClaimByMarking:
+		return "mark"
+	}
+	return "Claim(" + strconv.Itoa(int(c)) + ")"
+}
+
 // Config is what an Owner needs, after the root package has applied defaults and validated.
 type Config struct {
 	// Name labels the metrics and logs (goharvest.Config.Name).
@@ -40,9 +62,8 @@ type Config struct {
 	Tracer trace.Tracer
 	// IDHeader names the header that carries each record's id; "" for none.
 	IDHeader string
-	// ClaimStrategy is how epochs claim rows: "read" (epoch.ReadClaim; the store must be a
-	// seam.Reader) or "mark" (epoch.MarkClaim); "" takes "read" where the store can read.
-	ClaimStrategy string
+	// Claim is how epochs claim rows (goharvest.Config.ClaimStrategy).
+	Claim Claim
 	// NoteGroup and LeaderTopic make each shard's NotePlace (the shard is the partition).
 	NoteGroup, LeaderTopic string
 	// TransactionalID is the shards' transactional ID without a shard suffix, for error messages.
@@ -171,7 +192,7 @@ func (h *Owner) Start() error {
 		return fmt.Errorf("harvest: open outbox: %w", err)
 	}
 	shards, err := h.newShards(db)
-	if err == nil && h.cfg.ClaimStrategy == "read" && seam.FeaturesOf(db).Read == nil {
+	if err == nil && h.cfg.Claim == ClaimByReading && seam.FeaturesOf(db).Read == nil {
 		err = fmt.Errorf("harvest: claimStrategy is read, but the database binding (%T) cannot read rows without marking them (seam.Reader); set claimStrategy: mark", db)
 	}
 	if err != nil {

@@ -35,7 +35,7 @@ func TestReadyReportsLeaderThatCannotPublish(t *testing.T) {
 			t.Errorf("Ready says %q; want it to mention %q", notReady, want)
 		}
 	}
-	if claimStrategy == "mark" {
+	if claimStrategy == ClaimByMarking {
 		// A failed mark ends the epoch: between two failed epochs there is no pipeline, and the
 		// gauge must not claim one. (A failed read ends nothing; the epoch reads again.)
 		r.waitFor("goharvest_leader to read 0", 10*time.Second, func() bool {

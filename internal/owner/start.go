@@ -336,9 +336,10 @@ func (h *Owner) schemaReady(ctx context.Context) bool {
 	return true
 }
 
-// claimer returns how a shard's new epoch claims its rows (Config.ClaimStrategy).
+// claimer returns how a shard's new epoch claims its rows (Config.Claim). Start refused a store
+// that cannot read when the claim is by reading.
 func (h *Owner) claimer(s *shard, leaderID uuid.UUID) epoch.Claimer {
-	if h.cfg.ClaimStrategy != "mark" && s.features.Read != nil {
+	if h.cfg.Claim == ClaimByReading {
 		return epoch.ReadClaim(s.features.Read)
 	}
 	return epoch.MarkClaim(s.db, leaderID)
