@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -85,11 +86,11 @@ func resumeCommitWithoutTime(addr string) error {
 		return fmt.Errorf("begin transaction: %w", err)
 	}
 	for {
-		err := p.Produce(goharvest.Message{Topic: "resume", Key: []byte("k"), Value: []byte("v")})
+		err := p.Produce(driver.Message{Topic: "resume", Key: []byte("k"), Value: []byte("v")})
 		if err == nil {
 			break
 		}
-		if !errors.Is(err, goharvest.ErrTopicPending) || ctx.Err() != nil {
+		if !errors.Is(err, driver.ErrTopicPending) || ctx.Err() != nil {
 			return fmt.Errorf("produce: %w", err)
 		}
 		time.Sleep(10 * time.Millisecond) // the producer looks the topic up first
@@ -101,7 +102,7 @@ func resumeCommitWithoutTime(addr string) error {
 	short, cancelShort := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	err = p.CommitTransaction(short)
 	cancelShort()
-	var txnErr *goharvest.TxnError
+	var txnErr *driver.TxnError
 	if !errors.As(err, &txnErr) || !txnErr.Retriable {
 		return fmt.Errorf("a commit held past its call returned %v; want a retriable error", err)
 	}

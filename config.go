@@ -16,9 +16,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/internal/epoch"
 	"github.com/goharvest/goharvest/internal/owner"
 	"github.com/goharvest/goharvest/internal/pgname"
-	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/internal/strictyaml"
 	"github.com/goharvest/goharvest/internal/timing"
 	"github.com/goharvest/goharvest/outbox"
@@ -59,7 +60,7 @@ type ClaimStrategy string
 
 // The claim strategies.
 const (
-	// ClaimRead reads rows without changing them; the binding must be a seam.Reader, as the
+	// ClaimRead reads rows without changing them; the binding must be a driver.Reader, as the
 	// Postgres binding is.
 	ClaimRead ClaimStrategy = "read"
 	// ClaimMark marks rows with the epoch's leader ID before publishing them (DatabaseBinding.Mark).
@@ -79,21 +80,21 @@ func (s ClaimStrategy) engineClaim() (claim owner.Claim, ok bool) {
 
 // Defaults of Limits. A zero field takes its default.
 const (
-	DefaultIOErrorBackoff        = seam.DefaultIOErrorBackoff
-	DefaultPollDuration          = seam.DefaultPollDuration
-	DefaultMinPollInterval       = seam.DefaultMinPollInterval
-	DefaultHeartbeatTimeout      = seam.DefaultHeartbeatTimeout
-	DefaultQueueTimeout          = seam.DefaultQueueTimeout
-	DefaultMarkBackoff           = seam.DefaultMarkBackoff
-	DefaultMaxMarkBackoff        = seam.DefaultMaxMarkBackoff
-	DefaultMaxInFlightRecords    = seam.DefaultMaxInFlightRecords
-	DefaultMaxKeyRun             = seam.DefaultMaxKeyRun
-	DefaultSendConcurrency       = seam.DefaultSendConcurrency
-	DefaultSendBuffer            = seam.DefaultSendBuffer
-	DefaultMarkQueryRecords      = seam.DefaultMarkQueryRecords
-	DefaultMinMetricsInterval    = seam.DefaultMinMetricsInterval
-	DefaultBacklogSampleInterval = seam.DefaultBacklogSampleInterval
-	DefaultHeldCheckInterval     = seam.DefaultHeldCheckInterval
+	DefaultIOErrorBackoff        = epoch.DefaultIOErrorBackoff
+	DefaultPollDuration          = epoch.DefaultPollDuration
+	DefaultMinPollInterval       = epoch.DefaultMinPollInterval
+	DefaultHeartbeatTimeout      = epoch.DefaultHeartbeatTimeout
+	DefaultQueueTimeout          = epoch.DefaultQueueTimeout
+	DefaultMarkBackoff           = epoch.DefaultMarkBackoff
+	DefaultMaxMarkBackoff        = epoch.DefaultMaxMarkBackoff
+	DefaultMaxInFlightRecords    = epoch.DefaultMaxInFlightRecords
+	DefaultMaxKeyRun             = epoch.DefaultMaxKeyRun
+	DefaultSendConcurrency       = epoch.DefaultSendConcurrency
+	DefaultSendBuffer            = epoch.DefaultSendBuffer
+	DefaultMarkQueryRecords      = epoch.DefaultMarkQueryRecords
+	DefaultMinMetricsInterval    = epoch.DefaultMinMetricsInterval
+	DefaultBacklogSampleInterval = epoch.DefaultBacklogSampleInterval
+	DefaultHeldCheckInterval     = epoch.DefaultHeldCheckInterval
 )
 
 // KafkaConfigMap holds librdkafka properties, such as "bootstrap.servers" or "compression.type".
@@ -194,11 +195,11 @@ type Config struct {
 }
 
 // DatabaseBindingProvider opens a DatabaseBinding for an outbox table.
-type DatabaseBindingProvider func(dataSource, outboxTable string) (DatabaseBinding, error)
+type DatabaseBindingProvider func(dataSource, outboxTable string) (driver.DatabaseBinding, error)
 
 // StandardPostgresBindingProvider opens a PostgresBinding with the given options.
 func StandardPostgresBindingProvider(options ...PostgresOption) DatabaseBindingProvider {
-	return func(dataSource, outboxTable string) (DatabaseBinding, error) {
+	return func(dataSource, outboxTable string) (driver.DatabaseBinding, error) {
 		return NewPostgresBinding(dataSource, outboxTable, options...)
 	}
 }
@@ -409,7 +410,7 @@ func (c Config) WithDefaults() Config {
 }
 
 // WithDefaults returns a copy of l in which every zero field holds its default.
-func (l Limits) WithDefaults() Limits { return Limits(seam.Limits(l).WithDefaults()) }
+func (l Limits) WithDefaults() Limits { return Limits(epoch.Limits(l).WithDefaults()) }
 
 // election returns the durations l shares with package neli, whose defaults and ranges package
 // timing holds.

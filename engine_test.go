@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/neli"
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,18 +20,20 @@ import (
 // stubStore is an empty outbox, for tests that only start a harvester.
 type stubStore struct{}
 
-func (stubStore) Mark(context.Context, uuid.UUID, int) ([]MarkedRecord, error) { return nil, nil }
-func (stubStore) MarkExcept(context.Context, uuid.UUID, int, []string) ([]MarkedRecord, error) {
+func (stubStore) Mark(context.Context, uuid.UUID, int) ([]driver.MarkedRecord, error) {
+	return nil, nil
+}
+func (stubStore) MarkExcept(context.Context, uuid.UUID, int, []string) ([]driver.MarkedRecord, error) {
 	return nil, nil
 }
 func (stubStore) Purge(context.Context, []int64) (int, error)                       { return 0, nil }
 func (stubStore) Reset(context.Context, uuid.UUID, []int64) (int, error)            { return 0, nil }
-func (stubStore) Reread(context.Context, []int64) ([]RereadRecord, error)           { return nil, nil }
+func (stubStore) Reread(context.Context, []int64) ([]driver.RereadRecord, error)    { return nil, nil }
 func (stubStore) PurgeUnchanged(context.Context, map[int64]string) ([]int64, error) { return nil, nil }
-func (stubStore) DeadLetter(context.Context, int64, string, DeadLetterInfo) (bool, error) {
+func (stubStore) DeadLetter(context.Context, int64, string, driver.DeadLetterInfo) (bool, error) {
 	return false, nil
 }
-func (stubStore) Read(context.Context, int, []string, []int64) ([]MarkedRecord, error) {
+func (stubStore) Read(context.Context, int, []string, []int64) ([]driver.MarkedRecord, error) {
 	return nil, nil
 }
 func (stubStore) Dispose() {}
@@ -88,7 +91,7 @@ func TestStartRejectsBadProducerConfig(t *testing.T) {
 		LeaderTopic:             "t",
 		MetricsRegisterer:       prometheus.NewRegistry(),
 		ProducerKafkaConfig:     KafkaConfigMap{"compresion.type": "lz4"},
-		DatabaseBindingProvider: func(string, string) (DatabaseBinding, error) { return db, nil },
+		DatabaseBindingProvider: func(string, string) (driver.DatabaseBinding, error) { return db, nil },
 		NeliProvider:            func(neli.Config) (Elector, error) { return elector, nil },
 	})
 	if err != nil {
@@ -133,18 +136,18 @@ func TestProducerLingerDefault(t *testing.T) {
 func TestOwnChecksAreNotWordedAsKafkas(t *testing.T) {
 	c := &confluentProducer{topics: map[string]topicState{}}
 	err := c.checkTopic("no such topic!")
-	var rejected *RejectedError
+	var rejected *driver.RejectedError
 	if !errors.As(err, &rejected) {
 		t.Fatalf("checkTopic of an invalid name returned %v, want a *RejectedError", err)
 	}
 	if msg := err.Error(); strings.Contains(msg, "by Kafka") || !strings.Contains(msg, "by goharvest") {
 		t.Errorf("an invalid topic name is reported as %q; it is goharvest's check, not Kafka's", msg)
 	}
-	kafkaErr := &RejectedError{Err: errors.New("Broker: Message size too large")}
+	kafkaErr := &driver.RejectedError{Err: errors.New("Broker: Message size too large")}
 	if !strings.HasPrefix(kafkaErr.Error(), "rejected by Kafka") {
 		t.Errorf("a broker's refusal reads %q", kafkaErr.Error())
 	}
-	malformed := &RecordError{ID: 7, Reason: "kafka_header_keys has 2 elements but kafka_header_values has 1"}
+	malformed := &driver.RecordError{ID: 7, Reason: "kafka_header_keys has 2 elements but kafka_header_values has 1"}
 	if strings.Contains(malformed.Error(), "Kafka") {
 		t.Errorf("a malformed row reads %q", malformed.Error())
 	}
@@ -154,12 +157,12 @@ func TestOwnChecksAreNotWordedAsKafkas(t *testing.T) {
 // interface and so hides the rest) is refused at Start, by name: with it, a held record could be
 // sent again with content that was never read again.
 func TestStartRefusesBindingWithoutHeldRows(t *testing.T) {
-	type wrapper struct{ DatabaseBinding }
+	type wrapper struct{ driver.DatabaseBinding }
 	h, err := New(Config{
 		LeaderGroupID:           "g",
 		LeaderTopic:             "t",
 		MetricsRegisterer:       prometheus.NewRegistry(),
-		DatabaseBindingProvider: func(string, string) (DatabaseBinding, error) { return wrapper{stubStore{}}, nil },
+		DatabaseBindingProvider: func(string, string) (driver.DatabaseBinding, error) { return wrapper{stubStore{}}, nil },
 		NeliProvider:            func(neli.Config) (Elector, error) { return &stubElector{}, nil },
 	})
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/stasher"
 )
 
@@ -126,8 +127,8 @@ func ExampleHarvest_Run() {
 	if err != nil {
 		panic(err)
 	}
-	h.SetEventHandler(func(e goharvest.Event) {
-		if _, ok := e.(goharvest.LeaderAcquired); ok {
+	h.SetEventHandler(func(e event.Event) {
+		if _, ok := e.(event.LeaderAcquired); ok {
 			fmt.Println("leading")
 		}
 	})

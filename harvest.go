@@ -25,8 +25,10 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/event"
+	"github.com/goharvest/goharvest/internal/epoch"
 	"github.com/goharvest/goharvest/internal/owner"
-	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/neli"
 )
 
@@ -39,18 +41,32 @@ const TransactionalIDPrefix = "goharvest."
 const NoteGroupSuffix = ".notes"
 
 // State is a Harvest's place in its lifecycle.
-type State = owner.State
+type State int
 
 const (
 	// Created: configured, not started.
-	Created = owner.Created
+	Created State = iota
 	// Running: started.
-	Running = owner.Running
+	Running
 	// Stopping: Stop was called (or a fatal error happened); work is winding down.
-	Stopping = owner.Stopping
+	Stopping
 	// Stopped: everything has been released.
-	Stopped = owner.Stopped
+	Stopped
 )
+
+func (s State) String() string {
+	switch s {
+	case Created:
+		return "created"
+	case Running:
+		return "running"
+	case Stopping:
+		return "stopping"
+	case Stopped:
+		return "stopped"
+	}
+	return "State(" + strconv.Itoa(int(s)) + ")"
+}
 
 // Harvest publishes an outbox table to Kafka. Create it with New, then Run it, or Start it and
 // later Stop and Await it. It runs once.
@@ -81,7 +97,7 @@ func New(config Config) (*Harvest, error) {
 	h.owner = owner.New(owner.Config{
 		Name:            cfg.Name,
 		Shards:          cfg.Shards,
-		Limits:          seam.Limits(cfg.Limits),
+		Limits:          epoch.Limits(cfg.Limits),
 		Logger:          cfg.Logger,
 		Registerer:      cfg.MetricsRegisterer,
 		Tracer:          tracer,
@@ -90,10 +106,10 @@ func New(config Config) (*Harvest, error) {
 		NoteGroup:       cfg.LeaderGroupID + NoteGroupSuffix,
 		LeaderTopic:     cfg.LeaderTopic,
 		TransactionalID: TransactionalID(cfg.LeaderGroupID, 0, 1),
-		OpenStore: func() (seam.DatabaseBinding, error) {
+		OpenStore: func() (driver.DatabaseBinding, error) {
 			return cfg.DatabaseBindingProvider(cfg.DataSource, cfg.OutboxTable)
 		},
-		NewElector: func(lost func([]int32)) (seam.Elector, error) {
+		NewElector: func(lost func([]int32)) (driver.Elector, error) {
 			e, err := cfg.NeliProvider(neli.Config{
 				KafkaConfig:      cfg.BaseKafkaConfig,
 				LeaderTopic:      cfg.LeaderTopic,
@@ -111,7 +127,7 @@ func New(config Config) (*Harvest, error) {
 			}
 			return electorSeam(e), nil
 		},
-		NewProducer: func(shard int) (seam.KafkaProducer, error) {
+		NewProducer: func(shard int) (driver.KafkaProducer, error) {
 			config := producerConfig
 			if cfg.Shards > 1 {
 				config = maps.Clone(producerConfig)
@@ -123,8 +139,10 @@ func New(config Config) (*Harvest, error) {
 	return h, nil
 }
 
-// SetEventHandler registers the handler for events (see Event); call it before Start.
-func (h *Harvest) SetEventHandler(handler EventHandler) { h.owner.SetEventHandler(handler) }
+// SetEventHandler registers the handler for events (see package event); call it before Start.
+// Events reach it in the order they happen, on a goroutine of its own: a slow handler delays
+// later events but never the harvester. It need not be safe for concurrent use.
+func (h *Harvest) SetEventHandler(handler func(event.Event)) { h.owner.SetEventHandler(handler) }
 
 // Start opens the outbox and joins the leader election, then returns; the work goes on in the
 // background until Stop. It fails if the harvester was started before or cannot be set up.
@@ -144,7 +162,17 @@ func (h *Harvest) Await() error { return h.owner.Await() }
 func (h *Harvest) Run(ctx context.Context) error { return h.owner.Run(ctx) }
 
 // State returns where the harvester is in its lifecycle.
-func (h *Harvest) State() State { return h.owner.State() }
+func (h *Harvest) State() State {
+	switch h.owner.State() {
+	case owner.Created:
+		return Created
+	case owner.Running:
+		return Running
+	case owner.Stopping:
+		return Stopping
+	}
+	return Stopped
+}
 
 // IsLeader reports whether this harvester is publishing now (any shard, with Config.Shards > 1).
 func (h *Harvest) IsLeader() bool { return h.owner.IsLeader() }
@@ -171,7 +199,7 @@ func (h *Harvest) InFlightRecordKeys() []string { return h.owner.InFlightRecordK
 
 // HeldRecords returns the records that hold back their keys now, oldest first; empty when this
 // harvester does not lead.
-func (h *Harvest) HeldRecords() []HeldRecord { return h.owner.HeldRecords() }
+func (h *Harvest) HeldRecords() []event.HeldRecord { return h.owner.HeldRecords() }
 
 // Healthy reports whether the harvester is running and its loop is alive: nil, or why not. It
 // makes no network calls, so it suits a liveness probe.

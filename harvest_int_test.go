@@ -21,6 +21,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgtest"
@@ -169,7 +171,7 @@ type eventRecorder struct {
 	counts map[string]int
 }
 
-func (e *eventRecorder) record(ev goharvest.Event) {
+func (e *eventRecorder) record(ev event.Event) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.counts == nil {
@@ -325,7 +327,7 @@ func TestHarvestNextEpochPurgesNotedRecords(t *testing.T) {
 	limits := goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond, MaxKeyRun: 100}
 	binding := &failingPurges{pool: r.pool}
 	first := r.harvesterWith("harvest-int", limits, nil, func(c *goharvest.Config) {
-		c.DatabaseBindingProvider = func(dataSource, table string) (goharvest.DatabaseBinding, error) {
+		c.DatabaseBindingProvider = func(dataSource, table string) (driver.DatabaseBinding, error) {
 			pg, err := goharvest.NewPostgresBinding(dataSource, table)
 			binding.PostgresBinding = pg
 			return binding, err

@@ -11,32 +11,14 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/rdlog"
-	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/neli"
 	"github.com/goharvest/goharvest/outbox"
 )
 
-// Message is what the harvester asks a KafkaProducer to publish (see seam.Message).
-type Message = seam.Message
-
-// Delivery reports what became of one produced message (see seam.Delivery).
-type Delivery = seam.Delivery
-
-// RejectedError says that Kafka refused a message as it stands, or that goharvest's own checks
-// refused it before Kafka saw it (see seam.RejectedError).
-type RejectedError = seam.RejectedError
-
-// KafkaProducer publishes messages asynchronously, in transactions: one per leader epoch, whose
-// InitTransactions fences every earlier epoch's (see seam.KafkaProducer for the contract, which
-// internal/producertest checks).
-type KafkaProducer = seam.KafkaProducer
-
-// NotePlace is where transactions leave their notes (see seam.NotePlace).
-type NotePlace = seam.NotePlace
-
 // KafkaProducerProvider creates a producer from librdkafka properties.
-type KafkaProducerProvider func(config KafkaConfigMap) (KafkaProducer, error)
+type KafkaProducerProvider func(config KafkaConfigMap) (driver.KafkaProducer, error)
 
 // Elector is leader election as the harvester sees it; neli.Neli implements it.
 type Elector interface {
@@ -48,9 +30,9 @@ type Elector interface {
 	Close(ctx context.Context) error
 }
 
-// electorSeam gives the engine an Elector, with its Ping if it has one (see seam.Elector).
-func electorSeam(e Elector) seam.Elector {
-	if p, ok := e.(Pinger); ok {
+// electorSeam gives the engine an Elector, with its Ping if it has one (see driver.Elector).
+func electorSeam(e Elector) driver.Elector {
+	if p, ok := e.(driver.Pinger); ok {
 		return pingingElector{electorState{e}, p}
 	}
 	return electorState{e}
@@ -64,22 +46,12 @@ func (e electorState) Fenced() bool  { return e.State() == neli.Fenced }
 
 type pingingElector struct {
 	electorState
-	Pinger
+	driver.Pinger
 }
 
 // NeliProvider creates the leader election for a harvester; the harvester fills in the config
 // (its Barrier included, and not OnEvent: the harvester reports leadership through its own events).
 type NeliProvider func(config neli.Config) (Elector, error)
-
-// ErrQueueFull is returned by Produce when the producer's queue has no room.
-var ErrQueueFull = seam.ErrQueueFull
-
-// TxnError classifies a failed transactional call (see seam.TxnError).
-type TxnError = seam.TxnError
-
-// KafkaConfigError says that Kafka refused the producer's settings or permissions; the harvester
-// stops with it (see seam.KafkaConfigError).
-type KafkaConfigError = seam.KafkaConfigError
 
 // initError classifies a failed InitTransactions of the producer with transactional ID txnID:
 // the refusals of KafkaConfigError, or a TxnError.
@@ -89,14 +61,14 @@ func initError(txnID string, err error) error {
 		switch kerr.Code() {
 		case kafka.ErrTransactionalIDAuthorizationFailed:
 			// librdkafka's message names neither the ID nor the ACL.
-			return &KafkaConfigError{Err: fmt.Errorf("this client may not use transactional ID %q: grant WRITE on TransactionalId %s: %w",
+			return &driver.KafkaConfigError{Err: fmt.Errorf("this client may not use transactional ID %q: grant WRITE on TransactionalId %s: %w",
 				txnID, txnID, err)}
 		case kafka.ErrClusterAuthorizationFailed,
 			kafka.ErrInvalidTransactionTimeout, kafka.ErrUnsupportedVersion, kafka.ErrUnsupportedForMessageFormat:
-			return &KafkaConfigError{Err: err}
+			return &driver.KafkaConfigError{Err: err}
 		}
 		if kerr.IsFatal() {
-			return &KafkaConfigError{Err: err}
+			return &driver.KafkaConfigError{Err: err}
 		}
 	}
 	return txnError(err)
@@ -108,12 +80,12 @@ func txnError(err error) error {
 	if err == nil || !errors.As(err, &kerr) {
 		return err
 	}
-	return &TxnError{Err: err, Retriable: kerr.IsRetriable(), Abortable: kerr.TxnRequiresAbort(), Fatal: kerr.IsFatal()}
+	return &driver.TxnError{Err: err, Retriable: kerr.IsRetriable(), Abortable: kerr.TxnRequiresAbort(), Fatal: kerr.IsFatal()}
 }
 
 // StandardKafkaProducerProvider creates producers on confluent-kafka-go (librdkafka).
 func StandardKafkaProducerProvider(logger *slog.Logger) KafkaProducerProvider {
-	return func(config KafkaConfigMap) (KafkaProducer, error) {
+	return func(config KafkaConfigMap) (driver.KafkaProducer, error) {
 		cm := kafka.ConfigMap{}
 		for k, v := range config {
 			cm[k] = v
@@ -125,7 +97,7 @@ func StandardKafkaProducerProvider(logger *slog.Logger) KafkaProducerProvider {
 		}
 		rdlog.Forward(p.Logs(), logger)
 		txnID, _ := config["transactional.id"].(string)
-		cp := &confluentProducer{p: p, txnID: txnID, deliveries: make(chan Delivery, 1024), log: logger, topics: map[string]topicState{},
+		cp := &confluentProducer{p: p, txnID: txnID, deliveries: make(chan driver.Delivery, 1024), log: logger, topics: map[string]topicState{},
 			closing: make(chan struct{})}
 		go cp.forward()
 		return cp, nil
@@ -140,7 +112,7 @@ func StandardNeliProvider() NeliProvider {
 type confluentProducer struct {
 	p          *kafka.Producer
 	txnID      string
-	deliveries chan Delivery
+	deliveries chan driver.Delivery
 	log        *slog.Logger
 
 	topicsMu sync.Mutex
@@ -175,10 +147,6 @@ const (
 	topicCreateWait = 2 * time.Second
 )
 
-// ErrTopicPending is returned by Produce while the producer finds out whether the message's
-// topic exists; the caller tries again shortly.
-var ErrTopicPending = seam.ErrTopicPending
-
 // checkTopic rejects a message for a topic that cannot exist or does not: librdkafka would hold
 // such a message until topic.metadata.propagation.max.ms passes, and a transaction holding it
 // could not commit meanwhile, stalling every other key. Asking for the topic's metadata also
@@ -189,20 +157,20 @@ var ErrTopicPending = seam.ErrTopicPending
 // broker, which would hold up commits and the end of an epoch.
 func (c *confluentProducer) checkTopic(topic string) error {
 	if err := outbox.CheckName(topic); err != nil {
-		return &RejectedError{Err: fmt.Errorf("topic %q is not a valid Kafka topic name: %w", topic, err), ByGoharvest: true}
+		return &driver.RejectedError{Err: fmt.Errorf("topic %q is not a valid Kafka topic name: %w", topic, err), ByGoharvest: true}
 	}
 	c.topicsMu.Lock()
 	defer c.topicsMu.Unlock()
 	st, known := c.topics[topic]
 	switch {
 	case known && st.pending:
-		return ErrTopicPending
+		return driver.ErrTopicPending
 	case known && (st.err == nil || time.Since(st.at) < topicRecheck):
 		return st.err
 	}
 	c.topics[topic] = topicState{pending: true}
 	c.lookups.Go(func() { c.lookUp(topic) })
-	return ErrTopicPending
+	return driver.ErrTopicPending
 }
 
 // lookUp asks for a topic's metadata and records what it learnt. A topic found missing is asked
@@ -233,14 +201,14 @@ func (c *confluentProducer) describe(topic string) topicState {
 		switch {
 		case ok && t.Error.Code() == kafka.ErrTopicAuthorizationFailed:
 			// Kafka hides from a client without DESCRIBE whether the topic exists; WRITE implies it.
-			st.err = &RejectedError{Err: fmt.Errorf("topic %q: this client may not see or write to it (Kafka's metadata: %s): grant WRITE on topic %s",
+			st.err = &driver.RejectedError{Err: fmt.Errorf("topic %q: this client may not see or write to it (Kafka's metadata: %s): grant WRITE on topic %s",
 				topic, t.Error, topic), ByGoharvest: true}
 		case !ok || t.Error.Code() != kafka.ErrNoError || len(t.Partitions) == 0:
 			reason := "missing"
 			if ok && t.Error.Code() != kafka.ErrNoError {
 				reason = t.Error.String()
 			}
-			st.err = &RejectedError{Err: fmt.Errorf("topic %q does not exist and was not created (Kafka's metadata: %s)", topic, reason),
+			st.err = &driver.RejectedError{Err: fmt.Errorf("topic %q does not exist and was not created (Kafka's metadata: %s)", topic, reason),
 				ByGoharvest: true}
 		}
 	}
@@ -259,9 +227,9 @@ func (c *confluentProducer) forward() {
 				// A client with DESCRIBE on the topic and not WRITE gets this far; Kafka's message
 				// names neither the topic nor the ACL.
 				topic := *e.TopicPartition.Topic
-				err = &RejectedError{Err: fmt.Errorf("this client may not write to topic %q: grant WRITE on topic %s: %w", topic, topic, kerr)}
+				err = &driver.RejectedError{Err: fmt.Errorf("this client may not write to topic %q: grant WRITE on topic %s: %w", topic, topic, kerr)}
 			}
-			c.deliveries <- Delivery{Opaque: e.Opaque, Err: err}
+			c.deliveries <- driver.Delivery{Opaque: e.Opaque, Err: err}
 		case kafka.Error:
 			// Client-level trouble (brokers down, authentication); the messages affected get their
 			// own delivery reports.
@@ -270,7 +238,7 @@ func (c *confluentProducer) forward() {
 	}
 }
 
-func (c *confluentProducer) Produce(msg Message) error {
+func (c *confluentProducer) Produce(msg driver.Message) error {
 	if err := c.checkTopic(msg.Topic); err != nil {
 		return err
 	}
@@ -290,18 +258,18 @@ func (c *confluentProducer) Produce(msg Message) error {
 	if errors.As(err, &kerr) {
 		switch kerr.Code() {
 		case kafka.ErrQueueFull:
-			return ErrQueueFull
+			return driver.ErrQueueFull
 		case kafka.ErrState:
 			// The transaction is being committed or must be aborted; not the message's fault.
-			return &TxnError{Err: err, Retriable: true}
+			return &driver.TxnError{Err: err, Retriable: true}
 		case kafka.ErrFatal:
-			return &TxnError{Err: err, Fatal: true}
+			return &driver.TxnError{Err: err, Fatal: true}
 		}
 	}
 	return classify(err)
 }
 
-func (c *confluentProducer) Deliveries() <-chan Delivery { return c.deliveries }
+func (c *confluentProducer) Deliveries() <-chan driver.Delivery { return c.deliveries }
 
 func (c *confluentProducer) InitTransactions(ctx context.Context) error {
 	return initError(c.txnID, c.p.InitTransactions(ctx))
@@ -326,10 +294,10 @@ func (c *confluentProducer) CommitTransaction(ctx context.Context) error {
 	deadline, hasDeadline := ctx.Deadline() // without one, librdkafka waits as long as it takes
 	timeLeft := max(time.Until(deadline), 0)
 	if hasDeadline && c.commitTime > 0 && timeLeft < c.commitTime/2 {
-		return &TxnError{Retriable: true, Err: fmt.Errorf("commit transaction: %v left is too little to resume the commit under way", timeLeft)}
+		return &driver.TxnError{Retriable: true, Err: fmt.Errorf("commit transaction: %v left is too little to resume the commit under way", timeLeft)}
 	}
 	err := txnError(c.p.CommitTransaction(ctx))
-	var txnErr *TxnError
+	var txnErr *driver.TxnError
 	switch {
 	case !errors.As(err, &txnErr) || !txnErr.Retriable:
 		c.commitTime = 0 // committed, or failed for good: no commit under way
@@ -343,7 +311,7 @@ func (c *confluentProducer) AbortTransaction(ctx context.Context) error {
 	return txnError(c.p.AbortTransaction(ctx))
 }
 
-func (c *confluentProducer) WriteNote(ctx context.Context, place NotePlace, note string) error {
+func (c *confluentProducer) WriteNote(ctx context.Context, place driver.NotePlace, note string) error {
 	// A group without members accepts offsets from a producer that is not one of its consumers;
 	// this metadata says so (generation -1, no member ID).
 	group, err := kafka.NewTestConsumerGroupMetadata(place.Group)
@@ -355,7 +323,7 @@ func (c *confluentProducer) WriteNote(ctx context.Context, place NotePlace, note
 	return txnError(c.p.SendOffsetsToTransaction(ctx, offsets, group))
 }
 
-func (c *confluentProducer) ReadNote(ctx context.Context, place NotePlace) (string, error) {
+func (c *confluentProducer) ReadNote(ctx context.Context, place driver.NotePlace) (string, error) {
 	// Read once per epoch, so the admin client (which shares the producer's connections) lives
 	// only for the call.
 	admin, err := kafka.NewAdminClientFromProducer(c.p)
@@ -390,15 +358,15 @@ func (c *confluentProducer) ReadNote(ctx context.Context, place NotePlace) (stri
 // noteError wraps a failure to read a note. A refusal for lack of permission is a
 // KafkaConfigError, with the ACL that would allow it: retrying cannot help, and a leader that
 // cannot read its shard's note must not publish it.
-func noteError(place NotePlace, err error) error {
+func noteError(place driver.NotePlace, err error) error {
 	var kerr kafka.Error
 	if errors.As(err, &kerr) {
 		switch kerr.Code() {
 		case kafka.ErrGroupAuthorizationFailed:
-			return &KafkaConfigError{Err: fmt.Errorf("this client may not read the notes of group %q: grant READ on group %s: %w",
+			return &driver.KafkaConfigError{Err: fmt.Errorf("this client may not read the notes of group %q: grant READ on group %s: %w",
 				place.Group, place.Group, err)}
 		case kafka.ErrTopicAuthorizationFailed:
-			return &KafkaConfigError{Err: fmt.Errorf("this client may not read the notes of group %q on topic %q: grant READ on topic %s: %w",
+			return &driver.KafkaConfigError{Err: fmt.Errorf("this client may not read the notes of group %q on topic %q: grant READ on topic %s: %w",
 				place.Group, place.Topic, place.Topic, err)}
 		}
 	}
@@ -425,7 +393,7 @@ func classify(err error) error {
 	case kafka.ErrMsgSizeTooLarge, kafka.ErrRecordListTooLarge, kafka.ErrInvalidMsg, kafka.ErrInvalidRecord,
 		kafka.ErrUnknownTopic, kafka.ErrUnknownTopicOrPart, kafka.ErrTopicException,
 		kafka.ErrTopicAuthorizationFailed, kafka.ErrPolicyViolation:
-		return &RejectedError{Err: kerr}
+		return &driver.RejectedError{Err: kerr}
 	}
 	return err
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/stasher"
@@ -20,7 +21,7 @@ import (
 
 // producerFor returns a transactional producer of the ID txnID on the shared cluster, its
 // transactions initialised, closed when the test ends.
-func producerFor(t *testing.T, txnID string) goharvest.KafkaProducer {
+func producerFor(t *testing.T, txnID string) driver.KafkaProducer {
 	t.Helper()
 	p, err := goharvest.StandardKafkaProducerProvider(slog.New(slog.DiscardHandler))(goharvest.KafkaConfigMap{
 		"bootstrap.servers": kafkacluster.Shared(t).Addr(), "transactional.id": txnID, "linger.ms": 1,
@@ -48,14 +49,14 @@ func producerFor(t *testing.T, txnID string) goharvest.KafkaProducer {
 }
 
 // produceOne queues one message, retrying while the topic's metadata is looked up.
-func produceOne(t *testing.T, p goharvest.KafkaProducer, topic, value string) {
+func produceOne(t *testing.T, p driver.KafkaProducer, topic, value string) {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		err := p.Produce(goharvest.Message{Topic: topic, Key: []byte("k"), Value: []byte(value)})
+		err := p.Produce(driver.Message{Topic: topic, Key: []byte("k"), Value: []byte(value)})
 		if err == nil {
 			return
 		}
-		if !errors.Is(err, goharvest.ErrTopicPending) || time.Now().After(deadline) {
+		if !errors.Is(err, driver.ErrTopicPending) || time.Now().After(deadline) {
 			t.Fatalf("produce: %v", err)
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -70,7 +71,7 @@ func TestNoteReadRightAfterInitTransactionsIsSettled(t *testing.T) {
 	c := kafkacluster.Shared(t)
 	id := fmt.Sprintf("note-settled-%d", time.Now().UnixNano())
 	topic := c.Topic(t, id, 1)
-	place := goharvest.NotePlace{Group: id + ".notes", Topic: topic, Partition: 0}
+	place := driver.NotePlace{Group: id + ".notes", Topic: topic, Partition: 0}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	want := ""
@@ -107,7 +108,7 @@ func TestFullNoteCommitsOnApacheKafka(t *testing.T) {
 	c := kafkacluster.Shared(t)
 	id := fmt.Sprintf("note-full-%d", time.Now().UnixNano())
 	topic := c.Topic(t, id, 1)
-	place := goharvest.NotePlace{Group: id + ".notes", Topic: topic, Partition: 0}
+	place := driver.NotePlace{Group: id + ".notes", Topic: topic, Partition: 0}
 	records := make([]goharvest.Noted, goharvest.MaxNotedRecords)
 	for i := range records {
 		records[i] = goharvest.Noted{ID: math.MaxInt64 / goharvest.MaxNotedRecords * int64(i+1), Fingerprint: math.MaxUint32}
@@ -150,7 +151,7 @@ func TestFencedProducerCannotCommit(t *testing.T) {
 	_ = producerFor(t, id) // fences old
 	produceOne(t, old, topic, "after the fence")
 	err := old.CommitTransaction(ctx)
-	var txnErr *goharvest.TxnError
+	var txnErr *driver.TxnError
 	if !errors.As(err, &txnErr) || !txnErr.Fatal {
 		t.Fatalf("the fenced producer's commit returned %v, want a fatal TxnError", err)
 	}
@@ -191,11 +192,11 @@ func BenchmarkTransactionCycle(b *testing.B) {
 					b.Fatal(err)
 				}
 				for {
-					err := p.Produce(goharvest.Message{Topic: id, Key: []byte("k"), Value: []byte("v")})
+					err := p.Produce(driver.Message{Topic: id, Key: []byte("k"), Value: []byte("v")})
 					if err == nil {
 						break
 					}
-					if !errors.Is(err, goharvest.ErrTopicPending) {
+					if !errors.Is(err, driver.ErrTopicPending) {
 						b.Fatal(err)
 					}
 					time.Sleep(time.Millisecond)

@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/stasher"
@@ -324,7 +325,7 @@ func TestIDHeaderIsTheSameOnEveryPublish(t *testing.T) {
 	limits := goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}
 
 	stop := runHarvester(t, r.harvesterWith("id-int", limits, nil, withIDs, func(cfg *goharvest.Config) {
-		cfg.DatabaseBindingProvider = func(dataSource, table string) (goharvest.DatabaseBinding, error) {
+		cfg.DatabaseBindingProvider = func(dataSource, table string) (driver.DatabaseBinding, error) {
 			pg, err := goharvest.NewPostgresBinding(dataSource, table)
 			return failedPurges{pg}, err
 		}

@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/pgname"
-	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/outbox"
 )
 
@@ -109,8 +109,8 @@ func readStatement(table, where, orderBy string) string {
   LIMIT $3`
 }
 
-// Read implements seam.Reader with one SELECT: it writes nothing.
-func (b *PostgresBinding) Read(ctx context.Context, limit int, heldKeys []string, exclude []int64) ([]MarkedRecord, error) {
+// Read implements driver.Reader with one SELECT: it writes nothing.
+func (b *PostgresBinding) Read(ctx context.Context, limit int, heldKeys []string, exclude []int64) ([]driver.MarkedRecord, error) {
 	// As bytes, so that the comparison holds for a bytea kafka_key too (see MarkExcept).
 	keys := make([][]byte, len(heldKeys))
 	for i, k := range heldKeys {
@@ -126,7 +126,7 @@ func (b *PostgresBinding) Read(ctx context.Context, limit int, heldKeys []string
 // Shard returns a view of the binding that marks only the rows of one shard of shards (see
 // Config.Shards); purges, resets and re-reads work by id and are the same. The view's Dispose
 // does nothing: the binding's pool is shared.
-func (b *PostgresBinding) Shard(shard, shards int) DatabaseBinding {
+func (b *PostgresBinding) Shard(shard, shards int) driver.DatabaseBinding {
 	v := *b
 	where, orderBy := outbox.ShardMarkClauses(shards, shard)
 	v.shard, v.shardOrder = " AND "+where, orderBy
@@ -187,12 +187,12 @@ func (b *PostgresBinding) CheckSchema(ctx context.Context) error {
 		}
 	}
 	if len(problems) > 0 {
-		return &SchemaError{Table: b.table, Problems: problems}
+		return &driver.SchemaError{Table: b.table, Problems: problems}
 	}
 	return nil
 }
 
-var _ DatabaseBinding = (*PostgresBinding)(nil)
+var _ driver.DatabaseBinding = (*PostgresBinding)(nil)
 
 // postgresExecMode is how the binding's pool sends statements. pgx's default caches a named
 // prepared statement per query on each connection, which breaks behind a pooler that hands out
@@ -293,19 +293,19 @@ func NewPostgresBinding(dataSource, outboxTable string, options ...PostgresOptio
 }
 
 // Mark implements DatabaseBinding.
-func (b *PostgresBinding) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]MarkedRecord, error) {
+func (b *PostgresBinding) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]driver.MarkedRecord, error) {
 	rows, err := b.pool.Query(ctx, b.markSQL, leaderID, limit)
 	return readMarked("mark outbox", rows, err, limit)
 }
 
 // readMarked reads the rows of a mark, sorted by id.
-func readMarked(op string, rows pgx.Rows, err error, limit int) ([]MarkedRecord, error) {
+func readMarked(op string, rows pgx.Rows, err error, limit int) ([]driver.MarkedRecord, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
 	defer rows.Close()
 
-	records := make([]MarkedRecord, 0, limit)
+	records := make([]driver.MarkedRecord, 0, limit)
 	for rows.Next() {
 		rec, err := scanRecord(rows)
 		if err != nil {
@@ -316,12 +316,12 @@ func readMarked(op string, rows pgx.Rows, err error, limit int) ([]MarkedRecord,
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("%s: %w", op, err)
 	}
-	slices.SortFunc(records, func(a, b MarkedRecord) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(records, func(a, b driver.MarkedRecord) int { return cmp.Compare(a.ID, b.ID) })
 	return records, nil
 }
 
 // scanRecord reads one row of outboxSelect, after the columns in extra.
-func scanRecord(rows pgx.Rows, extra ...any) (MarkedRecord, error) {
+func scanRecord(rows pgx.Rows, extra ...any) (driver.MarkedRecord, error) {
 	// Every column is read in a form that accepts NULLs and any array shape, so that one odd
 	// row becomes a RecordError for that row instead of failing the whole batch: the batch is
 	// already marked, and rows marked but never returned would sit unpublished.
@@ -331,7 +331,7 @@ func scanRecord(rows pgx.Rows, extra ...any) (MarkedRecord, error) {
 	)
 	if err := rows.Scan(append(extra, &row.id, &row.createTime, &row.topic, &row.key, &row.value,
 		&headerKeys, &headerVal, &row.leaderID)...); err != nil {
-		return MarkedRecord{}, err
+		return driver.MarkedRecord{}, err
 	}
 	return row.record(headerKeys, headerVal), nil
 }
@@ -344,8 +344,8 @@ type outboxRow struct {
 	leaderID   pgtype.UUID
 }
 
-func (r outboxRow) record(headerKeys, headerValues pgtype.Array[payload]) MarkedRecord {
-	m := MarkedRecord{OutboxRecord: OutboxRecord{
+func (r outboxRow) record(headerKeys, headerValues pgtype.Array[payload]) driver.MarkedRecord {
+	m := driver.MarkedRecord{OutboxRecord: OutboxRecord{
 		ID:         r.id,
 		CreateTime: r.createTime.Time,
 		KafkaTopic: r.topic.String,
@@ -374,7 +374,7 @@ func (r outboxRow) record(headerKeys, headerValues pgtype.Array[payload]) Marked
 	}
 	m.KafkaHeaders = headers
 	if len(problems) > 0 {
-		m.Err = &RecordError{ID: r.id, Reason: strings.Join(problems, "; ")}
+		m.Err = &driver.RecordError{ID: r.id, Reason: strings.Join(problems, "; ")}
 	}
 	return m
 }
@@ -400,7 +400,7 @@ func pairHeaders(keys, values pgtype.Array[payload]) (KafkaHeaders, string) {
 
 // Purge implements DatabaseBinding with one DELETE for all the IDs.
 func (b *PostgresBinding) Purge(ctx context.Context, ids []int64) (int, error) {
-	if server, ok := seam.ServerOf(ctx); ok {
+	if server, ok := driver.ServerOf(ctx); ok {
 		return b.purgeOn(ctx, server, ids) // postgres_failover.go
 	}
 	tag, err := b.pool.Exec(ctx, b.purgeSQL, ids)
@@ -455,7 +455,7 @@ func (b *PostgresBinding) Listen(ctx context.Context, wake func()) error {
 		return nil
 	case timedOut:
 		return fmt.Errorf("listen on %s as %s: a test notification did not arrive within %v (is the listen data source a pooler in transaction mode?): %w",
-			b.channel, describeConn(b.listen), b.probe, ErrNotificationsLost)
+			b.channel, describeConn(b.listen), b.probe, driver.ErrNotificationsLost)
 	case err != nil:
 		return fmt.Errorf("listen on %s: %w", b.channel, err)
 	}

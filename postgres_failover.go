@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
 )
 
 // What the harvester does about a Postgres failover: a standby promoted when its primary fails.
@@ -24,27 +24,6 @@ import (
 //     records are (standbyWait): a promoted standby then lacks no purge whose key moved on, and
 //     no row that was published (so it cannot give a published record's id to a new row).
 
-// The store's seams for it (RecoveryChecker, StandbyWaiter, ServerIdentifier) are declared in
-// internal/seam, the engine's side in internal/epoch/standby.go and internal/owner/standby.go.
-
-// ErrStandby says that the database is a standby (pg_is_in_recovery() is true) and accepts no
-// writes.
-var ErrStandby = seam.ErrStandby
-
-type (
-	// RecoveryChecker is implemented by bindings that can tell whether their database is a standby.
-	RecoveryChecker = seam.RecoveryChecker
-	// WALPosition is a point in a database server's write-ahead log, and the server it belongs to.
-	WALPosition = seam.WALPosition
-	// StandbyCount is what a primary's pg_stat_replication says about its standbys.
-	StandbyCount = seam.StandbyCount
-	// StandbyWaiter is implemented by bindings whose database can tell how far its standbys have
-	// come (Limits.AwaitStandbys).
-	StandbyWaiter = seam.StandbyWaiter
-	// ServerIdentifier is implemented by bindings that can tell one database server from another.
-	ServerIdentifier = seam.ServerIdentifier
-)
-
 // InRecovery implements RecoveryChecker.
 func (b *PostgresBinding) InRecovery(ctx context.Context) (bool, error) {
 	var standby bool
@@ -56,11 +35,11 @@ func (b *PostgresBinding) InRecovery(ctx context.Context) (bool, error) {
 
 // WALPosition implements StandbyWaiter. It takes the insert position rather than the flushed
 // one, which may be behind a commit made with synchronous_commit off.
-func (b *PostgresBinding) WALPosition(ctx context.Context) (WALPosition, error) {
-	var pos WALPosition
+func (b *PostgresBinding) WALPosition(ctx context.Context) (driver.WALPosition, error) {
+	var pos driver.WALPosition
 	err := b.pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text, pg_postmaster_start_time()::text").Scan(&pos.LSN, &pos.Server)
 	if err != nil {
-		return WALPosition{}, fmt.Errorf("read the WAL position: %w", err)
+		return driver.WALPosition{}, fmt.Errorf("read the WAL position: %w", err)
 	}
 	return pos, nil
 }
@@ -81,16 +60,16 @@ GROUP BY 4`
 
 // Standbys implements StandbyWaiter from pg_stat_replication, whose positions only a role with
 // pg_monitor (or pg_read_all_stats) sees for standbys that connect as another role.
-func (b *PostgresBinding) Standbys(ctx context.Context, pos WALPosition) (StandbyCount, error) {
+func (b *PostgresBinding) Standbys(ctx context.Context, pos driver.WALPosition) (driver.StandbyCount, error) {
 	var (
-		c      StandbyCount
+		c      driver.StandbyCount
 		server string
 	)
 	if err := b.pool.QueryRow(ctx, standbysSQL, pos.LSN).Scan(&c.Holding, &c.Streaming, &c.Hidden, &server); err != nil {
-		return StandbyCount{}, fmt.Errorf("read pg_stat_replication: %w", err)
+		return driver.StandbyCount{}, fmt.Errorf("read pg_stat_replication: %w", err)
 	}
 	if server != pos.Server {
-		return StandbyCount{}, seam.ErrServerChanged
+		return driver.StandbyCount{}, driver.ErrServerChanged
 	}
 	return c, nil
 }
@@ -118,7 +97,7 @@ SELECT (SELECT same FROM s), (SELECT count(*) FROM d)`, ids, server).Scan(&same,
 	case err != nil:
 		return 0, fmt.Errorf("purge outbox: %w", err)
 	case !same:
-		return 0, fmt.Errorf("purge outbox: %w", seam.ErrServerChanged)
+		return 0, fmt.Errorf("purge outbox: %w", driver.ErrServerChanged)
 	}
 	return purged, nil
 }

@@ -10,8 +10,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/pgcluster"
-	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/internal/syncbuf"
 	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/neli"
@@ -60,14 +60,14 @@ func TestPostgresStandbys(t *testing.T) {
 	}
 	defer b.Dispose()
 	ctx := context.Background()
-	holds := func() (WALPosition, StandbyCount) {
+	holds := func() (driver.WALPosition, driver.StandbyCount) {
 		t.Helper()
 		exec(t, pgcluster.WithDatabase(primary.AdminDSN(), db), "INSERT INTO outbox (create_time, kafka_topic, kafka_key, kafka_header_keys, kafka_header_values) VALUES (now(), 't', 'k', '{}', '{}')")
 		pos, err := b.WALPosition(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var c StandbyCount
+		var c driver.StandbyCount
 		testwait.UntilEvery(3*time.Second, 5*time.Millisecond, func() bool {
 			if c, err = b.Standbys(ctx, pos); err != nil {
 				t.Fatal(err)
@@ -76,7 +76,7 @@ func TestPostgresStandbys(t *testing.T) {
 		})
 		return pos, c
 	}
-	if _, c := holds(); c != (StandbyCount{Holding: 1, Streaming: 1}) {
+	if _, c := holds(); c != (driver.StandbyCount{Holding: 1, Streaming: 1}) {
 		t.Fatalf("standbys %+v, want one streaming and holding the latest write", c)
 	}
 	thaw, err := standby.FreezeWALReceiver()
@@ -94,7 +94,7 @@ func TestPostgresStandbys(t *testing.T) {
 	if c.Holding != 1 {
 		t.Fatalf("standbys %+v after the WAL receiver thawed, want one holding", c)
 	}
-	if _, err := b.Standbys(ctx, WALPosition{LSN: pos.LSN, Server: "another"}); !errors.Is(err, seam.ErrServerChanged) {
+	if _, err := b.Standbys(ctx, driver.WALPosition{LSN: pos.LSN, Server: "another"}); !errors.Is(err, driver.ErrServerChanged) {
 		t.Fatalf("a position of another server: %v, want errServerChanged", err)
 	}
 	onStandby, err := NewPostgresBinding(pgcluster.WithDatabase(standby.AdminDSN(), db), "outbox")

@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/pgname"
 	"github.com/goharvest/goharvest/outbox"
 )
@@ -52,10 +53,10 @@ SELECT * FROM back RETURNING id`,
 	}
 }
 
-var _ HeldRowBinding = (*PostgresBinding)(nil)
+var _ driver.HeldRowBinding = (*PostgresBinding)(nil)
 
 // MarkExcept implements HeldRowBinding.
-func (b *PostgresBinding) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, heldKeys []string) ([]MarkedRecord, error) {
+func (b *PostgresBinding) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, heldKeys []string) ([]driver.MarkedRecord, error) {
 	if len(heldKeys) == 0 {
 		return b.Mark(ctx, leaderID, limit)
 	}
@@ -70,15 +71,15 @@ func (b *PostgresBinding) MarkExcept(ctx context.Context, leaderID uuid.UUID, li
 }
 
 // Reread implements HeldRowBinding.
-func (b *PostgresBinding) Reread(ctx context.Context, ids []int64) ([]RereadRecord, error) {
+func (b *PostgresBinding) Reread(ctx context.Context, ids []int64) ([]driver.RereadRecord, error) {
 	rows, err := b.pool.Query(ctx, b.held.reread, ids)
 	if err != nil {
 		return nil, fmt.Errorf("read held records: %w", err)
 	}
 	defer rows.Close()
-	var out []RereadRecord
+	var out []driver.RereadRecord
 	for rows.Next() {
-		var r RereadRecord
+		var r driver.RereadRecord
 		if r.MarkedRecord, err = scanRecord(rows, &r.Version); err != nil {
 			return nil, fmt.Errorf("read held records: %w", err)
 		}
@@ -110,7 +111,7 @@ func (b *PostgresBinding) PurgeUnchanged(ctx context.Context, versions map[int64
 }
 
 // DeadLetter implements HeldRowBinding.
-func (b *PostgresBinding) DeadLetter(ctx context.Context, id int64, version string, d DeadLetterInfo) (bool, error) {
+func (b *PostgresBinding) DeadLetter(ctx context.Context, id int64, version string, d driver.DeadLetterInfo) (bool, error) {
 	tag, err := b.pool.Exec(ctx, b.held.deadLetter, id, version, d.Err, d.Attempts, d.FirstFailure, d.LastFailure)
 	if err != nil {
 		return false, fmt.Errorf("move record %d to the dead-letter table: %w", id, err)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/pgtest"
 )
 
@@ -81,7 +82,7 @@ func TestDeadLetterAndRequeue(t *testing.T) {
 	if err != nil || len(rows) != 1 {
 		t.Fatal(rows, err)
 	}
-	info := goharvest.DeadLetterInfo{Err: "refused", Attempts: 4, FirstFailure: rows[0].CreateTime, LastFailure: rows[0].CreateTime}
+	info := driver.DeadLetterInfo{Err: "refused", Attempts: 4, FirstFailure: rows[0].CreateTime, LastFailure: rows[0].CreateTime}
 	if moved, err := o.binding.DeadLetter(ctx, id, "stale-version", info); err != nil || moved {
 		t.Fatalf("DeadLetter with a stale version: moved %v, %v; want nothing moved", moved, err)
 	}

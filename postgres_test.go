@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/pgtest"
 	"github.com/goharvest/goharvest/stasher"
 )
@@ -86,7 +87,7 @@ func records(n int, key func(i int) string) []goharvest.OutboxRecord {
 	return recs
 }
 
-func ids(marked []goharvest.MarkedRecord) []int64 {
+func ids(marked []driver.MarkedRecord) []int64 {
 	out := make([]int64, len(marked))
 	for i, m := range marked {
 		out[i] = m.ID
@@ -94,7 +95,7 @@ func ids(marked []goharvest.MarkedRecord) []int64 {
 	return out
 }
 
-func mark(t *testing.T, o *outbox, leader uuid.UUID, limit int) []goharvest.MarkedRecord {
+func mark(t *testing.T, o *outbox, leader uuid.UUID, limit int) []driver.MarkedRecord {
 	t.Helper()
 	marked, err := o.binding.Mark(context.Background(), leader, limit)
 	if err != nil {
@@ -356,7 +357,7 @@ func TestMalformedRowsAreReportedByIDWithoutFailingTheBatch(t *testing.T) {
 			}
 			continue
 		}
-		var re *goharvest.RecordError
+		var re *driver.RecordError
 		if !errors.As(m.Err, &re) || re.ID != m.ID || !strings.Contains(m.Err.Error(), want) ||
 			!strings.Contains(m.Err.Error(), fmt.Sprintf("outbox record %d", m.ID)) {
 			t.Errorf("record %d: error %v, want a RecordError naming it and containing %q", m.ID, m.Err, want)
@@ -423,7 +424,7 @@ func TestCheckSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := o.binding.CheckSchema(ctx)
-	var schemaErr *goharvest.SchemaError
+	var schemaErr *driver.SchemaError
 	if !errors.As(err, &schemaErr) || len(schemaErr.Problems) != 2 ||
 		!strings.Contains(err.Error(), "column kafka_value has type xml; goharvest reads it as text or character varying or character or bytea or json or jsonb") ||
 		!strings.Contains(err.Error(), "column leader_id is missing") {

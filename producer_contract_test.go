@@ -11,9 +11,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/producertest"
-	"github.com/goharvest/goharvest/internal/seam"
 	outboxpkg "github.com/goharvest/goharvest/outbox"
 )
 
@@ -25,7 +25,7 @@ func TestConfluentProducerContract(t *testing.T) {
 	c := kafkacluster.Shared(t)
 	run := time.Now().UnixNano()
 	producertest.Run(t, producertest.Kafka{
-		NewProducer: func(t *testing.T, txnID string) seam.KafkaProducer {
+		NewProducer: func(t *testing.T, txnID string) driver.KafkaProducer {
 			settings := goharvest.ProducerSettings(goharvest.Config{LeaderGroupID: "contract", LeaderTopic: "contract",
 				BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": c.Addr()}})
 			settings["transactional.id"] = txnID

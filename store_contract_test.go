@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/goharvest/goharvest"
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/storetest"
 )
 
@@ -45,7 +45,7 @@ func TestPostgresBindingStoreContract(t *testing.T) {
 		}
 		return storetest.Outbox{
 			Store: b,
-			Insert: func(t *testing.T, recs ...seam.OutboxRecord) []int64 {
+			Insert: func(t *testing.T, recs ...driver.OutboxRecord) []int64 {
 				var ids []int64
 				for _, r := range recs {
 					keys, values := []string{}, []string{}

@@ -5,7 +5,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
 )
 
 // Claimer is how an epoch claims the rows it publishes next: a strategy. The marker calls Claim
@@ -37,7 +37,7 @@ import (
 type Claimer interface {
 	// Claim returns up to limit of the next rows to publish, in id order, none of whose key is
 	// in heldKeys.
-	Claim(ctx context.Context, limit int, heldKeys []string) ([]seam.MarkedRecord, error)
+	Claim(ctx context.Context, limit int, heldKeys []string) ([]driver.MarkedRecord, error)
 	// Release gives back rows this epoch claimed and will not publish, so that a later claim
 	// returns them again.
 	Release(ctx context.Context, ids []int64) error
@@ -54,16 +54,16 @@ type Claimer interface {
 // rows it returns to the epoch's leader ID (DatabaseBinding.Mark), skipping the rows already
 // marked with it, and Release clears it again (Reset). A new epoch's leader ID takes over every
 // row an earlier epoch marked, so a mark whose reply was lost ends the epoch.
-func MarkClaim(store seam.Store, leaderID uuid.UUID) Claimer {
+func MarkClaim(store driver.Store, leaderID uuid.UUID) Claimer {
 	return markClaim{store: store, leaderID: leaderID}
 }
 
 type markClaim struct {
-	store    seam.Store
+	store    driver.Store
 	leaderID uuid.UUID
 }
 
-func (m markClaim) Claim(ctx context.Context, limit int, heldKeys []string) ([]seam.MarkedRecord, error) {
+func (m markClaim) Claim(ctx context.Context, limit int, heldKeys []string) ([]driver.MarkedRecord, error) {
 	return m.store.MarkExcept(ctx, m.leaderID, limit, heldKeys)
 }
 

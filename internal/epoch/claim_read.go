@@ -4,7 +4,7 @@ import (
 	"context"
 	"sync"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
 )
 
 // ReadClaim is the strategy that writes nothing to a row but its purge: the epoch reads its
@@ -26,19 +26,19 @@ import (
 // days delays only its own rows, which the first read after its commit returns. The memory this
 // strategy keeps is out: the records the epoch has in flight or holds back, at most
 // MaxInFlightRecords and the rows held keys had claimed before they were held.
-func ReadClaim(reader seam.Reader) Claimer {
+func ReadClaim(reader driver.Reader) Claimer {
 	return &readClaim{reader: reader, out: map[int64]struct{}{}}
 }
 
 type readClaim struct {
-	reader seam.Reader
+	reader driver.Reader
 
 	mu sync.Mutex // guards out: the marker claims, committers and workers finish
 	// out holds the ids this epoch has read and that are still in flight or held.
 	out map[int64]struct{}
 }
 
-func (r *readClaim) Claim(ctx context.Context, limit int, heldKeys []string) ([]seam.MarkedRecord, error) {
+func (r *readClaim) Claim(ctx context.Context, limit int, heldKeys []string) ([]driver.MarkedRecord, error) {
 	r.mu.Lock()
 	exclude := make([]int64, 0, len(r.out))
 	for id := range r.out {

@@ -1,6 +1,6 @@
 // Package epoch publishes one leader epoch of one shard: the pipeline that claims rows, sends
 // them to Kafka in transactions and purges them. Package owner starts and ends epochs; this
-// package imports no driver: it reaches the outbox and Kafka through package seam.
+// package imports no driver: it reaches the outbox and Kafka through package driver.
 //
 // The pipeline publishes one leader epoch: everything it does carries one leader ID and goes
 // through one transactional producer, which is closed before the next epoch starts. The
@@ -54,8 +54,9 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/internal/outage"
-	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/metric"
 )
 
@@ -86,15 +87,15 @@ const (
 type Deps struct {
 	// LeaderID is the epoch's leader ID: every claim of the epoch carries it.
 	LeaderID uuid.UUID
-	Limits   seam.Limits
+	Limits   Limits
 	// Store is the outbox (or one shard's view of it), and Features what else it offers.
-	Store    seam.Store
-	Features seam.Features
+	Store    driver.Store
+	Features driver.Features
 	// Claim is how the epoch claims its rows (claim.go); nil takes MarkClaim.
 	Claim     Claimer
-	Producer  seam.KafkaProducer
+	Producer  driver.KafkaProducer
 	Log       *slog.Logger
-	Emit      func(seam.Event)
+	Emit      func(event.Event)
 	Meter     *metric.Meter
 	DBTrouble *outage.Logger
 	Metrics   *Metrics
@@ -103,7 +104,7 @@ type Deps struct {
 	// Leading reports whether this harvester may still publish; workers ask before each send.
 	Leading func() bool
 	// Notes is where this epoch's transactions write their notes.
-	Notes seam.NotePlace
+	Notes driver.NotePlace
 	// IDHeader names the header that carries each record's id; "" for none (Config.IDHeader).
 	IDHeader string
 	// Failures remembers held records' failures across epochs (held.go).
@@ -299,7 +300,7 @@ func (p *Epoch) Stop(timeout time.Duration) (unpurged Unpurged, closed <-chan st
 
 // Unpurged lists the records an epoch committed to Kafka and could not purge, and the database
 // server it read them from ("" when the binding cannot tell servers apart): the next epoch purges
-// them on that server only (seam.WithServer), since on another one their ids can name other rows.
+// them on that server only (driver.WithServer), since on another one their ids can name other rows.
 type Unpurged struct {
 	IDs    []int64
 	Server string
@@ -310,4 +311,4 @@ type Unpurged struct {
 func (p *Epoch) InFlight() (keys []string, records int) { return p.budget.snapshot() }
 
 // Held returns the records that hold back their keys now, oldest first.
-func (p *Epoch) Held() []seam.HeldRecord { return p.held.list() }
+func (p *Epoch) Held() []event.HeldRecord { return p.held.list() }

@@ -4,7 +4,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -39,7 +39,7 @@ import (
 
 // flight is one record on its way through the pipeline (see the table above).
 type flight struct {
-	rec      seam.MarkedRecord
+	rec      driver.MarkedRecord
 	worker   *sendWorker
 	attempts int
 	span     trace.Span // the publish span, when tracing is on

@@ -7,7 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/event"
 )
 
 // Held keys. A record that cannot be published (Kafka or goharvest refused it, or its row is
@@ -40,7 +41,7 @@ import (
 // heldEntry is the registry's view of one held record. The worker that owns the record writes
 // it; the held loop, the metrics and HeldRecords read it.
 type heldEntry struct {
-	seam.HeldRecord
+	event.HeldRecord
 	f    *flight
 	last time.Time
 	// doom is set (with the version read) when the worker has given up on the record: the held
@@ -68,7 +69,7 @@ func (s *heldSet) put(f *flight, key string, err error, doom bool) {
 		s.records[f.rec.ID] = e
 		s.keys[key]++
 	}
-	e.HeldRecord = seam.HeldRecord{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: key, Attempts: f.attempts,
+	e.HeldRecord = event.HeldRecord{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: key, Attempts: f.attempts,
 		Since: f.firstFailure}
 	if err != nil {
 		e.Error = err.Error()
@@ -100,14 +101,14 @@ func (s *heldSet) heldKeys() []string {
 }
 
 // list returns the held records, oldest first.
-func (s *heldSet) list() []seam.HeldRecord {
+func (s *heldSet) list() []event.HeldRecord {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]seam.HeldRecord, 0, len(s.records))
+	out := make([]event.HeldRecord, 0, len(s.records))
 	for _, e := range s.records {
 		out = append(out, e.HeldRecord)
 	}
-	slices.SortFunc(out, func(a, b seam.HeldRecord) int { return a.Since.Compare(b.Since) })
+	slices.SortFunc(out, func(a, b event.HeldRecord) int { return a.Since.Compare(b.Since) })
 	return out
 }
 
@@ -168,7 +169,7 @@ func (m *Failures) forget(id int64) {
 }
 
 // sameContent reports whether two reads of a row would publish the same message.
-func sameContent(a, b seam.MarkedRecord) bool {
+func sameContent(a, b driver.MarkedRecord) bool {
 	errText := func(e error) string {
 		if e == nil {
 			return ""
@@ -209,7 +210,7 @@ func (p *Epoch) deadLetter(entries []heldEntry) {
 		if !e.doom {
 			continue
 		}
-		moved, err := p.Store.DeadLetter(p.ctx, e.ID, e.version, seam.DeadLetterInfo{Err: e.Error, Attempts: e.Attempts,
+		moved, err := p.Store.DeadLetter(p.ctx, e.ID, e.version, driver.DeadLetterInfo{Err: e.Error, Attempts: e.Attempts,
 			FirstFailure: e.Since, LastFailure: e.last})
 		if err != nil {
 			if p.ctx.Err() == nil {
@@ -230,7 +231,7 @@ func (p *Epoch) reread(entries []heldEntry) {
 	for i, e := range entries {
 		ids[i] = e.ID
 	}
-	var rows []seam.RereadRecord
+	var rows []driver.RereadRecord
 	for chunk := range slices.Chunk(ids, MaxCommitBatch) {
 		read, err := p.Store.Reread(p.ctx, chunk)
 		if err != nil {
@@ -242,7 +243,7 @@ func (p *Epoch) reread(entries []heldEntry) {
 		rows = append(rows, read...)
 	}
 	p.DBTrouble.OK(p.Log)
-	found := make(map[int64]seam.RereadRecord, len(rows))
+	found := make(map[int64]driver.RereadRecord, len(rows))
 	for _, r := range rows {
 		found[r.ID] = r
 	}
@@ -316,7 +317,7 @@ func (p *Epoch) checkReread(ctx context.Context, batch []*flight) error {
 		}
 	}
 	for id := range versions {
-		return &seam.RejectedError{ByGoharvest: true,
+		return &driver.RejectedError{ByGoharvest: true,
 			Err: fmt.Errorf("outbox record %d changed or was deleted after it was read; its old content is not committed", id)}
 	}
 	return nil

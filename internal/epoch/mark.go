@@ -6,7 +6,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
 )
 
 // budget is the pipeline's one count of records in flight: records this epoch has marked and not
@@ -43,7 +43,7 @@ func (b *budget) reserve(max, limit int) (room int, mark uint64) {
 }
 
 // marked counts records just marked.
-func (b *budget) marked(records []seam.MarkedRecord) {
+func (b *budget) marked(records []driver.MarkedRecord) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, r := range records {
@@ -181,7 +181,7 @@ func (p *Epoch) listenLoop() {
 			return
 		}
 		trouble.Fail(p.Log, "listen", err, "pollInterval", p.Limits.MaxMarkBackoff)
-		if errors.Is(err, seam.ErrNotificationsLost) {
+		if errors.Is(err, driver.ErrNotificationsLost) {
 			return
 		}
 		p.sleep(p.Limits.IOErrorBackoff, nil)

@@ -3,14 +3,14 @@ package epoch
 import (
 	"testing"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/outbox"
 )
 
 func TestMessage(t *testing.T) {
 	headers := make(outbox.Headers, 1, 4) // room to append into, which message must not use
 	headers[0] = outbox.Header{Key: "a", Value: "1"}
-	rec := seam.OutboxRecord{ID: 12345, KafkaTopic: "t", KafkaKey: "", KafkaValue: outbox.String("\x00v"), KafkaHeaders: headers}
+	rec := driver.OutboxRecord{ID: 12345, KafkaTopic: "t", KafkaKey: "", KafkaValue: outbox.String("\x00v"), KafkaHeaders: headers}
 
 	m := message(&rec, "", "opaque")
 	if m.Key == nil || len(m.Key) != 0 {
@@ -28,11 +28,11 @@ func TestMessage(t *testing.T) {
 		t.Errorf("message wrote %v into the record's header array", extra)
 	}
 
-	tombstone := seam.OutboxRecord{KafkaKey: "k"}
+	tombstone := driver.OutboxRecord{KafkaKey: "k"}
 	if m := message(&tombstone, "", nil); m.Value != nil {
 		t.Errorf("a NULL value became %#v, want nil (a tombstone)", m.Value)
 	}
-	if m := message(&seam.OutboxRecord{KafkaValue: outbox.String("")}, "", nil); m.Value == nil {
+	if m := message(&driver.OutboxRecord{KafkaValue: outbox.String("")}, "", nil); m.Value == nil {
 		t.Error("an empty value became a tombstone")
 	}
 }

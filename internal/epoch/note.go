@@ -11,7 +11,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
 )
 
 // A transaction may carry several records of one key (a run), so that a few busy keys do not
@@ -57,7 +57,7 @@ type Noted struct {
 // Fingerprint hashes what tells a row from another that took the same id: when it was written and
 // what it publishes. Each field is written with its length, so that no two records share an
 // encoding.
-func Fingerprint(rec seam.OutboxRecord) uint32 {
+func Fingerprint(rec driver.OutboxRecord) uint32 {
 	h := fnv.New32a()
 	var buf []byte
 	field := func(s string) {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/outbox"
 	"github.com/google/uuid"
 )
@@ -66,17 +66,17 @@ func TestFullNoteFitsOffsetMetadata(t *testing.T) {
 // they were written: what a new row that took a published record's id would differ in.
 func TestFingerprintTellsRowsApart(t *testing.T) {
 	v, empty := "v", ""
-	base := seam.OutboxRecord{ID: 1, CreateTime: time.UnixMicro(1_700_000_000_000_000), KafkaTopic: "t", KafkaKey: "k",
+	base := driver.OutboxRecord{ID: 1, CreateTime: time.UnixMicro(1_700_000_000_000_000), KafkaTopic: "t", KafkaKey: "k",
 		KafkaValue: &v, KafkaHeaders: outbox.Headers{{Key: "h", Value: "x"}}}
-	variants := map[string]func(*seam.OutboxRecord){
-		"create time":  func(r *seam.OutboxRecord) { r.CreateTime = r.CreateTime.Add(time.Microsecond) },
-		"topic":        func(r *seam.OutboxRecord) { r.KafkaTopic = "u" },
-		"key":          func(r *seam.OutboxRecord) { r.KafkaKey = "k2" },
-		"empty value":  func(r *seam.OutboxRecord) { r.KafkaValue = &empty },
-		"no value":     func(r *seam.OutboxRecord) { r.KafkaValue = nil },
-		"header value": func(r *seam.OutboxRecord) { r.KafkaHeaders = outbox.Headers{{Key: "h", Value: "y"}} },
-		"no header":    func(r *seam.OutboxRecord) { r.KafkaHeaders = nil },
-		"shifted":      func(r *seam.OutboxRecord) { r.KafkaTopic, r.KafkaKey = "tk", "" },
+	variants := map[string]func(*driver.OutboxRecord){
+		"create time":  func(r *driver.OutboxRecord) { r.CreateTime = r.CreateTime.Add(time.Microsecond) },
+		"topic":        func(r *driver.OutboxRecord) { r.KafkaTopic = "u" },
+		"key":          func(r *driver.OutboxRecord) { r.KafkaKey = "k2" },
+		"empty value":  func(r *driver.OutboxRecord) { r.KafkaValue = &empty },
+		"no value":     func(r *driver.OutboxRecord) { r.KafkaValue = nil },
+		"header value": func(r *driver.OutboxRecord) { r.KafkaHeaders = outbox.Headers{{Key: "h", Value: "y"}} },
+		"no header":    func(r *driver.OutboxRecord) { r.KafkaHeaders = nil },
+		"shifted":      func(r *driver.OutboxRecord) { r.KafkaTopic, r.KafkaKey = "tk", "" },
 	}
 	for name, change := range variants {
 		r := base

@@ -5,7 +5,8 @@ import (
 	"errors"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/event"
 )
 
 // commitLoop purges acknowledged records and resets failed ones, in batches: it takes what has
@@ -58,12 +59,12 @@ func (p *Epoch) commit(op string, batch []*flight, exec func(context.Context, []
 		if failed && p.serverChanged(ctx) {
 			return false
 		}
-		_, err := exec(seam.WithServer(ctx, p.epochServerOf()), ids)
+		_, err := exec(driver.WithServer(ctx, p.epochServerOf()), ids)
 		if err == nil {
 			p.DBTrouble.OK(p.Log)
 			return true
 		}
-		if errors.Is(err, seam.ErrServerChanged) {
+		if errors.Is(err, driver.ErrServerChanged) {
 			p.requestRemark(op+" on another database server", err)
 			return false
 		}
@@ -116,6 +117,6 @@ func (p *Epoch) finish(batch []*flight) {
 	p.Metrics.Purged.Add(float64(len(batch)))
 	p.Meter.Add(int64(len(batch)))
 	if stats, ok := p.Meter.Read(); ok {
-		p.Emit(seam.MeterRead{Stats: stats})
+		p.Emit(event.MeterRead{Stats: stats})
 	}
 }

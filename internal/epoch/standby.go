@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
 )
 
 // epochServer is the database server an epoch has seen (guarded by mu; "" before it knows).
@@ -58,7 +58,7 @@ func (p *Epoch) serverChanged(ctx context.Context) bool {
 	if err != nil || p.sameServer(server) {
 		return false
 	}
-	p.requestRemark("the database server changed (a failover?)", seam.ErrServerChanged)
+	p.requestRemark("the database server changed (a failover?)", driver.ErrServerChanged)
 	return true
 }
 
@@ -81,7 +81,7 @@ func (p *Epoch) awaitStandbys(ctx context.Context) error {
 		return err
 	}
 	if !p.sameServer(pos.Server) {
-		return seam.ErrServerChanged
+		return driver.ErrServerChanged
 	}
 	poll, began, reported := time.Millisecond, time.Now(), time.Duration(0)
 	for {
@@ -123,7 +123,7 @@ func (p *Epoch) standbysHold(ctx context.Context, op string) bool {
 }
 
 // standbysBehind says why a wait for standbys goes on.
-func standbysBehind(want int, pos seam.WALPosition, c seam.StandbyCount) error {
+func standbysBehind(want int, pos driver.WALPosition, c driver.StandbyCount) error {
 	if c.Hidden > 0 && c.Hidden+c.Streaming >= want {
 		return fmt.Errorf("awaitStandbys is %d, and pg_stat_replication hides the positions of %d standbys from this role: grant it pg_monitor", want, c.Hidden)
 	}

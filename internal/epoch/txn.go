@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
 )
 
 // txnGather is the least a transaction stays open after the transaction loop finds its first
@@ -265,7 +265,7 @@ func (p *Epoch) endTxn(ctx context.Context, next bool) {
 	if err != p.fatal {
 		p.Metrics.Errors.WithLabelValues(ErrorKindKafka).Inc()
 	}
-	var txnErr *seam.TxnError
+	var txnErr *driver.TxnError
 	fatal := errors.As(err, &txnErr) && txnErr.Fatal
 	if !fatal {
 		if abortErr := p.abortTxn(ctx); abortErr != nil {
@@ -280,7 +280,7 @@ func (p *Epoch) endTxn(ctx context.Context, next bool) {
 	}
 	// The abort has the producer report on every message of the transaction.
 	p.activity.awaitReports(p.until(p.Limits.MaxPollInterval))
-	if refused := (*seam.RejectedError)(nil); !errors.As(err, &refused) {
+	if refused := (*driver.RejectedError)(nil); !errors.As(err, &refused) {
 		// A record that was refused fails its transaction, but says nothing of the producer: it is
 		// held (held.go), and only its key waits. Other failures, repeated, end the epoch.
 		p.txnFailures++
@@ -288,7 +288,7 @@ func (p *Epoch) endTxn(ctx context.Context, next bool) {
 	if fatal || p.txnFailures >= maxTxnFailures || p.ctx.Err() != nil {
 		// The epoch ends: the records are reset, and the next epoch marks them again.
 		for _, f := range batch {
-			var rejected *seam.RejectedError
+			var rejected *driver.RejectedError
 			if failure := p.activity.failure(f); errors.As(failure, &rejected) {
 				p.rejected(f, failure)
 			}
@@ -335,7 +335,7 @@ func (p *Epoch) returnRuns(gen uint64, batch []*flight) {
 			runs[r.key] = r
 			firsts = append(firsts, f)
 		}
-		var rejected *seam.RejectedError
+		var rejected *driver.RejectedError
 		if failure := p.activity.failure(f); errors.As(failure, &rejected) {
 			r.hold = append(r.hold, heldRecord{f: f, backoff: p.rejected(f, failure)})
 		}
@@ -390,7 +390,7 @@ func (p *Epoch) retry(ctx context.Context, call func(context.Context) error) err
 		callCtx, cancel := p.attempt(ctx)
 		err := call(callCtx)
 		cancel()
-		var txnErr *seam.TxnError
+		var txnErr *driver.TxnError
 		if !errors.As(err, &txnErr) || !txnErr.Retriable || ctx.Err() != nil {
 			return err
 		}

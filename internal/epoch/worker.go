@@ -5,7 +5,8 @@ import (
 	"slices"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/event"
 )
 
 // sendWorker owns the keys that hash to it: it keeps their records in order, and lets each key
@@ -175,12 +176,12 @@ func (w *sendWorker) send(f *flight, q *keyQueue) bool {
 		p.Metrics.Failed.Inc()
 		p.Log.Error("outbox record cannot be published; holding back its key", "id", f.rec.ID,
 			"topic", f.rec.KafkaTopic, "key", f.rec.KafkaKey, "error", f.rec.Err)
-		p.Emit(seam.RecordFailed{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: f.rec.KafkaKey, Attempts: f.attempts, Err: f.rec.Err})
+		p.Emit(event.RecordFailed{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: f.rec.KafkaKey, Attempts: f.attempts, Err: f.rec.Err})
 		w.hold(q, f, f.rec.Err)
 		return false
 	}
 	err := p.produce(f, q)
-	var txnErr *seam.TxnError
+	var txnErr *driver.TxnError
 	switch {
 	case err == nil:
 		return true
@@ -191,7 +192,7 @@ func (w *sendWorker) send(f *flight, q *keyQueue) bool {
 		// commit, so a new epoch takes over.
 		f.attempts--
 		p.requestRemark("producer failed", err)
-	case errors.Is(err, seam.ErrQueueFull) || errors.Is(err, seam.ErrTopicPending) || txnErr != nil:
+	case errors.Is(err, driver.ErrQueueFull) || errors.Is(err, driver.ErrTopicPending) || txnErr != nil:
 		// Not this record's fault: the producer's queue is full, its topic is being looked up, or
 		// the transaction is being committed or must be aborted (librdkafka refuses new messages
 		// meanwhile, "Erroneous state"). The record is sent again shortly, uncounted and
@@ -273,7 +274,7 @@ func (p *Epoch) rejected(f *flight, err error) time.Duration {
 	backoff := min(p.Limits.IOErrorBackoff<<min(f.attempts-1, 16), maxRetryBackoff)
 	p.Log.Warn("outbox record rejected; holding back its key and retrying", "id", f.rec.ID,
 		"topic", f.rec.KafkaTopic, "key", f.rec.KafkaKey, "attempt", f.attempts, "retryIn", backoff, "error", err)
-	p.Emit(seam.RecordFailed{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: f.rec.KafkaKey, Attempts: f.attempts, Err: err})
+	p.Emit(event.RecordFailed{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: f.rec.KafkaKey, Attempts: f.attempts, Err: err})
 	return backoff
 }
 
@@ -395,7 +396,7 @@ func (w *sendWorker) retryDue(f *flight) {
 type verdict struct {
 	f       *flight
 	kind    verdictKind
-	rec     seam.MarkedRecord // the row read afresh (verdictRead)
+	rec     driver.MarkedRecord // the row read afresh (verdictRead)
 	version string
 }
 
@@ -428,14 +429,14 @@ func (w *sendWorker) judge(v verdict) {
 		}
 		p.Metrics.HeldDeleted.Inc()
 		p.Log.Warn("held outbox record deleted (or given another key) in the outbox; dropped it and released its key", attrs...)
-		p.Emit(seam.HeldRecordDeleted{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: f.rec.KafkaKey})
+		p.Emit(event.HeldRecordDeleted{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: f.rec.KafkaKey})
 	case verdictDeadLettered:
 		w.drop(q, f)
 		p.Claim.Finished([]int64{f.rec.ID})
 		p.Metrics.DeadLettered.Inc()
 		p.Log.Error("held outbox record moved to the dead-letter table; its key's later records are published without it",
 			append(attrs, "attempts", f.attempts, "error", f.lastErr)...)
-		p.Emit(seam.RecordDeadLettered{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: f.rec.KafkaKey, Attempts: f.attempts, Err: f.lastErr})
+		p.Emit(event.RecordDeadLettered{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: f.rec.KafkaKey, Attempts: f.attempts, Err: f.lastErr})
 	case verdictRead:
 		f.version = v.version
 		if !sameContent(f.rec, v.rec) {

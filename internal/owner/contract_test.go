@@ -6,8 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/producertest"
-	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/internal/storetest"
 )
 
@@ -18,15 +18,15 @@ func TestFakeStoreContract(t *testing.T) {
 		db := newFakeDB()
 		return storetest.Outbox{
 			Store:  db,
-			Insert: func(_ *testing.T, recs ...seam.OutboxRecord) []int64 { return db.insert(recs...) },
+			Insert: func(_ *testing.T, recs ...driver.OutboxRecord) []int64 { return db.insert(recs...) },
 			SetValue: func(_ *testing.T, id int64, value string) {
-				db.update(id, func(r *seam.OutboxRecord) { r.KafkaValue = &value })
+				db.update(id, func(r *driver.OutboxRecord) { r.KafkaValue = &value })
 			},
 			Delete: func(_ *testing.T, id int64) { db.delete(id) },
 			Exists: func(_ *testing.T, id int64) bool { return db.exists(id) },
 			InsertMalformed: func(_ *testing.T, key string) int64 {
-				id := db.insert(seam.OutboxRecord{KafkaTopic: "topic", KafkaKey: key})[0]
-				db.markErr = map[int64]error{id: &seam.RecordError{ID: id, Reason: "header keys and values differ in number"}}
+				id := db.insert(driver.OutboxRecord{KafkaTopic: "topic", KafkaKey: key})[0]
+				db.markErr = map[int64]error{id: &driver.RecordError{ID: id, Reason: "header keys and values differ in number"}}
 				return id
 			},
 		}
@@ -39,7 +39,7 @@ func TestFakeProducerContract(t *testing.T) {
 	k := newFakeKafka(t, newFakeDB())
 	var groups atomic.Int32
 	producertest.Run(t, producertest.Kafka{
-		NewProducer: func(*testing.T, string) seam.KafkaProducer {
+		NewProducer: func(*testing.T, string) driver.KafkaProducer {
 			p, _ := k.provider(0)
 			return p
 		},

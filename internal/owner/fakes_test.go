@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/internal/epoch"
-	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/outbox"
 	"github.com/google/uuid"
 )
@@ -18,7 +19,7 @@ import (
 // fakeDB is an in-memory outbox with the semantics of the Postgres binding.
 type fakeDB struct {
 	mu     sync.Mutex
-	rows   map[int64]*seam.OutboxRecord
+	rows   map[int64]*driver.OutboxRecord
 	nextID int64
 	down   bool // every call fails while set
 	// failPurges makes purges fail while set, as if the leader stopped after a commit and
@@ -41,7 +42,7 @@ type fakeDB struct {
 	// versions counts the updates of each row other than marking (held.go's row versions).
 	versions map[int64]int
 	// deadLetters holds the rows moved to the dead-letter table.
-	deadLetters map[int64]seam.DeadLetterInfo
+	deadLetters map[int64]driver.DeadLetterInfo
 	rereads     int
 }
 
@@ -68,10 +69,10 @@ func (d *fakeDB) wait(ctx context.Context) error {
 	}
 }
 
-func newFakeDB() *fakeDB { return &fakeDB{rows: map[int64]*seam.OutboxRecord{}} }
+func newFakeDB() *fakeDB { return &fakeDB{rows: map[int64]*driver.OutboxRecord{}} }
 
 // insert adds records in order, returning their ids.
-func (d *fakeDB) insert(recs ...seam.OutboxRecord) []int64 {
+func (d *fakeDB) insert(recs ...driver.OutboxRecord) []int64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var ids []int64
@@ -86,7 +87,7 @@ func (d *fakeDB) insert(recs ...seam.OutboxRecord) []int64 {
 
 // insertAt adds a record with a given id, as a transaction that took a lower id and committed
 // late would.
-func (d *fakeDB) insertAt(id int64, r seam.OutboxRecord) {
+func (d *fakeDB) insertAt(id int64, r driver.OutboxRecord) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	r.ID = id
@@ -132,29 +133,29 @@ func (d *fakeDB) markCount() int {
 
 var errDBDown = errors.New("fake database down")
 
-func (d *fakeDB) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]seam.MarkedRecord, error) {
+func (d *fakeDB) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]driver.MarkedRecord, error) {
 	return d.MarkExcept(ctx, leaderID, limit, nil)
 }
 
-func (d *fakeDB) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, heldKeys []string) ([]seam.MarkedRecord, error) {
-	return d.claim(ctx, limit, func(id int64, r *seam.OutboxRecord) bool {
+func (d *fakeDB) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, heldKeys []string) ([]driver.MarkedRecord, error) {
+	return d.claim(ctx, limit, func(id int64, r *driver.OutboxRecord) bool {
 		return (r.LeaderID == nil || *r.LeaderID != leaderID) && !slices.Contains(heldKeys, r.KafkaKey)
-	}, func(r *seam.OutboxRecord) {
+	}, func(r *driver.OutboxRecord) {
 		l := leaderID
 		r.LeaderID = &l
 	})
 }
 
 // Read is the read strategy's query: what MarkExcept would return, changing nothing.
-func (d *fakeDB) Read(ctx context.Context, limit int, heldKeys []string, exclude []int64) ([]seam.MarkedRecord, error) {
-	return d.claim(ctx, limit, func(id int64, r *seam.OutboxRecord) bool {
+func (d *fakeDB) Read(ctx context.Context, limit int, heldKeys []string, exclude []int64) ([]driver.MarkedRecord, error) {
+	return d.claim(ctx, limit, func(id int64, r *driver.OutboxRecord) bool {
 		return !slices.Contains(exclude, id) && !slices.Contains(heldKeys, r.KafkaKey)
-	}, func(*seam.OutboxRecord) {})
+	}, func(*driver.OutboxRecord) {})
 }
 
 // claim returns up to limit of the oldest rows that pick, after taking a mark's time and failing
 // as the test says; claimed changes each row returned (a mark's stamp), under the lock.
-func (d *fakeDB) claim(ctx context.Context, limit int, pick func(int64, *seam.OutboxRecord) bool, claimed func(*seam.OutboxRecord)) ([]seam.MarkedRecord, error) {
+func (d *fakeDB) claim(ctx context.Context, limit int, pick func(int64, *driver.OutboxRecord) bool, claimed func(*driver.OutboxRecord)) ([]driver.MarkedRecord, error) {
 	time.Sleep(d.markDelay)
 	if err := d.wait(ctx); err != nil {
 		return nil, err
@@ -176,11 +177,11 @@ func (d *fakeDB) claim(ctx context.Context, limit int, pick func(int64, *seam.Ou
 		}
 	}
 	slices.Sort(ids)
-	var out []seam.MarkedRecord
+	var out []driver.MarkedRecord
 	for _, id := range ids[:min(limit, len(ids))] {
 		r := d.rows[id]
 		claimed(r)
-		out = append(out, seam.MarkedRecord{OutboxRecord: *r, Err: d.markErr[id]})
+		out = append(out, driver.MarkedRecord{OutboxRecord: *r, Err: d.markErr[id]})
 	}
 	return out, nil
 }
@@ -235,12 +236,12 @@ func (d *fakeDB) Reset(ctx context.Context, leaderID uuid.UUID, ids []int64) (in
 func (d *fakeDB) Dispose() {}
 
 var (
-	_ seam.Store  = (*fakeDB)(nil)
-	_ seam.Reader = (*fakeDB)(nil)
+	_ driver.Store  = (*fakeDB)(nil)
+	_ driver.Reader = (*fakeDB)(nil)
 )
 
 // update changes a row as an operator would, giving it a new version.
-func (d *fakeDB) update(id int64, change func(*seam.OutboxRecord)) {
+func (d *fakeDB) update(id int64, change func(*driver.OutboxRecord)) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if r := d.rows[id]; r != nil {
@@ -260,7 +261,7 @@ func (d *fakeDB) delete(id int64) {
 
 func (d *fakeDB) version(id int64) string { return fmt.Sprint(d.versions[id]) }
 
-func (d *fakeDB) Reread(ctx context.Context, ids []int64) ([]seam.RereadRecord, error) {
+func (d *fakeDB) Reread(ctx context.Context, ids []int64) ([]driver.RereadRecord, error) {
 	if err := d.wait(ctx); err != nil {
 		return nil, err
 	}
@@ -270,10 +271,10 @@ func (d *fakeDB) Reread(ctx context.Context, ids []int64) ([]seam.RereadRecord, 
 	if d.down {
 		return nil, errDBDown
 	}
-	var out []seam.RereadRecord
+	var out []driver.RereadRecord
 	for _, id := range ids {
 		if r := d.rows[id]; r != nil {
-			out = append(out, seam.RereadRecord{MarkedRecord: seam.MarkedRecord{OutboxRecord: *r, Err: d.markErr[id]}, Version: d.version(id)})
+			out = append(out, driver.RereadRecord{MarkedRecord: driver.MarkedRecord{OutboxRecord: *r, Err: d.markErr[id]}, Version: d.version(id)})
 		}
 	}
 	return out, nil
@@ -299,7 +300,7 @@ func (d *fakeDB) PurgeUnchanged(ctx context.Context, versions map[int64]string) 
 	return purged, nil
 }
 
-func (d *fakeDB) DeadLetter(ctx context.Context, id int64, version string, info seam.DeadLetterInfo) (bool, error) {
+func (d *fakeDB) DeadLetter(ctx context.Context, id int64, version string, info driver.DeadLetterInfo) (bool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.down {
@@ -310,7 +311,7 @@ func (d *fakeDB) DeadLetter(ctx context.Context, id int64, version string, info 
 	}
 	delete(d.rows, id)
 	if d.deadLetters == nil {
-		d.deadLetters = map[int64]seam.DeadLetterInfo{}
+		d.deadLetters = map[int64]driver.DeadLetterInfo{}
 	}
 	d.deadLetters[id] = info
 	return true, nil
@@ -360,7 +361,7 @@ type fakeKafka struct {
 	maxOut       int               // most records outstanding at once
 	maxRun       int               // most records of one key in one committed transaction
 	// note is the latest committed note, by place; rigNote is the rig's harvester's place.
-	note map[seam.NotePlace]string
+	note map[driver.NotePlace]string
 	// commitStalls makes this many coming calls to CommitTransaction time out, as librdkafka's
 	// do on a slow coordinator: each waits out its context's deadline and returns a retriable
 	// error, and the commit stays under way (an abort is refused meanwhile) until a call
@@ -388,14 +389,14 @@ type outKey struct {
 
 func newFakeKafka(t *testing.T, db *fakeDB) *fakeKafka {
 	return &fakeKafka{t: t, db: db, failOnce: map[int64]error{}, rejectN: map[int64]int{},
-		outstanding: map[string]outKey{}, lastAcked: map[string]int64{}, note: map[seam.NotePlace]string{}}
+		outstanding: map[string]outKey{}, lastAcked: map[string]int64{}, note: map[driver.NotePlace]string{}}
 }
 
 func (k *fakeKafka) violate(format string, args ...any) {
 	k.violations = append(k.violations, fmt.Sprintf(format, args...))
 }
 
-func (k *fakeKafka) provider(shard int) (seam.KafkaProducer, error) {
+func (k *fakeKafka) provider(shard int) (driver.KafkaProducer, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.producers++
@@ -403,7 +404,7 @@ func (k *fakeKafka) provider(shard int) (seam.KafkaProducer, error) {
 	if k.open > 1 {
 		k.violate("producer %d created while an older one is still open", k.producers)
 	}
-	return &fakeProducer{k: k, index: k.producers, deliveries: make(chan seam.Delivery, 100_000)}, nil
+	return &fakeProducer{k: k, index: k.producers, deliveries: make(chan driver.Delivery, 100_000)}, nil
 }
 
 type sentMessage struct {
@@ -419,12 +420,12 @@ type fakeProducer struct {
 	k          *fakeKafka
 	index      int
 	epoch      int
-	deliveries chan seam.Delivery
+	deliveries chan driver.Delivery
 	wg         sync.WaitGroup
-	txn        []*sentMessage // guarded by k.mu
-	txnNo      int            // numbers the current transaction (guarded by k.mu)
-	note       *string        // the current transaction's note, if it wrote one (guarded by k.mu)
-	notePlace  seam.NotePlace // where it goes (guarded by k.mu)
+	txn        []*sentMessage   // guarded by k.mu
+	txnNo      int              // numbers the current transaction (guarded by k.mu)
+	note       *string          // the current transaction's note, if it wrote one (guarded by k.mu)
+	notePlace  driver.NotePlace // where it goes (guarded by k.mu)
 	// abortable is set once a message of the current transaction has failed, committing while a
 	// commit is under way; librdkafka refuses new messages in either state (guarded by k.mu).
 	abortable, committing bool
@@ -434,7 +435,7 @@ type fakeProducer struct {
 }
 
 // errFatal is what a producer in librdkafka's fatal state returns.
-var errFatal = &seam.TxnError{Err: errors.New("Local: Fatal error"), Fatal: true}
+var errFatal = &driver.TxnError{Err: errors.New("Local: Fatal error"), Fatal: true}
 
 // errErroneousState is what librdkafka's produce returns while the transaction must be aborted
 // or is being committed.
@@ -448,7 +449,7 @@ func waitOut(ctx context.Context) error {
 	} else {
 		panic("a transactional call without a deadline would wait forever in librdkafka")
 	}
-	return &seam.TxnError{Err: errors.New("Local: Timed out"), Retriable: true}
+	return &driver.TxnError{Err: errors.New("Local: Timed out"), Retriable: true}
 }
 
 // endTxn forgets the current transaction (committed or not). Called with k.mu held.
@@ -462,7 +463,7 @@ func (p *fakeProducer) endTxn() {
 	p.abortable, p.committing = false, false
 }
 
-func (p *fakeProducer) WriteNote(_ context.Context, place seam.NotePlace, note string) error {
+func (p *fakeProducer) WriteNote(_ context.Context, place driver.NotePlace, note string) error {
 	p.k.mu.Lock()
 	defer p.k.mu.Unlock()
 	if place.Group == "" || place.Topic == "" {
@@ -470,13 +471,13 @@ func (p *fakeProducer) WriteNote(_ context.Context, place seam.NotePlace, note s
 	}
 	if p.k.failNotes > 0 {
 		p.k.failNotes--
-		return &seam.TxnError{Err: errors.New("offset commit failed"), Abortable: true}
+		return &driver.TxnError{Err: errors.New("offset commit failed"), Abortable: true}
 	}
 	p.note, p.notePlace = &note, place
 	return nil
 }
 
-func (p *fakeProducer) ReadNote(_ context.Context, place seam.NotePlace) (string, error) {
+func (p *fakeProducer) ReadNote(_ context.Context, place driver.NotePlace) (string, error) {
 	p.k.mu.Lock()
 	defer p.k.mu.Unlock()
 	return p.k.note[place], nil
@@ -523,20 +524,20 @@ func (p *fakeProducer) CommitTransaction(ctx context.Context) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if p.epoch != k.epoch {
-		return &seam.TxnError{Err: errors.New("producer fenced"), Fatal: true}
+		return &driver.TxnError{Err: errors.New("producer fenced"), Fatal: true}
 	}
 	if k.abortCommits > 0 {
 		k.abortCommits--
-		return &seam.TxnError{Err: errors.New("coordinator trouble"), Abortable: true}
+		return &driver.TxnError{Err: errors.New("coordinator trouble"), Abortable: true}
 	}
 	if k.fatalCommits > 0 {
 		k.fatalCommits--
 		p.endTxn()
-		return &seam.TxnError{Err: errors.New("producer fenced by a newer epoch"), Fatal: true}
+		return &driver.TxnError{Err: errors.New("producer fenced by a newer epoch"), Fatal: true}
 	}
 	for _, m := range p.txn {
 		if m.err != nil {
-			return &seam.TxnError{Err: fmt.Errorf("a message failed: %w", m.err), Abortable: true}
+			return &driver.TxnError{Err: fmt.Errorf("a message failed: %w", m.err), Abortable: true}
 		}
 	}
 	// Every record that a later one of its key follows in this transaction must be in the note,
@@ -589,14 +590,14 @@ func (p *fakeProducer) AbortTransaction(context.Context) error {
 		return errFatal
 	}
 	if p.committing {
-		return &seam.TxnError{Err: errors.New("Conflicting commit_transaction API call is already in progress"), Retriable: true}
+		return &driver.TxnError{Err: errors.New("Conflicting commit_transaction API call is already in progress"), Retriable: true}
 	}
 	p.endTxn()
 	p.k.aborts++
 	return nil
 }
 
-func (p *fakeProducer) Produce(msg seam.Message) error {
+func (p *fakeProducer) Produce(msg driver.Message) error {
 	k := p.k
 	id, key := recordID(msg), string(msg.Key)
 	k.mu.Lock()
@@ -610,11 +611,11 @@ func (p *fakeProducer) Produce(msg seam.Message) error {
 	}
 	if err := outbox.CheckName(msg.Topic); err != nil {
 		k.mu.Unlock()
-		return &seam.RejectedError{Err: err, ByGoharvest: true}
+		return &driver.RejectedError{Err: err, ByGoharvest: true}
 	}
 	if p.abortable || p.committing {
 		k.mu.Unlock()
-		return &seam.TxnError{Err: errErroneousState, Retriable: true}
+		return &driver.TxnError{Err: errErroneousState, Retriable: true}
 	}
 	out, ok := k.outstanding[key]
 	if ok && (out.producer != p.index || out.txn != p.txnNo) {
@@ -633,7 +634,7 @@ func (p *fakeProducer) Produce(msg seam.Message) error {
 	m := &sentMessage{id: id, topic: msg.Topic, key: key, value: valueOf(msg), headers: msg.Headers}
 	if k.rejectN[id] > 0 {
 		k.rejectN[id]--
-		m.err = &seam.RejectedError{Err: errors.New("message too large")}
+		m.err = &driver.RejectedError{Err: errors.New("message too large")}
 	} else if e, ok := k.failOnce[id]; ok {
 		delete(k.failOnce, id)
 		m.err = e
@@ -651,13 +652,13 @@ func (p *fakeProducer) Produce(msg seam.Message) error {
 
 	p.wg.Go(func() {
 		time.Sleep(delay) // the broker's latency, as a test sets it
-		p.deliveries <- seam.Delivery{Opaque: msg.Opaque, Err: m.err}
+		p.deliveries <- driver.Delivery{Opaque: msg.Opaque, Err: m.err}
 	})
 	return nil
 }
 
-func (p *fakeProducer) Deliveries() <-chan seam.Delivery { return p.deliveries }
-func (p *fakeProducer) Abandon()                         {}
+func (p *fakeProducer) Deliveries() <-chan driver.Delivery { return p.deliveries }
+func (p *fakeProducer) Abandon()                           {}
 func (p *fakeProducer) Close() {
 	p.wg.Wait()
 	p.k.mu.Lock()
@@ -711,7 +712,7 @@ func (k *fakeKafka) checkOrder(t *testing.T, want []int64, keyOf func(int64) str
 
 // recordID returns the id of the record a message publishes. The engine's opaque value says it
 // (a flight has RecordID); any other message, as the producer contract's, counts as record 0.
-func recordID(msg seam.Message) int64 {
+func recordID(msg driver.Message) int64 {
 	if r, ok := msg.Opaque.(interface{ RecordID() int64 }); ok {
 		return r.RecordID()
 	}
@@ -719,7 +720,7 @@ func recordID(msg seam.Message) int64 {
 }
 
 // valueOf returns a message's value as an outbox record holds it: nil for a tombstone.
-func valueOf(msg seam.Message) *string {
+func valueOf(msg driver.Message) *string {
 	if msg.Value == nil {
 		return nil
 	}
@@ -758,7 +759,7 @@ func (e *fakeElector) revoke() {
 	e.mu.Unlock()
 }
 
-func (e *fakeElector) provider(barrier func([]int32)) (seam.Elector, error) {
+func (e *fakeElector) provider(barrier func([]int32)) (driver.Elector, error) {
 	e.barrier = barrier
 	return e, nil
 }
@@ -809,22 +810,22 @@ func (e *fakeElector) Close(ctx context.Context) error {
 // eventLog collects events for assertions.
 type eventLog struct {
 	mu     sync.Mutex
-	events []seam.Event
+	events []event.Event
 }
 
-func (l *eventLog) handle(e seam.Event) {
+func (l *eventLog) handle(e event.Event) {
 	l.mu.Lock()
 	l.events = append(l.events, e)
 	l.mu.Unlock()
 }
 
-func (l *eventLog) all() []seam.Event {
+func (l *eventLog) all() []event.Event {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Clone(l.events)
 }
 
-func countEvents[T seam.Event](l *eventLog) int {
+func countEvents[T event.Event](l *eventLog) int {
 	n := 0
 	for _, e := range l.all() {
 		if _, ok := e.(T); ok {

@@ -16,7 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/event"
+	"github.com/goharvest/goharvest/internal/epoch"
 	"github.com/goharvest/goharvest/internal/syncbuf"
 	"github.com/goharvest/goharvest/internal/testwait"
 )
@@ -32,7 +34,7 @@ var claimStrategy = func() Claim {
 }()
 
 // rigNotes is where the rig's harvester leaves its notes.
-var rigNotes = seam.NotePlace{Group: "g.notes", Topic: "t"}
+var rigNotes = driver.NotePlace{Group: "g.notes", Topic: "t"}
 
 // rig wires a harvester to fakes.
 type rig struct {
@@ -50,8 +52,8 @@ type rig struct {
 }
 
 // fastLimits lets keys run (MaxKeyRun), so that every test exercises runs and their notes.
-func fastLimits() seam.Limits {
-	return seam.Limits{
+func fastLimits() epoch.Limits {
+	return epoch.Limits{
 		MaxKeyRun:        100,
 		HeartbeatTimeout: time.Second,
 		MinPollInterval:  10 * time.Millisecond,
@@ -61,7 +63,7 @@ func fastLimits() seam.Limits {
 	}
 }
 
-func newRig(t *testing.T, limits seam.Limits) *rig {
+func newRig(t *testing.T, limits epoch.Limits) *rig {
 	r := &rig{t: t, db: newFakeDB(), elector: &fakeElector{state: stateLeader}, events: &eventLog{},
 		logs: &syncbuf.Buffer{}, keyOf: map[int64]string{}, seqOf: map[int64]int64{}, nextSeq: map[string]int64{},
 		registry: prometheus.NewRegistry()}
@@ -70,7 +72,7 @@ func newRig(t *testing.T, limits seam.Limits) *rig {
 	return r
 }
 
-func (r *rig) newHarvest(limits seam.Limits) *Owner {
+func (r *rig) newHarvest(limits epoch.Limits) *Owner {
 	h := New(Config{
 		Name:            "test",
 		Shards:          1,
@@ -81,7 +83,7 @@ func (r *rig) newHarvest(limits seam.Limits) *Owner {
 		NoteGroup:       rigNotes.Group,
 		LeaderTopic:     rigNotes.Topic,
 		TransactionalID: "goharvest.g",
-		OpenStore:       func() (seam.DatabaseBinding, error) { return r.db, nil },
+		OpenStore:       func() (driver.DatabaseBinding, error) { return r.db, nil },
 		NewElector:      r.elector.provider,
 		NewProducer:     r.kafka.provider,
 	})
@@ -91,16 +93,16 @@ func (r *rig) newHarvest(limits seam.Limits) *Owner {
 
 // load writes perKey records for each of keys keys, interleaved as concurrent writers would.
 func (r *rig) load(keys, perKey int) []int64 {
-	var recs []seam.OutboxRecord
+	var recs []driver.OutboxRecord
 	for i := range perKey {
 		for k := range keys {
-			recs = append(recs, seam.OutboxRecord{KafkaTopic: "t", KafkaKey: fmt.Sprintf("k%d", k), KafkaValue: String(fmt.Sprint(i))})
+			recs = append(recs, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: fmt.Sprintf("k%d", k), KafkaValue: String(fmt.Sprint(i))})
 		}
 	}
 	return r.add(recs...)
 }
 
-func (r *rig) add(recs ...seam.OutboxRecord) []int64 {
+func (r *rig) add(recs ...driver.OutboxRecord) []int64 {
 	ids := r.db.insert(recs...)
 	for i, id := range ids {
 		r.note(id, recs[i].KafkaKey)
@@ -177,9 +179,9 @@ func TestDrainsEverythingInPerKeyOrder(t *testing.T) {
 	if r.db.purges*4 > len(ids) {
 		t.Errorf("%d purge statements for %d records; they are not batched", r.db.purges, len(ids))
 	}
-	var last seam.MeterRead
+	var last event.MeterRead
 	for _, e := range r.events.all() {
-		if m, ok := e.(seam.MeterRead); ok {
+		if m, ok := e.(event.MeterRead); ok {
 			if m.Stats.Total < last.Stats.Total {
 				t.Errorf("meter total went down: %v after %v", m.Stats, last.Stats)
 			}
@@ -192,7 +194,7 @@ func TestDrainsEverythingInPerKeyOrder(t *testing.T) {
 	if got := len(r.kafka.published()); got != len(ids) {
 		t.Errorf("published %d messages for %d records without any fault", got, len(ids))
 	}
-	if n := countEvents[seam.LeaderAcquired](r.events); n != 1 {
+	if n := countEvents[event.LeaderAcquired](r.events); n != 1 {
 		t.Errorf("%d LeaderAcquired events, want 1", n)
 	}
 	if r.h.State() != Stopped {
@@ -269,7 +271,7 @@ func TestNextEpochLeavesNotedIDsThatNameOtherRows(t *testing.T) {
 	for _, p := range r.kafka.published() {
 		if r.db.exists(p.id) && !slices.Contains(reused, p.id) {
 			reused = append(reused, p.id)
-			r.db.update(p.id, func(rec *seam.OutboxRecord) { rec.KafkaKey, rec.KafkaValue = "new", String("new row") })
+			r.db.update(p.id, func(rec *driver.OutboxRecord) { rec.KafkaKey, rec.KafkaValue = "new", String("new row") })
 		}
 	}
 	if len(reused) == 0 {
@@ -299,7 +301,7 @@ func TestFailedNoteAbortsTheTransaction(t *testing.T) {
 	if r.kafka.aborts < 2 {
 		t.Errorf("%d aborts for two failed notes", r.kafka.aborts)
 	}
-	if n := countEvents[seam.LeaderRefreshed](r.events); n != 0 {
+	if n := countEvents[event.LeaderRefreshed](r.events); n != 0 {
 		t.Errorf("%d remarks for failures a retry in place handles", n)
 	}
 }
@@ -317,7 +319,7 @@ func TestDeliveryFailureRetriesInTheNextTransaction(t *testing.T) {
 	if r.kafka.aborts < 1 {
 		t.Fatalf("no aborted transaction for two failed deliveries")
 	}
-	if n := countEvents[seam.LeaderRefreshed](r.events); n != 0 {
+	if n := countEvents[event.LeaderRefreshed](r.events); n != 0 {
 		t.Fatalf("%d remarks for failures a retry in place handles", n)
 	}
 }
@@ -331,7 +333,7 @@ func TestRepeatedTransactionFailuresRemark(t *testing.T) {
 	r.kafka.abortCommits = 7
 	r.runUntilEmpty()
 	r.checkOrder(ids)
-	if n := countEvents[seam.LeaderRefreshed](r.events); n < 1 {
+	if n := countEvents[event.LeaderRefreshed](r.events); n < 1 {
 		t.Fatalf("no remark after %d failed commits in a row", 7)
 	}
 	if r.kafka.producers < 3 {
@@ -348,7 +350,7 @@ func TestFatalTransactionErrorRemarks(t *testing.T) {
 	r.kafka.fatalCommits = 2
 	r.runUntilEmpty()
 	r.checkOrder(ids)
-	if n := countEvents[seam.LeaderRefreshed](r.events); n != 2 {
+	if n := countEvents[event.LeaderRefreshed](r.events); n != 2 {
 		t.Fatalf("%d LeaderRefreshed events after two fatal commits, want 2; events %v", n, r.events.all())
 	}
 	if r.kafka.producers < 3 {
@@ -360,12 +362,12 @@ func TestFatalTransactionErrorRemarks(t *testing.T) {
 // is published in the order observed, and is no cause for alarm.
 func TestLateCommittedLowerIDIsPublished(t *testing.T) {
 	r := newRig(t, fastLimits())
-	high := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("second by id")})
+	high := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("second by id")})
 	// Leave a gap below the first record, as a transaction still in progress would.
 	r.db.nextID += 10
 	r.start()
 	r.waitEmpty(10 * time.Second)
-	r.db.insertAt(high[0]-1, seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("first by id")})
+	r.db.insertAt(high[0]-1, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("first by id")})
 	r.note(high[0]-1, "k")
 	r.waitEmpty(10 * time.Second)
 	if r.h.State() != Running {
@@ -397,8 +399,8 @@ func TestLateCommitThenNextRecordKeepOrderWhileDraining(t *testing.T) {
 			return
 		}
 		once.Do(func() {
-			r.db.insertAt(late, seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "late", KafkaValue: String("committed late")})
-			r.db.insertAt(next, seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "late", KafkaValue: String("written after")})
+			r.db.insertAt(late, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "late", KafkaValue: String("committed late")})
+			r.db.insertAt(next, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "late", KafkaValue: String("written after")})
 		})
 	}
 	r.runUntilEmpty()
@@ -407,8 +409,8 @@ func TestLateCommitThenNextRecordKeepOrderWhileDraining(t *testing.T) {
 
 func TestRejectedRecordHoldsOnlyItsKey(t *testing.T) {
 	r := newRig(t, fastLimits())
-	bad := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("too big")})[0]
-	after := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})[0]
+	bad := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("too big")})[0]
+	after := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})[0]
 	others := r.load(20, 10)
 	r.kafka.rejectN[bad] = 3
 	r.start()
@@ -419,7 +421,7 @@ func TestRejectedRecordHoldsOnlyItsKey(t *testing.T) {
 	r.checkOrder(append([]int64{bad, after}, others...))
 	failures := 0
 	for _, e := range r.events.all() {
-		if f, ok := e.(seam.RecordFailed); ok {
+		if f, ok := e.(event.RecordFailed); ok {
 			if f.ID != bad || f.Key != "bad" {
 				t.Errorf("RecordFailed for %d (%s), want only %d", f.ID, f.Key, bad)
 			}
@@ -435,16 +437,16 @@ func TestRejectedRecordHoldsOnlyItsKey(t *testing.T) {
 	if !strings.Contains(r.logs.String(), fmt.Sprintf("id=%d", bad)) {
 		t.Errorf("the log does not name record %d", bad)
 	}
-	if countEvents[seam.LeaderRefreshed](r.events) != 0 {
+	if countEvents[event.LeaderRefreshed](r.events) != 0 {
 		t.Errorf("a rejected record caused a remark of everything in flight")
 	}
 }
 
 func TestMalformedRecordIsHeldAndReported(t *testing.T) {
 	r := newRig(t, fastLimits())
-	bad := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
-	after := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
-	r.db.markErr = map[int64]error{bad: &seam.RecordError{ID: bad, Reason: "header arrays differ"}}
+	bad := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
+	after := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
+	r.db.markErr = map[int64]error{bad: &driver.RecordError{ID: bad, Reason: "header arrays differ"}}
 	others := r.load(10, 10)
 	r.start()
 	r.waitFor("other keys to drain", 10*time.Second, func() bool { return r.db.len() == 2 })
@@ -461,7 +463,7 @@ func TestMalformedRecordIsHeldAndReported(t *testing.T) {
 	}
 	var reported bool
 	for _, e := range r.events.all() {
-		if f, ok := e.(seam.RecordFailed); ok && f.ID == bad && strings.Contains(f.Err.Error(), "header arrays differ") {
+		if f, ok := e.(event.RecordFailed); ok && f.ID == bad && strings.Contains(f.Err.Error(), "header arrays differ") {
 			reported = true
 		}
 	}
@@ -480,7 +482,7 @@ func TestFailedClaimRemarksOnlyAMark(t *testing.T) {
 	r.waitEmpty(10 * time.Second)
 	r.stop()
 	r.checkOrder(ids)
-	n := countEvents[seam.LeaderRefreshed](r.events)
+	n := countEvents[event.LeaderRefreshed](r.events)
 	if claimStrategy == ClaimByMarking && n < 2 {
 		t.Fatalf("%d LeaderRefreshed events after two failed marks, want 2", n)
 	}
@@ -540,7 +542,7 @@ func TestStopWhileDatabaseHangs(t *testing.T) {
 }
 
 func TestIdleOutboxBacksOff(t *testing.T) {
-	r := newRig(t, seam.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 10 * time.Millisecond})
+	r := newRig(t, epoch.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 10 * time.Millisecond})
 	r.start()
 	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
 	time.Sleep(time.Second) // the backoff climbs to its bound
@@ -550,7 +552,7 @@ func TestIdleOutboxBacksOff(t *testing.T) {
 	if perSecond > 1.4 {
 		t.Fatalf("an idle outbox was marked %.1f times a second; the bound (maxMarkBackoff 1s) allows 1", perSecond)
 	}
-	id := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "k"})[0]
+	id := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k"})[0]
 	r.waitFor("the new record", 3*time.Second, func() bool { return !r.db.exists(id) })
 	r.stop()
 }
@@ -612,13 +614,13 @@ func TestRevokeAndFenceEndTheEpochBeforeTheNext(t *testing.T) {
 	r.waitEmpty(20 * time.Second)
 	r.stop()
 	r.checkOrder(ids)
-	if n := countEvents[seam.LeaderFenced](r.events); n != 1 {
+	if n := countEvents[event.LeaderFenced](r.events); n != 1 {
 		t.Errorf("%d LeaderFenced events, want 1; events %v", n, r.events.all())
 	}
-	if n := countEvents[seam.LeaderRevoked](r.events); n != 2 {
+	if n := countEvents[event.LeaderRevoked](r.events); n != 2 {
 		t.Errorf("%d LeaderRevoked events, want 2 (the revoke, and Stop)", n)
 	}
-	if n := countEvents[seam.LeaderAcquired](r.events); n != 3 {
+	if n := countEvents[event.LeaderAcquired](r.events); n != 3 {
 		t.Errorf("%d LeaderAcquired events, want 3", n)
 	}
 	if r.kafka.producers < 3 {

@@ -8,7 +8,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/event"
+	"github.com/goharvest/goharvest/internal/epoch"
 	"github.com/goharvest/goharvest/internal/testwait"
 )
 
@@ -33,7 +35,7 @@ func (r *rig) waitBudgetEmpty() {
 }
 
 // heldLimits keeps the in-flight budget far below the rows queued behind a bad record.
-func heldLimits() seam.Limits {
+func heldLimits() epoch.Limits {
 	l := fastLimits()
 	l.MaxKeyRun = 1
 	l.MaxInFlightRecords = 50
@@ -54,9 +56,9 @@ func heldKeyWithManyRows(t *testing.T, maxKeyRun int) {
 	l := heldLimits()
 	l.MaxKeyRun = maxKeyRun
 	r := newRig(t, l)
-	var recs []seam.OutboxRecord
+	var recs []driver.OutboxRecord
 	for i := range 201 {
-		recs = append(recs, seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String(fmt.Sprint(i))})
+		recs = append(recs, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String(fmt.Sprint(i))})
 	}
 	bad := r.add(recs...)
 	others := r.load(20, 10)
@@ -81,12 +83,12 @@ func heldKeyWithManyRows(t *testing.T, maxKeyRun int) {
 // A malformed row with more rows behind it than the in-flight budget holds back only its key.
 func TestMalformedKeyWithManyRowsHoldsOnlyItself(t *testing.T) {
 	r := newRig(t, heldLimits())
-	var recs []seam.OutboxRecord
+	var recs []driver.OutboxRecord
 	for range 120 {
-		recs = append(recs, seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("v")})
+		recs = append(recs, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("v")})
 	}
 	bad := r.add(recs...)
-	r.db.markErr = map[int64]error{bad[0]: &seam.RecordError{ID: bad[0], Reason: "header arrays differ"}}
+	r.db.markErr = map[int64]error{bad[0]: &driver.RecordError{ID: bad[0], Reason: "header arrays differ"}}
 	others := r.load(20, 10)
 	r.start()
 	r.waitFor("other keys to drain past the held key", 10*time.Second, func() bool { return r.db.len() == len(bad) })
@@ -94,7 +96,7 @@ func TestMalformedKeyWithManyRowsHoldsOnlyItself(t *testing.T) {
 	r.db.mu.Lock()
 	delete(r.db.markErr, bad[0])
 	r.db.mu.Unlock()
-	r.db.update(bad[0], func(rec *seam.OutboxRecord) { rec.KafkaValue = String("fixed") })
+	r.db.update(bad[0], func(rec *driver.OutboxRecord) { rec.KafkaValue = String("fixed") })
 	r.waitEmpty(10 * time.Second)
 	r.waitBudgetEmpty()
 	r.stop()
@@ -112,8 +114,8 @@ func TestDeletedHeldRecordIsDroppedAndItsKeyReleased(t *testing.T) {
 	l := heldLimits()
 	l.IOErrorBackoff = time.Minute // the retry would come far too late: the re-read must act
 	r := newRig(t, l)
-	ids := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")},
-		seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("1")})
+	ids := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")},
+		driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("1")})
 	r.kafka.setReject(ids[0], 1<<30)
 	r.start()
 	r.waitFor("the record to be held", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 1 })
@@ -127,7 +129,7 @@ func TestDeletedHeldRecordIsDroppedAndItsKeyReleased(t *testing.T) {
 		}
 	}
 	r.checkOrder(ids[1:])
-	if n := countEvents[seam.HeldRecordDeleted](r.events); n != 1 {
+	if n := countEvents[event.HeldRecordDeleted](r.events); n != 1 {
 		t.Errorf("%d HeldRecordDeleted events, want 1", n)
 	}
 }
@@ -137,12 +139,12 @@ func TestFixedHeldRecordIsSentWithItsNewContent(t *testing.T) {
 	l := heldLimits()
 	l.IOErrorBackoff = time.Minute
 	r := newRig(t, l)
-	ids := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("too big")},
-		seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})
+	ids := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("too big")},
+		driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})
 	r.kafka.setReject(ids[0], 1)
 	r.start()
 	r.waitFor("the record to be held", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 1 })
-	r.db.update(ids[0], func(rec *seam.OutboxRecord) { rec.KafkaValue = String("fixed") })
+	r.db.update(ids[0], func(rec *driver.OutboxRecord) { rec.KafkaValue = String("fixed") })
 	r.waitEmpty(5 * time.Second)
 	r.stop()
 	r.checkOrder(ids)
@@ -157,15 +159,15 @@ func TestFixedHeldRecordIsSentWithItsNewContent(t *testing.T) {
 // committed: the transaction is aborted and the new content sent instead.
 func TestRowChangedWhileBeingSentIsNotCommitted(t *testing.T) {
 	r := newRig(t, heldLimits())
-	ids := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("v1")},
-		seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})
+	ids := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("v1")},
+		driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})
 	r.kafka.setReject(ids[0], 1)
 	changed := false
 	r.kafka.onProduce = func(id int64) {
 		// The first send after the re-read carries v1; the operator's fix lands just after it.
 		if id == ids[0] && r.db.version(ids[0]) == "0" && len(r.h.HeldRecords()) == 1 && !changed {
 			changed = true
-			r.db.update(ids[0], func(rec *seam.OutboxRecord) { rec.KafkaValue = String("v2") })
+			r.db.update(ids[0], func(rec *driver.OutboxRecord) { rec.KafkaValue = String("v2") })
 		}
 	}
 	r.start()
@@ -183,8 +185,8 @@ func TestRowChangedWhileBeingSentIsNotCommitted(t *testing.T) {
 // content but not purged: its new content follows, so the correction is not lost.
 func TestRowChangedAtCommitIsPublishedAgain(t *testing.T) {
 	r := newRig(t, heldLimits())
-	ids := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("v1")},
-		seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})
+	ids := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("v1")},
+		driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("next")})
 	r.kafka.setReject(ids[0], 1)
 	var sentAfterRead atomic.Bool
 	r.kafka.onProduce = func(id int64) {
@@ -196,7 +198,7 @@ func TestRowChangedAtCommitIsPublishedAgain(t *testing.T) {
 	r.kafka.onCommit = func() {
 		if sentAfterRead.Load() && !changed {
 			changed = true
-			r.db.update(ids[0], func(rec *seam.OutboxRecord) { rec.KafkaValue = String("v2") })
+			r.db.update(ids[0], func(rec *driver.OutboxRecord) { rec.KafkaValue = String("v2") })
 		}
 	}
 	r.start()
@@ -216,8 +218,8 @@ func TestDeadLetterAfterAttempts(t *testing.T) {
 	l := heldLimits()
 	l.DeadLetterAttempts = 3
 	r := newRig(t, l)
-	ids := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")},
-		seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("1")})
+	ids := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")},
+		driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("1")})
 	r.kafka.setReject(ids[0], 1<<30)
 	r.start()
 	r.waitEmpty(10 * time.Second)
@@ -231,7 +233,7 @@ func TestDeadLetterAfterAttempts(t *testing.T) {
 	if info.Attempts != 3 || info.Err == "" || info.FirstFailure.IsZero() || info.LastFailure.Before(info.FirstFailure) {
 		t.Errorf("dead letter recorded as %+v", info)
 	}
-	if n := countEvents[seam.RecordDeadLettered](r.events); n != 1 {
+	if n := countEvents[event.RecordDeadLettered](r.events); n != 1 {
 		t.Errorf("%d RecordDeadLettered events, want 1", n)
 	}
 	if n := testutil.ToFloat64(r.h.metrics.DeadLettered); n != 1 {
@@ -242,7 +244,7 @@ func TestDeadLetterAfterAttempts(t *testing.T) {
 // Dead letters are off by default: a record that keeps failing stays held.
 func TestNoDeadLettersByDefault(t *testing.T) {
 	r := newRig(t, heldLimits())
-	ids := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")})
+	ids := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")})
 	r.kafka.setReject(ids[0], 1<<30)
 	r.start()
 	r.waitFor("several attempts", 10*time.Second, func() bool {
@@ -261,12 +263,12 @@ func TestHeldRowGivenAnotherKeyMovesToThatKey(t *testing.T) {
 	l := heldLimits()
 	l.IOErrorBackoff = time.Minute
 	r := newRig(t, l)
-	ids := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "a", KafkaValue: String("0")},
-		seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "a", KafkaValue: String("1")})
+	ids := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "a", KafkaValue: String("0")},
+		driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "a", KafkaValue: String("1")})
 	r.kafka.setReject(ids[0], 1)
 	r.start()
 	r.waitFor("the record to be held", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 1 })
-	r.db.update(ids[0], func(rec *seam.OutboxRecord) { rec.KafkaKey = "b" })
+	r.db.update(ids[0], func(rec *driver.OutboxRecord) { rec.KafkaKey = "b" })
 	r.waitEmpty(5 * time.Second)
 	r.stop()
 	keys := map[int64][]string{}
@@ -282,10 +284,10 @@ func TestHeldRowGivenAnotherKeyMovesToThatKey(t *testing.T) {
 // failure and its attempts go on.
 func TestHeldRecordFailuresSurviveARemark(t *testing.T) {
 	r := newRig(t, heldLimits())
-	ids := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")})
+	ids := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")})
 	r.kafka.setReject(ids[0], 1<<30)
 	r.start()
-	var first seam.HeldRecord
+	var first event.HeldRecord
 	r.waitFor("two attempts", 5*time.Second, func() bool {
 		held := r.h.HeldRecords()
 		if len(held) == 1 && held[0].Attempts >= 2 {
@@ -299,7 +301,7 @@ func TestHeldRecordFailuresSurviveARemark(t *testing.T) {
 	r.kafka.mu.Unlock()
 	r.waitFor("a remark and the record held again", 10*time.Second, func() bool {
 		held := r.h.HeldRecords()
-		return countEvents[seam.LeaderRefreshed](r.events) >= 1 && len(held) == 1 && held[0].Attempts > first.Attempts
+		return countEvents[event.LeaderRefreshed](r.events) >= 1 && len(held) == 1 && held[0].Attempts > first.Attempts
 	})
 	held := r.h.HeldRecords()[0]
 	r.stop()

@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/internal/epoch"
-	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -118,7 +119,7 @@ func TestErroneousStateIsNoRefusal(t *testing.T) {
 	r.checkOrder(ids)
 	var failed []int64
 	for _, e := range r.events.all() {
-		if f, ok := e.(seam.RecordFailed); ok {
+		if f, ok := e.(event.RecordFailed); ok {
 			failed = append(failed, f.ID)
 		}
 	}
@@ -148,10 +149,10 @@ func TestSlowCommitIsRetriedNotAbandoned(t *testing.T) {
 	r.kafka.commitStalls = 4
 	r.runUntilEmpty()
 	r.checkOrder(ids)
-	if n := countEvents[seam.LeaderRefreshed](r.events); n != 0 {
+	if n := countEvents[event.LeaderRefreshed](r.events); n != 0 {
 		t.Errorf("%d remarks: a slow commit ended the epoch", n)
 	}
-	if n := countEvents[seam.RecordFailed](r.events); n != 0 {
+	if n := countEvents[event.RecordFailed](r.events); n != 0 {
 		t.Errorf("%d RecordFailed events for records of a slow commit", n)
 	}
 	if got := testutil.ToFloat64(r.h.metrics.Reset); got != 0 {
@@ -209,7 +210,7 @@ func TestHandoverBoundedWhileCommitStalls(t *testing.T) {
 // cannot be cured by retrying: the harvester stops with an error that says so.
 func TestKafkaConfigErrorStopsTheHarvester(t *testing.T) {
 	r := newRig(t, fastLimits())
-	r.kafka.initErr = &seam.KafkaConfigError{Err: errors.New("Broker: Transactional Id authorization failed")}
+	r.kafka.initErr = &driver.KafkaConfigError{Err: errors.New("Broker: Transactional Id authorization failed")}
 	if err := r.h.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +260,7 @@ func TestConcurrentRecordsAcrossEpochs(t *testing.T) {
 	limits := fastLimits()
 	limits.MaxKeyRun = 1
 	r := newRig(t, limits)
-	eleven := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("11")})[0]
+	eleven := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("11")})[0]
 	r.db.nextID += 5 // ids below eleven taken by transactions still open
 	r.db.setFailPurges(true)
 	r.start()
@@ -270,7 +271,7 @@ func TestConcurrentRecordsAcrossEpochs(t *testing.T) {
 		t.Fatal(err)
 	}
 	ten := eleven - 1
-	r.db.insertAt(ten, seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("10")})
+	r.db.insertAt(ten, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("10")})
 	r.db.setFailPurges(false)
 	r.elector.set(stateLeader)
 	r.h = r.newHarvest(limits)
@@ -293,10 +294,10 @@ func TestFatalProduceErrorRemarks(t *testing.T) {
 	r.kafka.produceFatal = true
 	r.runUntilEmpty()
 	r.checkOrder(ids)
-	if n := countEvents[seam.LeaderRefreshed](r.events); n != 1 {
+	if n := countEvents[event.LeaderRefreshed](r.events); n != 1 {
 		t.Errorf("%d remarks after a fatal produce error, want 1", n)
 	}
-	if n := countEvents[seam.RecordFailed](r.events); n != 0 {
+	if n := countEvents[event.RecordFailed](r.events); n != 0 {
 		t.Errorf("%d RecordFailed events: the producer's failure was blamed on a record", n)
 	}
 }
@@ -314,7 +315,7 @@ func (d *misfitDB) CheckSchema(context.Context) error {
 	if d.fixed {
 		return nil
 	}
-	return &seam.SchemaError{Table: "outbox", Problems: []string{"column kafka_value has type xml"}}
+	return &driver.SchemaError{Table: "outbox", Problems: []string{"column kafka_value has type xml"}}
 }
 
 // An elected leader whose table does not fit cannot publish, and readiness says so until the
@@ -322,10 +323,10 @@ func (d *misfitDB) CheckSchema(context.Context) error {
 func TestReadyReportsTableThatDoesNotFit(t *testing.T) {
 	r := newRig(t, fastLimits())
 	db := &misfitDB{fakeDB: r.db}
-	r.h.cfg.OpenStore = func() (seam.DatabaseBinding, error) { return db, nil }
+	r.h.cfg.OpenStore = func() (driver.DatabaseBinding, error) { return db, nil }
 	ids := r.load(3, 3)
 	r.start()
-	r.waitFor("the mismatch to be reported", 5*time.Second, func() bool { return countEvents[seam.SchemaRejected](r.events) > 0 })
+	r.waitFor("the mismatch to be reported", 5*time.Second, func() bool { return countEvents[event.SchemaRejected](r.events) > 0 })
 	if err := r.h.Ready(context.Background()); err == nil || !strings.Contains(err.Error(), "kafka_value has type xml") {
 		t.Fatalf("Ready = %v while the table does not fit", err)
 	}
@@ -348,7 +349,7 @@ func (d failingNotePurge) CheckSchema(context.Context) error { return nil }
 
 func (d failingNotePurge) Purge(context.Context, []int64) (int, error) { return 0, errDBDown }
 
-func (d failingNotePurge) Reread(context.Context, []int64) ([]seam.RereadRecord, error) {
+func (d failingNotePurge) Reread(context.Context, []int64) ([]driver.RereadRecord, error) {
 	return nil, errDBDown
 }
 
@@ -358,7 +359,7 @@ func (d failingNotePurge) Reread(context.Context, []int64) ([]seam.RereadRecord,
 func TestEpochStartOutageLasts(t *testing.T) {
 	r := newRig(t, fastLimits())
 	db := failingNotePurge{r.db}
-	r.h.cfg.OpenStore = func() (seam.DatabaseBinding, error) { return db, nil }
+	r.h.cfg.OpenStore = func() (driver.DatabaseBinding, error) { return db, nil }
 	r.kafka.note[rigNotes] = epoch.EncodeNote([]epoch.Noted{{ID: 1 << 40}})
 	r.start()
 	r.waitFor("several failed starts", 5*time.Second, func() bool {
@@ -387,7 +388,7 @@ func TestStopDoesNotWaitForTheDatabaseToClose(t *testing.T) {
 	r := newRig(t, fastLimits())
 	db := slowDispose{fakeDB: r.db, release: make(chan struct{})}
 	defer close(db.release)
-	r.h.cfg.OpenStore = func() (seam.DatabaseBinding, error) { return db, nil }
+	r.h.cfg.OpenStore = func() (driver.DatabaseBinding, error) { return db, nil }
 	r.start()
 	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
 	began := time.Now()

@@ -18,10 +18,11 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/internal/dispatch"
 	"github.com/goharvest/goharvest/internal/epoch"
 	"github.com/goharvest/goharvest/internal/outage"
-	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/metric"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
@@ -32,7 +33,7 @@ type Claim int
 
 const (
 	// ClaimByReading reads rows without writing to them (epoch.ReadClaim); the store must be a
-	// seam.Reader, or Start fails.
+	// driver.Reader, or Start fails.
 	ClaimByReading Claim = iota
 	// ClaimByMarking sets each row's leader_id before publishing it (epoch.MarkClaim).
 	ClaimByMarking
@@ -54,7 +55,7 @@ type Config struct {
 	Name string
 	// Shards is how many shards the outbox has.
 	Shards int
-	Limits seam.Limits
+	Limits epoch.Limits
 	Logger *slog.Logger
 	// Registerer takes the metrics.
 	Registerer prometheus.Registerer
@@ -69,14 +70,14 @@ type Config struct {
 	// TransactionalID is the shards' transactional ID without a shard suffix, for error messages.
 	TransactionalID string
 
-	// OpenStore opens the outbox, once, at Start. The binding must be a seam.Store.
-	OpenStore func() (seam.DatabaseBinding, error)
+	// OpenStore opens the outbox, once, at Start. The binding must be a driver.Store.
+	OpenStore func() (driver.DatabaseBinding, error)
 	// NewElector joins the leader election; lost is its barrier, called inside Pulse when shards
 	// are revoked or fenced.
-	NewElector func(lost func(partitions []int32)) (seam.Elector, error)
+	NewElector func(lost func(partitions []int32)) (driver.Elector, error)
 	// NewProducer creates a shard's producer, with the shard's transactional ID; it contacts no
 	// broker. Start creates and closes one for shard 0 to check the settings.
-	NewProducer func(shard int) (seam.KafkaProducer, error)
+	NewProducer func(shard int) (driver.KafkaProducer, error)
 }
 
 // New returns an owner ready to start. It does not connect to anything.
@@ -144,13 +145,13 @@ type Owner struct {
 
 	mu      sync.Mutex // guards the fields below, and each shard's epoch
 	state   State
-	handler func(seam.Event)
-	events  *dispatch.Dispatcher[seam.Event]
-	db      seam.Store
-	elector seam.Elector
+	handler func(event.Event)
+	events  *dispatch.Dispatcher[event.Event]
+	db      driver.Store
+	elector driver.Elector
 	// features are db's, and electorPing the elector's Ping if it has one: found once, by Start.
-	features    seam.Features
-	electorPing seam.Pinger
+	features    driver.Features
+	electorPing driver.Pinger
 	// schemaProblem is the last schema mismatch reported by an epoch start, "" when the table fits:
 	// the elected leader cannot publish meanwhile, which Ready says.
 	schemaProblem string
@@ -161,8 +162,8 @@ type Owner struct {
 	done     chan struct{}
 }
 
-// SetEventHandler registers the handler for events (see seam.Event); call it before Start.
-func (h *Owner) SetEventHandler(handler func(seam.Event)) {
+// SetEventHandler registers the handler for events (see event.Event); call it before Start.
+func (h *Owner) SetEventHandler(handler func(event.Event)) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.handler = handler
@@ -185,15 +186,15 @@ func (h *Owner) Start() error {
 		h.metrics.Unregister(h.cfg.Registerer)
 		return fmt.Errorf("harvest: open outbox: %w", err)
 	}
-	db, err := seam.AsStore(binding)
+	db, err := driver.AsStore(binding)
 	if err != nil {
 		binding.Dispose()
 		h.metrics.Unregister(h.cfg.Registerer)
 		return fmt.Errorf("harvest: open outbox: %w", err)
 	}
 	shards, err := h.newShards(db)
-	if err == nil && h.cfg.Claim == ClaimByReading && seam.FeaturesOf(db).Read == nil {
-		err = fmt.Errorf("harvest: claimStrategy is read, but the database binding (%T) cannot read rows without marking them (seam.Reader); set claimStrategy: mark", db)
+	if err == nil && h.cfg.Claim == ClaimByReading && driver.FeaturesOf(db).Read == nil {
+		err = fmt.Errorf("harvest: claimStrategy is read, but the database binding (%T) cannot read rows without marking them (driver.Reader); set claimStrategy: mark", db)
 	}
 	if err != nil {
 		db.Dispose()
@@ -216,8 +217,8 @@ func (h *Owner) Start() error {
 		return fmt.Errorf("harvest: producer config: %w", err)
 	}
 	probe.Close()
-	h.features = seam.FeaturesOf(db)
-	h.electorPing, _ = elector.(seam.Pinger)
+	h.features = driver.FeaturesOf(db)
+	h.electorPing, _ = elector.(driver.Pinger)
 	h.db, h.elector, h.shards = db, elector, shards
 	h.events = dispatch.New(h.handler)
 	h.meter = metric.NewMeter("throughput", h.cfg.Limits.MinMetricsInterval)
@@ -344,7 +345,7 @@ func (h *Owner) inFlight() ([]string, int) {
 	return keys, n
 }
 
-func (h *Owner) emit(e seam.Event) { h.events.Emit(e) }
+func (h *Owner) emit(e event.Event) { h.events.Emit(e) }
 
 // run is the owner loop: it pulses the election and starts and ends each shard's epochs. Every
 // epoch change happens on this goroutine (leadershipLost runs inside Pulse), so a shard's epochs
@@ -394,7 +395,7 @@ func (h *Owner) tend(ctx context.Context) error {
 			lost = append(lost, s)
 		}
 	}
-	h.endShards(lost, func(s *shard) seam.Event { return h.lossEvent(s.id) })
+	h.endShards(lost, func(s *shard) event.Event { return h.lossEvent(s.id) })
 	for _, s := range h.shards {
 		if p := h.epochOf(s); p != nil {
 			select {
@@ -464,7 +465,7 @@ func (h *Owner) shutdown(cause error) {
 	h.state = Stopping
 	h.mu.Unlock()
 	h.log.Info("stopping", "error", cause)
-	h.endShards(h.shards, func(s *shard) seam.Event { return seam.LeaderRevoked{Shard: s.id} })
+	h.endShards(h.shards, func(s *shard) event.Event { return event.LeaderRevoked{Shard: s.id} })
 	closeCtx, cancel := context.WithTimeout(context.Background(), 2*h.cfg.Limits.HeartbeatTimeout)
 	defer cancel()
 	if err := h.elector.Close(closeCtx); err != nil {
@@ -546,7 +547,7 @@ func (h *Owner) Ready(ctx context.Context) error {
 		}
 	}
 	if h.onStandby.Load() {
-		errs = append(errs, fmt.Errorf("database: %w; not joining the leader election until it does", seam.ErrStandby))
+		errs = append(errs, fmt.Errorf("database: %w; not joining the leader election until it does", driver.ErrStandby))
 	}
 	if p := h.features.Ping; p != nil {
 		if err := p.Ping(ctx); err != nil {
@@ -563,12 +564,12 @@ func (h *Owner) Ready(ctx context.Context) error {
 
 // HeldRecords returns the records that hold back their keys now, oldest first; empty when this
 // harvester does not lead.
-func (h *Owner) HeldRecords() []seam.HeldRecord {
-	list := []seam.HeldRecord{}
+func (h *Owner) HeldRecords() []event.HeldRecord {
+	list := []event.HeldRecord{}
 	for _, p := range h.epochs() {
 		list = append(list, p.Held()...)
 	}
-	slices.SortStableFunc(list, func(a, b seam.HeldRecord) int { return a.Since.Compare(b.Since) })
+	slices.SortStableFunc(list, func(a, b event.HeldRecord) int { return a.Since.Compare(b.Since) })
 	return list
 }
 

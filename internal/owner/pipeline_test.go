@@ -10,9 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/internal/epoch"
 	"github.com/goharvest/goharvest/internal/outage"
-	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/metric"
 	"github.com/google/uuid"
@@ -103,9 +104,9 @@ func TestInFlightRecordsWithinLimit(t *testing.T) {
 func TestInFlightRecordsLeaveOutHeldKeys(t *testing.T) {
 	l := heldLimits()
 	r := newRig(t, l)
-	var recs []seam.OutboxRecord
+	var recs []driver.OutboxRecord
 	for i := range 201 {
-		recs = append(recs, seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String(fmt.Sprint(i))})
+		recs = append(recs, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String(fmt.Sprint(i))})
 	}
 	bad := r.add(recs...)
 	others := r.load(20, 10)
@@ -170,7 +171,7 @@ func commitGapsUnderLoad(t *testing.T, busy *atomic.Int32) []time.Duration {
 	db := newFakeDB()
 	db.markDelay = 2 * time.Millisecond
 	for i := range 2000 {
-		db.insert(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: fmt.Sprint("k", i), KafkaValue: String("v")})
+		db.insert(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: fmt.Sprint("k", i), KafkaValue: String("v")})
 	}
 	k := newFakeKafka(t, db)
 	var mu sync.Mutex
@@ -185,8 +186,8 @@ func commitGapsUnderLoad(t *testing.T, busy *atomic.Int32) []time.Duration {
 		t.Fatal(err)
 	}
 	p := epoch.Start(epoch.Deps{
-		LeaderID: uuid.New(), Limits: limits, Store: db, Features: seam.FeaturesOf(db), Producer: producer,
-		Log: slog.New(slog.DiscardHandler), Emit: func(seam.Event) {}, Meter: metric.NewMeter("t", time.Hour),
+		LeaderID: uuid.New(), Limits: limits, Store: db, Features: driver.FeaturesOf(db), Producer: producer,
+		Log: slog.New(slog.DiscardHandler), Emit: func(event.Event) {}, Meter: metric.NewMeter("t", time.Hour),
 		DBTrouble: &outage.Logger{What: "database"}, Metrics: epoch.NewMetrics("t", nil, nil),
 		Leading: func() bool { return true }, BusyEpochs: busy,
 	})

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -46,7 +46,7 @@ func TestReadyReportsLeaderThatCannotPublish(t *testing.T) {
 	r.db.mu.Lock()
 	r.db.failMk = 0
 	r.db.mu.Unlock()
-	more := r.add(seam.OutboxRecord{KafkaTopic: "t", KafkaKey: "k0", KafkaValue: String("after")})
+	more := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k0", KafkaValue: String("after")})
 	r.waitEmpty(10 * time.Second)
 	r.waitFor("Ready again", 10*time.Second, func() bool {
 		return r.h.Ready(t.Context()) == nil && testutil.ToFloat64(r.h.metrics.Leader) == 1

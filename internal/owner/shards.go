@@ -9,8 +9,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/internal/epoch"
-	"github.com/goharvest/goharvest/internal/seam"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -18,8 +19,8 @@ import (
 // runs while this harvester leads the shard's partition of the leader topic.
 type shard struct {
 	id       int
-	db       seam.Store    // marks only this shard's rows
-	features seam.Features // db's, found once
+	db       driver.Store    // marks only this shard's rows
+	features driver.Features // db's, found once
 
 	// epoch is the current epoch, nil while this harvester does not publish the shard. Set by
 	// the owner goroutine, guarded by Owner.mu, so that other goroutines may read it.
@@ -36,8 +37,8 @@ type shard struct {
 }
 
 // newShards makes the shards of the outbox, with a view of the store for each.
-func (h *Owner) newShards(db seam.Store) ([]*shard, error) {
-	sharder := seam.FeaturesOf(db).Shards
+func (h *Owner) newShards(db driver.Store) ([]*shard, error) {
+	sharder := driver.FeaturesOf(db).Shards
 	if h.cfg.Shards > 1 && sharder == nil {
 		return nil, fmt.Errorf("harvest: Shards is %d, but the database binding (%T) cannot mark by shard", h.cfg.Shards, db)
 	}
@@ -47,13 +48,13 @@ func (h *Owner) newShards(db seam.Store) ([]*shard, error) {
 	for i := range shards {
 		s := &shard{id: i, db: db, prevClosed: closed}
 		if h.cfg.Shards > 1 {
-			view, err := seam.AsStore(sharder.Shard(i, h.cfg.Shards))
+			view, err := driver.AsStore(sharder.Shard(i, h.cfg.Shards))
 			if err != nil {
 				return nil, fmt.Errorf("harvest: shard %d: %w", i, err)
 			}
 			s.db = view
 		}
-		s.features = seam.FeaturesOf(s.db)
+		s.features = driver.FeaturesOf(s.db)
 		s.backlog.Store(-1)
 		shards[i] = s
 	}
@@ -71,7 +72,7 @@ func (h *Owner) signal() {
 
 // endEpoch drains and closes a shard's epoch, within about MaxPollInterval, then reports why it
 // ended (nil for a remark, which LeaderRefreshed reports when the next epoch starts).
-func (h *Owner) endEpoch(s *shard, why seam.Event) {
+func (h *Owner) endEpoch(s *shard, why event.Event) {
 	if p := h.epochOf(s); p != nil {
 		unpurged, closed := p.Stop(h.cfg.Limits.MaxPollInterval)
 		if len(unpurged.IDs) > 0 {
@@ -85,7 +86,7 @@ func (h *Owner) endEpoch(s *shard, why seam.Event) {
 	} else if !s.acquired {
 		return // no epoch of this leadership has run: no leadership to report lost
 	}
-	if _, fenced := why.(seam.LeaderFenced); fenced {
+	if _, fenced := why.(event.LeaderFenced); fenced {
 		h.metrics.Fences.Inc()
 	}
 	if why != nil {
@@ -98,7 +99,7 @@ func (h *Owner) endEpoch(s *shard, why seam.Event) {
 // ends their epochs, all at once, so that losing many shards takes no longer than losing one
 // (about MaxPollInterval), and reports the loss of each shard that had an epoch in this
 // leadership, even if it is between two epochs (after a remark) just now.
-func (h *Owner) endShards(shards []*shard, why func(*shard) seam.Event) {
+func (h *Owner) endShards(shards []*shard, why func(*shard) event.Event) {
 	var wg sync.WaitGroup
 	for _, s := range shards {
 		if s.starting == nil && h.epochOf(s) == nil && !s.acquired {
@@ -124,15 +125,15 @@ func (h *Owner) leadershipLost(partitions []int32) {
 			lost = append(lost, s)
 		}
 	}
-	h.endShards(lost, func(s *shard) seam.Event { return h.lossEvent(s.id) })
+	h.endShards(lost, func(s *shard) event.Event { return h.lossEvent(s.id) })
 }
 
 // lossEvent says how leadership of a shard was lost.
-func (h *Owner) lossEvent(shard int) seam.Event {
+func (h *Owner) lossEvent(shard int) event.Event {
 	if h.elector.Fenced() {
-		return seam.LeaderFenced{Shard: shard}
+		return event.LeaderFenced{Shard: shard}
 	}
-	return seam.LeaderRevoked{Shard: shard}
+	return event.LeaderRevoked{Shard: shard}
 }
 
 // sampleBacklog keeps the backlog metrics current while this harvester leads: the whole outbox's,

@@ -7,20 +7,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/event"
+	"github.com/goharvest/goharvest/internal/epoch"
 )
 
 // Shards need a binding that can mark by shard; one that cannot is refused at Start, by name,
 // rather than publish every shard's rows from every shard's epoch.
 func TestShardsNeedAShardingBinding(t *testing.T) {
-	r := newRig(t, seam.Limits{})
+	r := newRig(t, epoch.Limits{})
 	h := New(Config{
 		Name:        "test",
 		Shards:      4,
-		Limits:      seam.Limits{}.WithDefaults(),
+		Limits:      epoch.Limits{}.WithDefaults(),
 		Logger:      slog.New(slog.DiscardHandler),
 		Registerer:  r.registry,
-		OpenStore:   func() (seam.DatabaseBinding, error) { return r.db, nil },
+		OpenStore:   func() (driver.DatabaseBinding, error) { return r.db, nil },
 		NewElector:  r.elector.provider,
 		NewProducer: r.kafka.provider,
 	})
@@ -46,8 +48,8 @@ func TestLossBetweenEpochsIsReported(t *testing.T) {
 	r.load(1, 1)
 	r.waitFor("the epoch to end for a remark", 5*time.Second, func() bool { return !r.h.IsLeader() })
 	r.elector.revoke()
-	r.waitFor("the loss to be reported", 5*time.Second, func() bool { return countEvents[seam.LeaderRevoked](r.events) > 0 })
-	if acquired, lost := countEvents[seam.LeaderAcquired](r.events), countEvents[seam.LeaderRevoked](r.events); acquired != 1 || lost != 1 {
+	r.waitFor("the loss to be reported", 5*time.Second, func() bool { return countEvents[event.LeaderRevoked](r.events) > 0 })
+	if acquired, lost := countEvents[event.LeaderAcquired](r.events), countEvents[event.LeaderRevoked](r.events); acquired != 1 || lost != 1 {
 		t.Fatalf("%d LeaderAcquired, %d LeaderRevoked; want one of each", acquired, lost)
 	}
 }

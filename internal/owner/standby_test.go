@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/internal/epoch"
 )
 
 // standbyFakeDB is a fake database whose standbys hold what the test says: every WAL position
@@ -22,15 +23,15 @@ type standbyFakeDB struct {
 	server    atomic.Value // string
 }
 
-func (d *standbyFakeDB) WALPosition(context.Context) (seam.WALPosition, error) {
-	return seam.WALPosition{LSN: strconv.FormatInt(d.positions.Add(1), 10), Server: d.server.Load().(string)}, nil
+func (d *standbyFakeDB) WALPosition(context.Context) (driver.WALPosition, error) {
+	return driver.WALPosition{LSN: strconv.FormatInt(d.positions.Add(1), 10), Server: d.server.Load().(string)}, nil
 }
 
-func (d *standbyFakeDB) Standbys(_ context.Context, pos seam.WALPosition) (seam.StandbyCount, error) {
+func (d *standbyFakeDB) Standbys(_ context.Context, pos driver.WALPosition) (driver.StandbyCount, error) {
 	if pos.Server != d.server.Load().(string) {
-		return seam.StandbyCount{}, seam.ErrServerChanged
+		return driver.StandbyCount{}, driver.ErrServerChanged
 	}
-	return seam.StandbyCount{Holding: int(d.holding.Load()), Streaming: 1}, nil
+	return driver.StandbyCount{Holding: int(d.holding.Load()), Streaming: 1}, nil
 }
 
 // newStandbyRig is a rig whose harvester awaits one standby (Limits.AwaitStandbys 1), on a fake
@@ -41,7 +42,7 @@ func newStandbyRig(t *testing.T, server string) (*rig, *standbyFakeDB) {
 	r := newRig(t, limits)
 	db := &standbyFakeDB{fakeDB: r.db}
 	db.server.Store(server)
-	r.h.cfg.OpenStore = func() (seam.DatabaseBinding, error) { return db, nil }
+	r.h.cfg.OpenStore = func() (driver.DatabaseBinding, error) { return db, nil }
 	return r, db
 }
 
@@ -109,7 +110,7 @@ func TestStopWhileAwaitingStandbys(t *testing.T) {
 	}
 }
 
-// serverFakeDB is a fake database that says which server answers (seam.ServerIdentifier).
+// serverFakeDB is a fake database that says which server answers (driver.ServerIdentifier).
 type serverFakeDB struct {
 	*fakeDB
 	server atomic.Value // string
@@ -118,19 +119,19 @@ type serverFakeDB struct {
 func (d *serverFakeDB) Server(context.Context) (string, error) { return d.server.Load().(string), nil }
 
 // Purge deletes only on the server the context names, if it names one, as the Postgres binding's
-// does (seam.WithServer).
+// does (driver.WithServer).
 func (d *serverFakeDB) Purge(ctx context.Context, ids []int64) (int, error) {
-	if server, ok := seam.ServerOf(ctx); ok && server != d.server.Load().(string) {
-		return 0, seam.ErrServerChanged
+	if server, ok := driver.ServerOf(ctx); ok && server != d.server.Load().(string) {
+		return 0, driver.ErrServerChanged
 	}
 	return d.fakeDB.Purge(ctx, ids)
 }
 
-func newServerRig(t *testing.T, limits seam.Limits, server string) (*rig, *serverFakeDB) {
+func newServerRig(t *testing.T, limits epoch.Limits, server string) (*rig, *serverFakeDB) {
 	r := newRig(t, limits)
 	db := &serverFakeDB{fakeDB: r.db}
 	db.server.Store(server)
-	r.h.cfg.OpenStore = func() (seam.DatabaseBinding, error) { return db, nil }
+	r.h.cfg.OpenStore = func() (driver.DatabaseBinding, error) { return db, nil }
 	return r, db
 }
 
@@ -171,7 +172,7 @@ func TestUnpurgedRecordsAreNotPurgedOnAnotherServer(t *testing.T) {
 	for _, p := range r.kafka.published() {
 		if r.db.exists(p.id) {
 			reused = append(reused, p.id)
-			r.db.update(p.id, func(rec *seam.OutboxRecord) { rec.KafkaKey, rec.KafkaValue = "new", String("new row") })
+			r.db.update(p.id, func(rec *driver.OutboxRecord) { rec.KafkaKey, rec.KafkaValue = "new", String("new row") })
 		}
 	}
 	if len(reused) == 0 {

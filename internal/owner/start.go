@@ -9,8 +9,9 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/internal/epoch"
-	"github.com/goharvest/goharvest/internal/seam"
 )
 
 // epochStart is an epoch being prepared on a goroutine of its own: the schema check, a new
@@ -21,7 +22,7 @@ type epochStart struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the fields below are set
 	// producer is ready to publish; nil when a step failed and the start is to be retried.
-	producer seam.KafkaProducer
+	producer driver.KafkaProducer
 	// err is a failure that retrying cannot cure (Kafka refusing the harvester's settings); it
 	// stops the harvester.
 	err error
@@ -51,7 +52,7 @@ func (h *Owner) beginEpoch(ctx context.Context, s *shard) *epochStart {
 
 // prepareEpoch runs the steps of an epoch's start and returns its producer, or nil when a step
 // failed and should be retried after IOErrorBackoff.
-func (h *Owner) prepareEpoch(ctx context.Context, s *shard, unpurged []epoch.Unpurged) (seam.KafkaProducer, error) {
+func (h *Owner) prepareEpoch(ctx context.Context, s *shard, unpurged []epoch.Unpurged) (driver.KafkaProducer, error) {
 	// Each step first checks that the start has not been abandoned: above all InitTransactions,
 	// which would otherwise fence a leader elected meanwhile.
 	if ctx.Err() != nil || !h.schemaReady(ctx) {
@@ -61,7 +62,7 @@ func (h *Owner) prepareEpoch(ctx context.Context, s *shard, unpurged []epoch.Unp
 	// would otherwise be marked and published again. Each is purged on the server it was read
 	// from, and left where that server is gone (purgeIDs).
 	for _, u := range unpurged {
-		if !h.purgeIDs(seam.WithServer(ctx, u.Server), "purge records the last epoch published", u.IDs) {
+		if !h.purgeIDs(driver.WithServer(ctx, u.Server), "purge records the last epoch published", u.IDs) {
 			return nil, nil
 		}
 	}
@@ -82,7 +83,7 @@ func (h *Owner) prepareEpoch(ctx context.Context, s *shard, unpurged []epoch.Unp
 	if err == nil {
 		err = producer.BeginTransaction()
 	}
-	var refused *seam.KafkaConfigError
+	var refused *driver.KafkaConfigError
 	if errors.As(err, &refused) {
 		producer.Close()
 		if h.cfg.Shards > 1 {
@@ -131,7 +132,7 @@ func (h *Owner) abandonStart(s *shard) {
 }
 
 // launchEpoch begins publishing a shard under a new leader ID through a prepared producer.
-func (h *Owner) launchEpoch(s *shard, producer seam.KafkaProducer) {
+func (h *Owner) launchEpoch(s *shard, producer driver.KafkaProducer) {
 	s.unpurged = nil
 	leaderID := uuid.New()
 	p := epoch.Start(epoch.Deps{
@@ -162,17 +163,17 @@ func (h *Owner) launchEpoch(s *shard, producer seam.KafkaProducer) {
 	if s.acquired {
 		h.metrics.Remarks.Inc()
 		h.log.Info("leader refreshed", "leaderID", leaderID, "shard", s.id)
-		h.emit(seam.LeaderRefreshed{Shard: s.id, LeaderID: leaderID})
+		h.emit(event.LeaderRefreshed{Shard: s.id, LeaderID: leaderID})
 	} else {
 		h.metrics.Elections.Inc()
 		h.log.Info("leader acquired", "leaderID", leaderID, "shard", s.id)
-		h.emit(seam.LeaderAcquired{Shard: s.id, LeaderID: leaderID})
+		h.emit(event.LeaderAcquired{Shard: s.id, LeaderID: leaderID})
 	}
 }
 
 // notePlace is where a shard's transactions leave their notes (see internal/epoch/note.go).
-func (h *Owner) notePlace(shard int) seam.NotePlace {
-	return seam.NotePlace{Group: h.cfg.NoteGroup, Topic: h.cfg.LeaderTopic, Partition: int32(shard)}
+func (h *Owner) notePlace(shard int) driver.NotePlace {
+	return driver.NotePlace{Group: h.cfg.NoteGroup, Topic: h.cfg.LeaderTopic, Partition: int32(shard)}
 }
 
 // purgeNoted purges the records that the shard's latest committed note lists: an earlier epoch
@@ -180,12 +181,12 @@ func (h *Owner) notePlace(shard int) seam.NotePlace {
 // earlier transaction of the shard, so the note read is final. It reports false, to be retried,
 // when Kafka or the database fails, with an error when Kafka refuses to let it read the note
 // (a KafkaConfigError: retrying cannot help).
-func (h *Owner) purgeNoted(ctx context.Context, s *shard, producer seam.KafkaProducer) (bool, error) {
+func (h *Owner) purgeNoted(ctx context.Context, s *shard, producer driver.KafkaProducer) (bool, error) {
 	place := h.notePlace(s.id)
 	readCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.MaxPollInterval)
 	note, err := producer.ReadNote(readCtx, place)
 	cancel()
-	var refused *seam.KafkaConfigError
+	var refused *driver.KafkaConfigError
 	if errors.As(err, &refused) {
 		return false, fmt.Errorf("harvest: Kafka refuses the permissions the note needs: %w", err)
 	}
@@ -269,7 +270,7 @@ func (h *Owner) purgeFingerprinted(ctx context.Context, fingerprints map[int64]u
 
 // purgeIDs deletes the rows of records that an earlier epoch published, before this one marks
 // anything. It reports false, to be retried, when the database fails. A purge bound to a server
-// (seam.WithServer) that finds another one (a failover since the records were read) deletes
+// (driver.WithServer) that finds another one (a failover since the records were read) deletes
 // nothing: on a promoted standby that lacked the old primary's last inserts, their ids can name
 // new rows. The records are left, and published again where their rows are still there.
 func (h *Owner) purgeIDs(ctx context.Context, op string, ids []int64) bool {
@@ -278,7 +279,7 @@ func (h *Owner) purgeIDs(ctx context.Context, op string, ids []int64) bool {
 		purgeCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
 		purged, err := h.db.Purge(purgeCtx, batch)
 		cancel()
-		if errors.Is(err, seam.ErrServerChanged) {
+		if errors.Is(err, driver.ErrServerChanged) {
 			h.log.Warn("records an earlier epoch published are not purged: the database server changed since they were read (a failover?), and their ids may name other rows now; those whose rows are there are published again",
 				"records", len(ids), "op", op)
 			break
@@ -308,7 +309,7 @@ func (h *Owner) schemaReady(ctx context.Context) bool {
 	checkCtx, cancel := context.WithTimeout(ctx, h.cfg.Limits.QueueTimeout)
 	defer cancel()
 	err := checker.CheckSchema(checkCtx)
-	var schemaErr *seam.SchemaError
+	var schemaErr *driver.SchemaError
 	switch {
 	case errors.As(err, &schemaErr):
 		h.mu.Lock()
@@ -317,7 +318,7 @@ func (h *Owner) schemaReady(ctx context.Context) bool {
 		h.mu.Unlock()
 		if changed {
 			h.log.Error("cannot publish: the outbox table does not fit; alter it and publishing starts", "error", err)
-			h.emit(seam.SchemaRejected{Err: err})
+			h.emit(event.SchemaRejected{Err: err})
 		}
 		return false
 	case err != nil:

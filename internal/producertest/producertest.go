@@ -1,6 +1,6 @@
 // Package producertest is the contract every KafkaProducer passes: the confluent producer (in the
 // root package's tests, on Apache Kafka) and the fake one the engine's tests run on
-// (internal/owner). Each rule is one the engine relies on (see seam.KafkaProducer).
+// (internal/owner). Each rule is one the engine relies on (see driver.KafkaProducer).
 package producertest
 
 import (
@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/outbox"
 )
 
@@ -20,7 +20,7 @@ import (
 type Kafka struct {
 	// NewProducer returns a producer with the transactional ID given, before InitTransactions.
 	// The suite closes it.
-	NewProducer func(t *testing.T, txnID string) seam.KafkaProducer
+	NewProducer func(t *testing.T, txnID string) driver.KafkaProducer
 	// Topic returns a topic that exists and that nothing else uses.
 	Topic func(t *testing.T) string
 	// NoteGroup returns a consumer group for notes that nothing else uses.
@@ -66,7 +66,7 @@ func newTxnID(t *testing.T) string {
 
 // producer is a producer under test with its delivery reports gathered.
 type producer struct {
-	seam.KafkaProducer
+	driver.KafkaProducer
 	mu      sync.Mutex
 	reports map[any]int // opaque -> reports received
 	errs    map[any]error
@@ -103,7 +103,7 @@ func start(t *testing.T, k Kafka, txnID string) *producer {
 
 // send produces msg, trying again while the producer says to (a topic being looked up, a full
 // queue), as the engine does.
-func (p *producer) send(t *testing.T, msg seam.Message) {
+func (p *producer) send(t *testing.T, msg driver.Message) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -111,7 +111,7 @@ func (p *producer) send(t *testing.T, msg seam.Message) {
 		if err == nil {
 			return
 		}
-		if (errors.Is(err, seam.ErrTopicPending) || errors.Is(err, seam.ErrQueueFull)) && time.Now().Before(deadline) {
+		if (errors.Is(err, driver.ErrTopicPending) || errors.Is(err, driver.ErrQueueFull)) && time.Now().Before(deadline) {
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
@@ -169,7 +169,7 @@ func commitPublishesInOrder(t *testing.T, k Kafka) {
 	if err := p.BeginTransaction(); err != nil {
 		t.Fatal(err)
 	}
-	sent := []seam.Message{
+	sent := []driver.Message{
 		{Topic: topic, Key: []byte("k"), Value: value("1"), Headers: outbox.Headers{{Key: "h", Value: "a"}, {Key: "h", Value: "b"}}, Opaque: 1},
 		{Topic: topic, Key: []byte("k"), Value: value("2"), Opaque: 2},
 		{Topic: topic, Key: []byte("k"), Value: nil, Opaque: 3},
@@ -205,7 +205,7 @@ func abortPublishesNothing(t *testing.T, k Kafka) {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		p.send(t, seam.Message{Topic: topic, Key: []byte("k"), Value: value("aborted"), Opaque: i})
+		p.send(t, driver.Message{Topic: topic, Key: []byte("k"), Value: value("aborted"), Opaque: i})
 	}
 	p.awaitReports(t, false, 0, 1, 2)
 	if err := call(t, "abort", p.AbortTransaction); err != nil {
@@ -214,7 +214,7 @@ func abortPublishesNothing(t *testing.T, k Kafka) {
 	if err := p.BeginTransaction(); err != nil {
 		t.Fatal(err)
 	}
-	p.send(t, seam.Message{Topic: topic, Key: []byte("k"), Value: value("committed"), Opaque: "after"})
+	p.send(t, driver.Message{Topic: topic, Key: []byte("k"), Value: value("committed"), Opaque: "after"})
 	p.awaitReports(t, true, "after")
 	if err := call(t, "commit", p.CommitTransaction); err != nil {
 		t.Fatalf("CommitTransaction: %v", err)
@@ -230,7 +230,7 @@ func abortPublishesNothing(t *testing.T, k Kafka) {
 // a place where no note was written reads "".
 func noteFollowsTheCommit(t *testing.T, k Kafka) {
 	topic, txnID := k.Topic(t), newTxnID(t)
-	place := seam.NotePlace{Group: k.NoteGroup(t), Topic: topic, Partition: 0}
+	place := driver.NotePlace{Group: k.NoteGroup(t), Topic: topic, Partition: 0}
 	p := start(t, k, txnID)
 	for i, c := range []struct {
 		note   string
@@ -239,7 +239,7 @@ func noteFollowsTheCommit(t *testing.T, k Kafka) {
 		if err := p.BeginTransaction(); err != nil {
 			t.Fatal(err)
 		}
-		p.send(t, seam.Message{Topic: topic, Key: []byte("k"), Value: value(c.note), Opaque: i})
+		p.send(t, driver.Message{Topic: topic, Key: []byte("k"), Value: value(c.note), Opaque: i})
 		p.awaitReports(t, false, i)
 		if err := call(t, "write note", func(ctx context.Context) error { return p.WriteNote(ctx, place, c.note) }); err != nil {
 			t.Fatalf("WriteNote: %v", err)
@@ -258,7 +258,7 @@ func noteFollowsTheCommit(t *testing.T, k Kafka) {
 	if err != nil || note != "goharvest/1:first" {
 		t.Errorf("ReadNote = %q, %v; want the committed note", note, err)
 	}
-	fresh := seam.NotePlace{Group: k.NoteGroup(t), Topic: topic, Partition: 0}
+	fresh := driver.NotePlace{Group: k.NoteGroup(t), Topic: topic, Partition: 0}
 	err = call(t, "read note", func(ctx context.Context) (err error) { note, err = next.ReadNote(ctx, fresh); return err })
 	if err != nil || note != "" {
 		t.Errorf("ReadNote of a place with no note = %q, %v; want \"\"", note, err)
@@ -273,11 +273,11 @@ func newProducerFencesTheOld(t *testing.T, k Kafka) {
 	if err := old.BeginTransaction(); err != nil {
 		t.Fatal(err)
 	}
-	old.send(t, seam.Message{Topic: topic, Key: []byte("k"), Value: value("deposed"), Opaque: 1})
+	old.send(t, driver.Message{Topic: topic, Key: []byte("k"), Value: value("deposed"), Opaque: 1})
 	old.awaitReports(t, false, 1)
 	start(t, k, txnID)
 	err := call(t, "commit", old.CommitTransaction)
-	var txnErr *seam.TxnError
+	var txnErr *driver.TxnError
 	if !errors.As(err, &txnErr) || !txnErr.Fatal {
 		t.Errorf("the fenced producer's commit returned %v, want a fatal TxnError", err)
 	}
@@ -293,8 +293,8 @@ func invalidTopicIsRefused(t *testing.T, k Kafka) {
 	if err := p.BeginTransaction(); err != nil {
 		t.Fatal(err)
 	}
-	err := p.Produce(seam.Message{Topic: "no such topic!", Key: []byte("k"), Value: value("v"), Opaque: 1})
-	var rejected *seam.RejectedError
+	err := p.Produce(driver.Message{Topic: "no such topic!", Key: []byte("k"), Value: value("v"), Opaque: 1})
+	var rejected *driver.RejectedError
 	if !errors.As(err, &rejected) || !rejected.ByGoharvest {
 		t.Fatalf("Produce to an invalid topic name returned %v, want a RejectedError by goharvest", err)
 	}

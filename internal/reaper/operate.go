@@ -13,14 +13,15 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/outbox"
 )
 
 // heldReport is what /held serves: whether this reaper leads (only the leader holds records)
 // and the records it holds back, oldest first.
 type heldReport struct {
-	Leader  bool                   `json:"leader"`
-	Records []goharvest.HeldRecord `json:"records"`
+	Leader  bool               `json:"leader"`
+	Records []event.HeldRecord `json:"records"`
 	// KeysHidden: admin.hideKeys is set, so the records' keys are left out.
 	KeysHidden bool `json:"keysHidden,omitempty"`
 }

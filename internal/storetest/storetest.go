@@ -13,16 +13,16 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/goharvest/goharvest/internal/seam"
+	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/outbox"
 )
 
 // Outbox is an empty outbox under test: the store the engine uses, and a way to change its rows
 // as writers and operators do.
 type Outbox struct {
-	Store seam.Store
+	Store driver.Store
 	// Insert writes rows in order, each in a transaction of its own, and returns their ids.
-	Insert func(t *testing.T, recs ...seam.OutboxRecord) []int64
+	Insert func(t *testing.T, recs ...driver.OutboxRecord) []int64
 	// SetValue changes a row's value, as an operator's fix would.
 	SetValue func(t *testing.T, id int64, value string)
 	// Delete deletes a row, as an operator would.
@@ -58,14 +58,14 @@ func Run(t *testing.T, open func(t *testing.T) Outbox) {
 	}
 }
 
-func record(key, value string) seam.OutboxRecord {
-	return seam.OutboxRecord{CreateTime: now(), KafkaTopic: "topic", KafkaKey: key, KafkaValue: &value}
+func record(key, value string) driver.OutboxRecord {
+	return driver.OutboxRecord{CreateTime: now(), KafkaTopic: "topic", KafkaKey: key, KafkaValue: &value}
 }
 
 // now is the time to write a record with, to the microsecond that Postgres keeps.
 func now() time.Time { return time.Now().Truncate(time.Microsecond) }
 
-func ids(recs []seam.MarkedRecord) []int64 {
+func ids(recs []driver.MarkedRecord) []int64 {
 	out := make([]int64, len(recs))
 	for i, r := range recs {
 		out[i] = r.ID
@@ -73,7 +73,7 @@ func ids(recs []seam.MarkedRecord) []int64 {
 	return out
 }
 
-func mark(t *testing.T, s seam.Store, leader uuid.UUID, limit int, held ...string) []int64 {
+func mark(t *testing.T, s driver.Store, leader uuid.UUID, limit int, held ...string) []int64 {
 	t.Helper()
 	recs, err := s.MarkExcept(context.Background(), leader, limit, held)
 	if err != nil {
@@ -129,7 +129,7 @@ func markExceptLeavesHeldKeysAlone(t *testing.T, o Outbox) {
 // empty value), headers in order with repeated keys, and the creation time.
 func recordsComeBackAsWritten(t *testing.T, o Outbox) {
 	value, empty := "value", ""
-	written := []seam.OutboxRecord{
+	written := []driver.OutboxRecord{
 		{CreateTime: now(), KafkaTopic: "t1", KafkaKey: "k1", KafkaValue: &value,
 			KafkaHeaders: outbox.Headers{{Key: "h", Value: "1"}, {Key: "g", Value: "2"}, {Key: "h", Value: "3"}}},
 		{CreateTime: now().Add(-time.Hour), KafkaTopic: "t2", KafkaKey: "", KafkaValue: nil},
@@ -168,10 +168,10 @@ func recordsComeBackAsWritten(t *testing.T, o Outbox) {
 func rereadReturnsWhatAClaimReturned(t *testing.T, o Outbox) {
 	value, empty := "value", ""
 	ids := o.Insert(t,
-		seam.OutboxRecord{CreateTime: now(), KafkaTopic: "t1", KafkaKey: "k1", KafkaValue: &value,
+		driver.OutboxRecord{CreateTime: now(), KafkaTopic: "t1", KafkaKey: "k1", KafkaValue: &value,
 			KafkaHeaders: outbox.Headers{{Key: "h", Value: "1"}, {Key: "h", Value: "2"}}},
-		seam.OutboxRecord{CreateTime: now().Add(-time.Hour), KafkaTopic: "t2", KafkaKey: "", KafkaValue: nil},
-		seam.OutboxRecord{CreateTime: now(), KafkaTopic: "t3", KafkaKey: "k3", KafkaValue: &empty})
+		driver.OutboxRecord{CreateTime: now().Add(-time.Hour), KafkaTopic: "t2", KafkaKey: "", KafkaValue: nil},
+		driver.OutboxRecord{CreateTime: now(), KafkaTopic: "t3", KafkaKey: "k3", KafkaValue: &empty})
 	claimed, err := o.Store.Mark(context.Background(), uuid.New(), 10)
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +180,7 @@ func rereadReturnsWhatAClaimReturned(t *testing.T, o Outbox) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	byID := map[int64]seam.OutboxRecord{}
+	byID := map[int64]driver.OutboxRecord{}
 	for _, r := range reread {
 		byID[r.ID] = r.OutboxRecord
 	}
@@ -214,7 +214,7 @@ func malformedRowComesBackWithItsError(t *testing.T, o Outbox) {
 	}
 	wantIDs(t, "marked", ids(recs), []int64{before[0], bad, after[0]})
 	for _, r := range recs {
-		var recErr *seam.RecordError
+		var recErr *driver.RecordError
 		isBad := errors.As(r.Err, &recErr) && recErr.ID == bad
 		if (r.ID == bad) != isBad || (r.ID != bad && r.Err != nil) {
 			t.Errorf("record %d came back with error %v", r.ID, r.Err)
@@ -257,13 +257,13 @@ func resetReleasesOnlyOwnRows(t *testing.T, o Outbox) {
 	wantIDs(t, "mark after a reset", mark(t, o.Store, second, 10), ids[:1])
 }
 
-func reread(t *testing.T, s seam.Store, ids ...int64) map[int64]seam.RereadRecord {
+func reread(t *testing.T, s driver.Store, ids ...int64) map[int64]driver.RereadRecord {
 	t.Helper()
 	rows, err := s.Reread(context.Background(), ids)
 	if err != nil {
 		t.Fatalf("reread: %v", err)
 	}
-	out := map[int64]seam.RereadRecord{}
+	out := map[int64]driver.RereadRecord{}
 	for _, r := range rows {
 		out[r.ID] = r
 	}
@@ -314,7 +314,7 @@ func purgeUnchangedKeepsChangedRows(t *testing.T, o Outbox) {
 func deadLetterMovesOnlyTheVersionRead(t *testing.T, o Outbox) {
 	ids := o.Insert(t, record("a", "1"), record("b", "1"))
 	read := reread(t, o.Store, ids...)
-	info := seam.DeadLetterInfo{Err: "refused", Attempts: 3, FirstFailure: time.Now().Add(-time.Minute), LastFailure: time.Now()}
+	info := driver.DeadLetterInfo{Err: "refused", Attempts: 3, FirstFailure: time.Now().Add(-time.Minute), LastFailure: time.Now()}
 	o.SetValue(t, ids[1], "changed")
 	for _, c := range []struct {
 		id      int64
@@ -345,9 +345,9 @@ func deref(s *string) any {
 
 func read(t *testing.T, o Outbox, limit int, held []string, exclude []int64) []int64 {
 	t.Helper()
-	r, ok := o.Store.(seam.Reader)
+	r, ok := o.Store.(driver.Reader)
 	if !ok {
-		t.Fatalf("%T does not read (seam.Reader)", o.Store)
+		t.Fatalf("%T does not read (driver.Reader)", o.Store)
 	}
 	recs, err := r.Read(context.Background(), limit, held, exclude)
 	if err != nil {

@@ -1,4 +1,4 @@
-package seam
+package driver
 
 import (
 	"context"

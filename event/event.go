@@ -1,4 +1,4 @@
-package seam
+package event
 
 import (
 	"fmt"
@@ -9,15 +9,11 @@ import (
 	"github.com/goharvest/goharvest/metric"
 )
 
-// Event is something the harvester reports to its EventHandler.
+// Event is something the harvester reports to its event handler.
 type Event interface {
 	fmt.Stringer
 	event()
 }
-
-// EventHandler receives events in the order they happen, on a goroutine of its own: a slow
-// handler delays later events but never the harvester. It need not be safe for concurrent use.
-type EventHandler func(Event)
 
 // LeaderAcquired: this harvester became the leader and starts publishing under LeaderID.
 type LeaderAcquired struct {

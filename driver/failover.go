@@ -1,4 +1,4 @@
-package seam
+package driver
 
 // What a store offers for a Postgres failover: whether its database is a standby, how far its
 // standbys have come, and which server answers (see the root package's postgres_failover.go).

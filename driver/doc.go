@@ -1,0 +1,27 @@
+// Package driver is the seam between goharvest's engine and its drivers: what the engine asks of
+// the outbox's store and of Kafka. A driver implements these interfaces; the engine (the
+// Harvest that package goharvest builds) calls them, and imports no driver itself.
+//
+// # The store
+//
+// A Store is the outbox table as the engine needs it: DatabaseBinding (mark, purge, reset) and
+// HeldRowBinding (what holding back an unpublishable record takes). Every method carries
+// correctness, so a store lacks none of them. What a store may also offer is optional, each an
+// interface of its own, found once by FeaturesOf: Reader (claiming by reading, the default claim
+// strategy), SchemaChecker, Listener, Pinger, BacklogSampler, Sharder, and, for a database that
+// can fail over, RecoveryChecker, StandbyWaiter and ServerIdentifier.
+//
+// # Kafka
+//
+// A KafkaProducer publishes one leader epoch's records in transactions, under a transactional ID
+// that every harvester of a shard shares, so that a new epoch fences every earlier one. Its
+// transactions also carry the epoch's notes (NotePlace), which tell a successor what was
+// published. An Elector is the leader election: whoever it says leads a shard publishes it.
+//
+// # Drivers
+//
+// The Postgres store (package goharvest's PostgresBinding) and the librdkafka producer and
+// election (package goharvest and package neli) are this module's drivers today. Every driver is
+// held to the same contract: internal/storetest and internal/producertest hold each store and
+// producer, the in-memory fakes included, to the rules the engine relies on.
+package driver
