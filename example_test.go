@@ -3,6 +3,10 @@ package goharvest_test
 import (
 	"context"
 	"fmt"
+	"log"
+	"os"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -118,22 +122,18 @@ func ExampleHarvest_Run() {
 		panic(err)
 	}
 
-	h, err := goharvest.New(goharvest.Config{
-		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": exampleBootstrapServers},
-		DataSource:      exampleDataSource,
-		LeaderGroupID:   "order-service",
-		LeaderTopic:     "order-service.leader",
-	})
-	if err != nil {
-		panic(err)
-	}
-	h.SetEventHandler(func(e event.Event) {
-		if _, ok := e.(event.LeaderAcquired); ok {
-			fmt.Println("leading")
+	leading := make(chan struct{})
+	var once sync.Once
+	log.SetOutput(logWatcher(func(line string) {
+		if strings.Contains(line, "leader acquired: ") {
+			once.Do(func() { close(leading) })
 		}
-	})
+	}))
+	defer log.SetOutput(os.Stderr)
 	done := make(chan error, 1)
-	go func() { done <- h.Run(ctx) }()
+	go func() { done <- publishOutbox(ctx, exampleBootstrapServers, exampleDataSource) }()
+	<-leading
+	fmt.Println("leading")
 
 	// Wait for the record to be published and purged.
 	for {
@@ -154,4 +154,36 @@ func ExampleHarvest_Run() {
 	// Output:
 	// leading
 	// published
+}
+
+// publishOutbox is what a Go service runs to publish its outbox, word for word what README shows
+// under "Running the harvester in a Go service" (TestReadmeEmbeddingExampleCompiles holds them
+// equal).
+func publishOutbox(ctx context.Context, bootstrapServers, dataSource string) error {
+	h, err := goharvest.New(goharvest.Config{
+		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": bootstrapServers},
+		DataSource:      dataSource,
+		LeaderGroupID:   "order-service",
+		LeaderTopic:     "order-service.leader",
+	})
+	if err != nil {
+		return err
+	}
+	h.SetEventHandler(func(e event.Event) {
+		switch e := e.(type) {
+		case event.LeaderAcquired, event.LeaderRevoked, event.LeaderFenced:
+			log.Println(e)
+		case event.RecordFailed:
+			log.Printf("record %d (key %s) cannot be published: %v", e.ID, e.Key, e.Err)
+		}
+	})
+	return h.Run(ctx) // publishes while it leads, until ctx ends
+}
+
+// logWatcher passes each line the log package writes to see, and on to standard error.
+type logWatcher func(line string)
+
+func (w logWatcher) Write(p []byte) (int, error) {
+	w(string(p))
+	return os.Stderr.Write(p)
 }

@@ -1,20 +1,3 @@
-// Package goharvest publishes the rows of a Postgres transactional outbox to Kafka, at least once,
-// in per-key order, with exactly one publisher elected through Kafka.
-//
-// Applications write outbox rows in the same transaction as their business data (see package
-// stasher, or plain SQL). A Harvest elects a leader among its peers (package neli); the leader
-// marks rows from the head of the outbox, publishes them with at most one record in flight per
-// key, and deletes each row once Kafka has acknowledged it. See README.md for the guarantees,
-// the schema and the configuration.
-//
-//	h, err := goharvest.New(goharvest.Config{
-//		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": "localhost:9092"},
-//		DataSource:      "host=localhost dbname=app",
-//		LeaderGroupID:   "app",
-//		LeaderTopic:     "app.leader",
-//	})
-//	...
-//	err = h.Run(ctx) // until ctx ends, or Start, Stop and Await
 package goharvest
 
 import (

@@ -342,3 +342,35 @@ func (e limitsExpr) format(v int64) string {
 	}
 	return fmt.Sprint(v)
 }
+
+// README's embedding example is example_test.go's publishOutbox word for word, which
+// ExampleHarvest_Run runs against Postgres and Kafka: what README shows compiles and works.
+func TestReadmeEmbeddingExampleCompiles(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const section = "## Running the harvester in a Go service\n"
+	_, after, ok := strings.Cut(string(readme), section)
+	if !ok {
+		t.Fatalf("README has no section %q", strings.TrimSpace(section))
+	}
+	_, block, ok := strings.Cut(after, "```go\n")
+	block, _, closed := strings.Cut(block, "```\n")
+	if !ok || !closed {
+		t.Fatal("README's embedding section has no Go block")
+	}
+	source, err := os.ReadFile("example_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const decl = "func publishOutbox("
+	i := strings.Index(string(source), decl)
+	if i < 0 {
+		t.Fatalf("example_test.go has no %s", decl)
+	}
+	fn, _, _ := strings.Cut(string(source[i:]), "\n}\n")
+	if want := fn + "\n}\n"; block != want {
+		t.Errorf("README's embedding example differs from example_test.go's publishOutbox; copy it over.\nREADME:\n%s\nexample_test.go:\n%s", block, want)
+	}
+}
