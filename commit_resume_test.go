@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/driver/librdkafka"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -69,9 +69,11 @@ func resumeCommitIfChild() {
 // once Kafka has answered, a call with time finishes the commit.
 func resumeCommitWithoutTime(addr string) error {
 	logger := slog.New(slog.NewTextHandler(os.Stdout, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	p, err := goharvest.StandardKafkaProducerProvider(logger)(goharvest.KafkaConfigMap{
+	p, err := librdkafka.New(librdkafka.Config{Properties: map[string]any{
 		// librdkafka's own logger writes at once: its last words before an abort are kept.
-		"bootstrap.servers": addr, "transactional.id": "resume", "go.logs.channel.enable": false,
+		"bootstrap.servers": addr, "go.logs.channel.enable": false,
+	}}).NewProducer(driver.ProducerConfig{
+		TransactionalID: "resume", Logger: logger,
 	})
 	if err != nil {
 		return err

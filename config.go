@@ -7,7 +7,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -35,20 +34,6 @@ const (
 	DefaultOutboxTable = "outbox"
 	// DefaultLeaderTopicPrefix is put before LeaderGroupID to make the default LeaderTopic.
 	DefaultLeaderTopicPrefix = "goharvest.neli."
-	// DefaultProducerLinger is the producer's "linger.ms" unless ProducerKafkaConfig or
-	// BaseKafkaConfig sets it (or its alias "queue.buffering.max.ms"); librdkafka's own default
-	// is 5.
-	DefaultProducerLinger = 1
-	// DefaultTransactionTimeout is librdkafka's transaction.timeout.ms, which the producer keeps
-	// unless ProducerKafkaConfig sets it or a longer QueueTimeout needs more (librdkafka refuses a
-	// message timeout longer than the transaction timeout).
-	DefaultTransactionTimeout = time.Minute
-	// DefaultPartitioner is the producer's "partitioner" unless ProducerKafkaConfig or
-	// BaseKafkaConfig sets it: librdkafka's Java-compatible one, which puts every key (the empty
-	// key included) on the partition the Java client's default partitioner would choose, so that
-	// topics written by goharvest co-partition with those of Java producers, Kafka Streams and
-	// ksqlDB. librdkafka's own default is "consistent_random" (CRC32).
-	DefaultPartitioner = "murmur2_random"
 	// DefaultClaimStrategy is ClaimRead: the database pays only for each record's INSERT and
 	// DELETE.
 	DefaultClaimStrategy = ClaimRead
@@ -97,23 +82,25 @@ const (
 	DefaultHeldCheckInterval     = epoch.DefaultHeldCheckInterval
 )
 
-// KafkaConfigMap holds librdkafka properties, such as "bootstrap.servers" or "compression.type".
-// Values are strings, booleans or numbers, as YAML gives them.
+// KafkaConfigMap holds Kafka client properties, as librdkafka names them, such as
+// "bootstrap.servers" or "compression.type". Values are strings, booleans or numbers, as YAML
+// gives them.
 type KafkaConfigMap map[string]any
 
 // Config configures a harvester. The zero value of every field means its documented default;
 // the caller's Config is never modified. Unmarshal reads one from YAML, using the names in the
 // yaml tags.
 type Config struct {
-	// BaseKafkaConfig holds the librdkafka properties shared by the leader-election consumer and
-	// the producer, such as "bootstrap.servers" (default DefaultBootstrapServers) and security
-	// settings. Properties that goharvest must own to keep its guarantees (group.id,
-	// session.timeout.ms, enable.auto.commit and the like) are rejected by Validate.
+	// BaseKafkaConfig holds the properties of the default Kafka client (see Kafka) shared by the
+	// leader-election consumer and the producer, such as "bootstrap.servers" (default
+	// DefaultBootstrapServers) and security settings. Properties that goharvest must own to keep
+	// its guarantees (group.id, session.timeout.ms, enable.auto.commit and the like) are rejected
+	// by Validate.
 	BaseKafkaConfig KafkaConfigMap `yaml:"baseKafkaConfig"`
 
-	// ProducerKafkaConfig holds properties for the producer only, such as "compression.type" or
-	// "linger.ms" (default DefaultProducerLinger); they override BaseKafkaConfig. Idempotence is
-	// always on and cannot be disabled.
+	// ProducerKafkaConfig holds the default Kafka client's properties for the producer only, such
+	// as "compression.type" or "linger.ms" (default librdkafka.DefaultLinger); they override
+	// BaseKafkaConfig. Idempotence is always on and cannot be disabled.
 	ProducerKafkaConfig KafkaConfigMap `yaml:"producerKafkaConfig"`
 
 	// LeaderTopic is the topic whose partitions decide leadership, one per shard (partition 0
@@ -177,12 +164,11 @@ type Config struct {
 	// DatabaseBindingProvider opens the outbox. Default: NewPostgresBinding.
 	DatabaseBindingProvider DatabaseBindingProvider `yaml:"-"`
 
-	// KafkaProducerProvider creates the producer for each leader epoch.
-	// Default: StandardKafkaProducerProvider (confluent-kafka-go).
-	KafkaProducerProvider KafkaProducerProvider `yaml:"-"`
-
-	// NeliProvider creates the leader election. Default: StandardNeliProvider (package neli).
-	NeliProvider NeliProvider `yaml:"-"`
+	// Kafka is the Kafka client: each epoch's producer and the leader election. Default, in a
+	// build with cgo: the librdkafka client (package driver/librdkafka) with BaseKafkaConfig and
+	// ProducerKafkaConfig, which must then be empty when Kafka is set. A build without cgo has
+	// no default.
+	Kafka driver.Kafka `yaml:"-"`
 
 	// MetricsRegisterer receives the harvester's Prometheus metrics (see README for the list).
 	// Default: prometheus.DefaultRegisterer.
@@ -248,7 +234,7 @@ type Limits struct {
 	// it failed (librdkafka's message.timeout.ms, unless ProducerKafkaConfig sets that or
 	// delivery.timeout.ms). A record whose delivery fails is sent again in the next transaction.
 	// The producer's transaction.timeout.ms must be at least this: unless ProducerKafkaConfig sets
-	// it, it is the larger of this and DefaultTransactionTimeout.
+	// it, it is the larger of this and librdkafka.DefaultTransactionTimeout.
 	// Default: DefaultQueueTimeout. Range: DrainInterval to 1h.
 	QueueTimeout time.Duration `yaml:"queueTimeout"`
 
@@ -349,27 +335,23 @@ func Unmarshal(data []byte) (Config, error) {
 // defaulted, a warning is logged through the (possibly defaulted) Logger.
 func (c Config) WithDefaults() Config {
 	c.BaseKafkaConfig = maps.Clone(c.BaseKafkaConfig)
-	if c.BaseKafkaConfig == nil {
-		c.BaseKafkaConfig = KafkaConfigMap{}
-	}
-	if _, ok := c.BaseKafkaConfig["bootstrap.servers"]; !ok {
-		c.BaseKafkaConfig["bootstrap.servers"] = DefaultBootstrapServers
-	}
 	c.ProducerKafkaConfig = maps.Clone(c.ProducerKafkaConfig)
-	if c.ProducerKafkaConfig == nil {
-		c.ProducerKafkaConfig = KafkaConfigMap{}
+	if c.Kafka == nil {
+		if c.BaseKafkaConfig == nil {
+			c.BaseKafkaConfig = KafkaConfigMap{}
+		}
+		if _, ok := c.BaseKafkaConfig["bootstrap.servers"]; !ok {
+			c.BaseKafkaConfig["bootstrap.servers"] = DefaultBootstrapServers
+		}
+		if c.ProducerKafkaConfig == nil {
+			c.ProducerKafkaConfig = KafkaConfigMap{}
+		}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	if c.DatabaseBindingProvider == nil {
 		c.DatabaseBindingProvider = StandardPostgresBindingProvider(WithListenDataSource(c.ListenDataSource))
-	}
-	if c.KafkaProducerProvider == nil {
-		c.KafkaProducerProvider = StandardKafkaProducerProvider(c.Logger)
-	}
-	if c.NeliProvider == nil {
-		c.NeliProvider = StandardNeliProvider()
 	}
 	if c.MetricsRegisterer == nil {
 		c.MetricsRegisterer = prometheus.DefaultRegisterer
@@ -437,29 +419,14 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("%s (%s): %s", field, yamlKey, fmt.Sprintf(format, args...)))
 	}
 
-	checkKafkaMap := func(field, yamlKey string, m KafkaConfigMap) {
-		for _, key := range slices.Sorted(maps.Keys(m)) {
-			if why, owned := ownedKafkaProperties(key); owned {
-				bad(field, yamlKey+"."+key, "goharvest sets this property itself (%s); remove it", why)
-				continue
-			}
-			switch m[key].(type) {
-			case string, bool, int, int64, float64:
-			default:
-				bad(field, yamlKey+"."+key, "value must be a string, number or boolean, got %T", m[key])
-			}
+	if c.Kafka == nil {
+		// The default client's properties; a client set in Kafka has settings of its own.
+		errs = append(errs, defaultKafkaProblems(c)...)
+		if s, _ := c.BaseKafkaConfig["bootstrap.servers"].(string); strings.TrimSpace(s) == "" {
+			bad("BaseKafkaConfig", "baseKafkaConfig.bootstrap.servers", "must name at least one host:port")
 		}
-	}
-	checkKafkaMap("BaseKafkaConfig", "baseKafkaConfig", c.BaseKafkaConfig)
-	checkKafkaMap("ProducerKafkaConfig", "producerKafkaConfig", c.ProducerKafkaConfig)
-	if txn, set := c.kafkaMillis("transaction.timeout.ms"); set {
-		if msg := c.messageTimeout(); txn < msg {
-			bad("ProducerKafkaConfig", "producerKafkaConfig.transaction.timeout.ms",
-				"%v is shorter than the message timeout (%v, from queueTimeout or message.timeout.ms); librdkafka refuses that", txn, msg)
-		}
-	}
-	if s, _ := c.BaseKafkaConfig["bootstrap.servers"].(string); strings.TrimSpace(s) == "" {
-		bad("BaseKafkaConfig", "baseKafkaConfig.bootstrap.servers", "must name at least one host:port")
+	} else if len(c.BaseKafkaConfig) > 0 || len(c.ProducerKafkaConfig) > 0 {
+		bad("BaseKafkaConfig", "baseKafkaConfig", "configures the default Kafka client only; Kafka is set, so configure that client instead")
 	}
 
 	checkTopicLike := func(field, yamlKey, value string) {
@@ -494,8 +461,8 @@ func (c Config) Validate() error {
 	if c.Logger == nil {
 		bad("Logger", "-", "must not be nil")
 	}
-	if c.DatabaseBindingProvider == nil || c.KafkaProducerProvider == nil || c.NeliProvider == nil {
-		bad("providers", "-", "DatabaseBindingProvider, KafkaProducerProvider and NeliProvider must not be nil")
+	if c.DatabaseBindingProvider == nil {
+		bad("DatabaseBindingProvider", "-", "must not be nil")
 	}
 	errs = append(errs, c.Limits.validate()...)
 	if len(errs) > 0 {

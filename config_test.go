@@ -86,7 +86,7 @@ func TestWithDefaultsLeavesCallerUntouched(t *testing.T) {
 	if len(in.BaseKafkaConfig) != 1 || len(in.ProducerKafkaConfig) != 1 {
 		t.Fatalf("the caller's maps were modified: %v %v", in.BaseKafkaConfig, in.ProducerKafkaConfig)
 	}
-	if in.DataSource != "" || in.Limits != (Limits{}) || in.Logger != nil || in.NeliProvider != nil {
+	if in.DataSource != "" || in.Limits != (Limits{}) || in.Logger != nil || in.DatabaseBindingProvider != nil {
 		t.Fatalf("the caller's config was modified: %+v", in)
 	}
 }
@@ -154,7 +154,7 @@ func TestValidateNamesFieldAndRange(t *testing.T) {
 		}, []string{"limits.minPollInterval", "below half of heartbeatTimeout"}},
 		{"mark backoff above its max", func(c *Config) { c.Limits.MarkBackoff = c.Limits.MaxMarkBackoff + time.Millisecond },
 			[]string{"limits.markBackoff", "maxMarkBackoff"}},
-		{"no providers", func(c *Config) { c.NeliProvider = nil }, []string{"NeliProvider"}},
+		{"no store", func(c *Config) { c.DatabaseBindingProvider = nil }, []string{"DatabaseBindingProvider (-): must not be nil"}},
 		{"poll interval below poll duration", func(c *Config) { c.Limits.PollDuration = 200 * time.Millisecond },
 			[]string{"limits.minPollInterval", "at least pollDuration"}},
 		{"drain longer than poll", func(c *Config) { c.Limits.DrainInterval = c.Limits.MaxPollInterval + time.Millisecond },

@@ -2,7 +2,6 @@ package goharvest
 
 import (
 	"github.com/goharvest/goharvest/driver"
-	"github.com/goharvest/goharvest/neli"
 	"github.com/goharvest/goharvest/outbox"
 )
 
@@ -28,7 +27,4 @@ var (
 	_ driver.Pinger         = (*PostgresBinding)(nil)
 	_ driver.BacklogSampler = (*PostgresBinding)(nil)
 	_ driver.Sharder        = (*PostgresBinding)(nil)
-	_ Elector               = (*neli.Neli)(nil)
-	_ driver.Pinger         = (*neli.Neli)(nil)
-	_ driver.KafkaProducer  = (*confluentProducer)(nil)
 )

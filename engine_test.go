@@ -1,18 +1,18 @@
 package goharvest
 
-// Tests of what the root package adds to the engine: the producer's settings, and the
-// confluent producer's own checks. The engine's tests are in internal/owner and internal/epoch.
+// Tests of what the root package adds to the engine: its checks at Start, and the default Kafka
+// client's settings as Config gives them. The engine's tests are in internal/owner and
+// internal/epoch, the librdkafka client's in driver/librdkafka.
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/goharvest/goharvest/driver"
-	"github.com/goharvest/goharvest/neli"
+	"github.com/goharvest/goharvest/driver/librdkafka"
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -38,6 +38,17 @@ func (stubStore) Read(context.Context, int, []string, []int64) ([]driver.MarkedR
 }
 func (stubStore) Dispose() {}
 
+// stubKafka makes its producers with a real client and gives out one elector.
+type stubKafka struct {
+	producers driver.Kafka
+	elector   driver.Elector
+}
+
+func (k stubKafka) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, error) {
+	return k.producers.NewProducer(p)
+}
+func (k stubKafka) NewElector(driver.ElectorConfig) (driver.Elector, error) { return k.elector, nil }
+
 // stubElector never leads; it counts its pulses and records whether it was closed.
 type stubElector struct {
 	mu     sync.Mutex
@@ -51,7 +62,8 @@ func (e *stubElector) Pulse(context.Context) (bool, error) {
 	e.pulses++
 	return false, nil
 }
-func (*stubElector) State() neli.State   { return neli.Follower }
+func (*stubElector) Leading() bool       { return false }
+func (*stubElector) Fenced() bool        { return false }
 func (*stubElector) Partitions() []int32 { return nil }
 func (e *stubElector) Close(context.Context) error {
 	e.mu.Lock()
@@ -60,27 +72,23 @@ func (e *stubElector) Close(context.Context) error {
 	return nil
 }
 
-// The transaction timeout follows a long QueueTimeout unless set; set too short, it is an error
-// naming both.
-func TestTransactionTimeoutFollowsQueueTimeout(t *testing.T) {
-	h, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", Limits: Limits{QueueTimeout: 90 * time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := h.producerConfig["transaction.timeout.ms"]; got != 90_000 {
-		t.Errorf("transaction.timeout.ms = %v, want 90000", got)
-	}
-	h, err = New(Config{LeaderGroupID: "g", LeaderTopic: "t"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := h.producerConfig["transaction.timeout.ms"]; got != 60_000 {
-		t.Errorf("transaction.timeout.ms = %v by default, want librdkafka's 60000", got)
-	}
-	_, err = New(Config{LeaderGroupID: "g", LeaderTopic: "t", Limits: Limits{QueueTimeout: 90 * time.Second},
+// A transaction timeout shorter than the message timeout is an error naming both, with the
+// field it stands in (the default client's settings are driver/librdkafka's tests).
+func TestTransactionTimeoutShorterThanQueueTimeout(t *testing.T) {
+	_, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", Limits: Limits{QueueTimeout: 90 * time.Second},
 		ProducerKafkaConfig: KafkaConfigMap{"transaction.timeout.ms": "70000"}})
-	if err == nil || !strings.Contains(err.Error(), "producerKafkaConfig.transaction.timeout.ms") {
+	if err == nil || !strings.Contains(err.Error(), "ProducerKafkaConfig (producerKafkaConfig.transaction.timeout.ms): 1m10s is shorter") {
 		t.Fatalf("a transaction timeout shorter than the message timeout gave %v", err)
+	}
+}
+
+// The default client's properties configure it alone: set beside a client of the caller's, they
+// would be ignored, so they are refused.
+func TestKafkaPropertiesWithAClientOfOnesOwn(t *testing.T) {
+	_, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", Kafka: stubKafka{},
+		BaseKafkaConfig: KafkaConfigMap{"bootstrap.servers": "b:9092"}})
+	if err == nil || !strings.Contains(err.Error(), "configures the default Kafka client only") {
+		t.Fatalf("BaseKafkaConfig beside Config.Kafka gave %v", err)
 	}
 }
 
@@ -90,9 +98,11 @@ func TestStartRejectsBadProducerConfig(t *testing.T) {
 		LeaderGroupID:           "g",
 		LeaderTopic:             "t",
 		MetricsRegisterer:       prometheus.NewRegistry(),
-		ProducerKafkaConfig:     KafkaConfigMap{"compresion.type": "lz4"},
 		DatabaseBindingProvider: func(string, string) (driver.DatabaseBinding, error) { return db, nil },
-		NeliProvider:            func(neli.Config) (Elector, error) { return elector, nil },
+		Kafka: stubKafka{librdkafka.New(librdkafka.Config{
+			Properties:         map[string]any{"bootstrap.servers": "localhost:9092"},
+			ProducerProperties: map[string]any{"compresion.type": "lz4"},
+		}), elector},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -106,53 +116,6 @@ func TestStartRejectsBadProducerConfig(t *testing.T) {
 	}
 }
 
-// The producer lingers DefaultProducerLinger unless the configuration says otherwise, under
-// either of librdkafka's names.
-func TestProducerLingerDefault(t *testing.T) {
-	for _, c := range []struct {
-		name string
-		set  KafkaConfigMap
-		want map[string]any
-	}{
-		{"default", nil, map[string]any{"linger.ms": DefaultProducerLinger}},
-		{"set", KafkaConfigMap{"linger.ms": 20}, map[string]any{"linger.ms": 20}},
-		{"alias", KafkaConfigMap{"queue.buffering.max.ms": 20}, map[string]any{"linger.ms": nil, "queue.buffering.max.ms": 20}},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			h, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", ProducerKafkaConfig: c.set})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for k, v := range c.want {
-				if got := h.producerConfig[k]; got != v {
-					t.Errorf("%s = %v, want %v", k, got, v)
-				}
-			}
-		})
-	}
-}
-
-// goharvest's own checks say so, and are not worded as Kafka's refusals.
-func TestOwnChecksAreNotWordedAsKafkas(t *testing.T) {
-	c := &confluentProducer{topics: map[string]topicState{}}
-	err := c.checkTopic("no such topic!")
-	var rejected *driver.RejectedError
-	if !errors.As(err, &rejected) {
-		t.Fatalf("checkTopic of an invalid name returned %v, want a *RejectedError", err)
-	}
-	if msg := err.Error(); strings.Contains(msg, "by Kafka") || !strings.Contains(msg, "by goharvest") {
-		t.Errorf("an invalid topic name is reported as %q; it is goharvest's check, not Kafka's", msg)
-	}
-	kafkaErr := &driver.RejectedError{Err: errors.New("Broker: Message size too large")}
-	if !strings.HasPrefix(kafkaErr.Error(), "rejected by Kafka") {
-		t.Errorf("a broker's refusal reads %q", kafkaErr.Error())
-	}
-	malformed := &driver.RecordError{ID: 7, Reason: "kafka_header_keys has 2 elements but kafka_header_values has 1"}
-	if strings.Contains(malformed.Error(), "Kafka") {
-		t.Errorf("a malformed row reads %q", malformed.Error())
-	}
-}
-
 // A binding that lacks HeldRowBinding (here, a wrapper that embeds only the DatabaseBinding
 // interface and so hides the rest) is refused at Start, by name: with it, a held record could be
 // sent again with content that was never read again.
@@ -163,7 +126,7 @@ func TestStartRefusesBindingWithoutHeldRows(t *testing.T) {
 		LeaderTopic:             "t",
 		MetricsRegisterer:       prometheus.NewRegistry(),
 		DatabaseBindingProvider: func(string, string) (driver.DatabaseBinding, error) { return wrapper{stubStore{}}, nil },
-		NeliProvider:            func(neli.Config) (Elector, error) { return &stubElector{}, nil },
+		Kafka:                   stubKafka{librdkafka.New(librdkafka.Config{Properties: map[string]any{"bootstrap.servers": "localhost:9092"}}), &stubElector{}},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -24,7 +24,3 @@ var EncodeNote = epoch.EncodeNote
 type Noted = epoch.Noted
 
 const MaxNotedRecords = epoch.MaxNotedRecords
-
-// ProducerSettings returns the librdkafka properties a harvester configured with cfg gives its
-// producers (shard 0's), for tests that hold the producer to its contract as the harvester uses it.
-func ProducerSettings(cfg Config) KafkaConfigMap { return producerSettings(cfg.WithDefaults()) }

@@ -2,7 +2,6 @@ package goharvest
 
 import (
 	"context"
-	"maps"
 	"strconv"
 
 	"github.com/google/uuid"
@@ -12,7 +11,6 @@ import (
 	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/internal/epoch"
 	"github.com/goharvest/goharvest/internal/owner"
-	"github.com/goharvest/goharvest/neli"
 )
 
 // TransactionalIDPrefix is put before LeaderGroupID to make the producers' transactional ID,
@@ -58,9 +56,8 @@ func (s State) String() string {
 // internal/epoch) with the drivers this package provides plugged in: the database binding, the
 // Kafka producer and the leader election that Config names.
 type Harvest struct {
-	cfg            Config
-	producerConfig KafkaConfigMap // shard 0's producer settings (producerSettings)
-	owner          *owner.Owner
+	cfg   Config
+	owner *owner.Owner
 }
 
 // New validates the config (after applying defaults to a copy) and returns a harvester ready
@@ -71,12 +68,15 @@ func New(config Config) (*Harvest, error) {
 		return nil, err
 	}
 	claim, _ := cfg.ClaimStrategy.engineClaim() // Validate refused any other
-	producerConfig := producerSettings(cfg)
+	kafka, err := cfg.kafkaClient()
+	if err != nil {
+		return nil, err // Validate said so already
+	}
 	var tracer trace.Tracer
 	if cfg.TracerProvider != nil {
 		tracer = cfg.TracerProvider.Tracer("github.com/goharvest/goharvest")
 	}
-	h := &Harvest{cfg: cfg, producerConfig: producerConfig}
+	h := &Harvest{cfg: cfg}
 	h.owner = owner.New(owner.Config{
 		Name:            cfg.Name,
 		Shards:          cfg.Shards,
@@ -93,8 +93,7 @@ func New(config Config) (*Harvest, error) {
 			return cfg.DatabaseBindingProvider(cfg.DataSource, cfg.OutboxTable)
 		},
 		NewElector: func(lost func([]int32)) (driver.Elector, error) {
-			e, err := cfg.NeliProvider(neli.Config{
-				KafkaConfig:      cfg.BaseKafkaConfig,
+			return kafka.NewElector(driver.ElectorConfig{
 				LeaderTopic:      cfg.LeaderTopic,
 				LeaderGroupID:    cfg.LeaderGroupID,
 				Partitions:       cfg.Shards,
@@ -105,18 +104,14 @@ func New(config Config) (*Harvest, error) {
 				Barrier:          lost,
 				Logger:           cfg.Logger,
 			})
-			if err != nil {
-				return nil, err
-			}
-			return electorSeam(e), nil
 		},
 		NewProducer: func(shard int) (driver.KafkaProducer, error) {
-			config := producerConfig
-			if cfg.Shards > 1 {
-				config = maps.Clone(producerConfig)
-				config["transactional.id"] = TransactionalID(cfg.LeaderGroupID, shard, cfg.Shards)
-			}
-			return cfg.KafkaProducerProvider(config)
+			return kafka.NewProducer(driver.ProducerConfig{
+				TransactionalID: TransactionalID(cfg.LeaderGroupID, shard, cfg.Shards),
+				ClientID:        cfg.Name,
+				DeliveryTimeout: cfg.Limits.QueueTimeout,
+				Logger:          cfg.Logger,
+			})
 		},
 	})
 	return h, nil
@@ -198,14 +193,3 @@ func (h *Harvest) Healthy() error { return h.owner.Healthy() }
 // running most of the time, so goharvest_leader reads 0 then too; with read (the default) its
 // epoch goes on, reading again, and goharvest_leader stays 1.
 func (h *Harvest) Ready(ctx context.Context) error { return h.owner.Ready(ctx) }
-
-// TransactionalID is the transactional ID of a shard's producers, which every harvester of the
-// outbox shares for that shard: goharvest.<group>, or goharvest.<group>.<shard> when the outbox
-// has more than one shard. Kafka lets one producer at a time use it, which is what fences an
-// earlier leader of the shard.
-func TransactionalID(leaderGroupID string, shard, shards int) string {
-	if shards <= 1 {
-		return TransactionalIDPrefix + leaderGroupID
-	}
-	return TransactionalIDPrefix + leaderGroupID + "." + strconv.Itoa(shard)
-}

@@ -11,20 +11,23 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/driver/librdkafka"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/stasher"
 )
 
-// These tests hold the confluent producer (StandardKafkaProducerProvider) to what the harvester
+// These tests hold the librdkafka producer (package driver/librdkafka) to what the harvester
 // relies on, on Apache Kafka: the broker answers where kfake only imitated it.
 
 // producerFor returns a transactional producer of the ID txnID on the shared cluster, its
 // transactions initialised, closed when the test ends.
 func producerFor(t *testing.T, txnID string) driver.KafkaProducer {
 	t.Helper()
-	p, err := goharvest.StandardKafkaProducerProvider(slog.New(slog.DiscardHandler))(goharvest.KafkaConfigMap{
-		"bootstrap.servers": kafkacluster.Shared(t).Addr(), "transactional.id": txnID, "linger.ms": 1,
+	p, err := librdkafka.New(librdkafka.Config{Properties: map[string]any{
+		"bootstrap.servers": kafkacluster.Shared(t).Addr(),
+	}}).NewProducer(driver.ProducerConfig{
+		TransactionalID: txnID, Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -176,8 +179,10 @@ func BenchmarkTransactionCycle(b *testing.B) {
 				addr = kafkatest.Start(b).Addr()
 			}
 			id := fmt.Sprintf("cycle-%s-%d", broker, time.Now().UnixNano())
-			p, err := goharvest.StandardKafkaProducerProvider(slog.New(slog.DiscardHandler))(goharvest.KafkaConfigMap{
-				"bootstrap.servers": addr, "transactional.id": id, "linger.ms": 1,
+			p, err := librdkafka.New(librdkafka.Config{Properties: map[string]any{
+				"bootstrap.servers": addr,
+			}}).NewProducer(driver.ProducerConfig{
+				TransactionalID: id, Logger: slog.New(slog.DiscardHandler),
 			})
 			if err != nil {
 				b.Fatal(err)

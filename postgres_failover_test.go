@@ -11,10 +11,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/driver/librdkafka"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/syncbuf"
 	"github.com/goharvest/goharvest/internal/testwait"
-	"github.com/goharvest/goharvest/neli"
 	"github.com/goharvest/goharvest/outbox"
 )
 
@@ -126,7 +126,7 @@ func TestHarvesterOnAStandbyJoinsOnceItIsPromoted(t *testing.T) {
 		Limits:            Limits{HeartbeatTimeout: time.Second, MinPollInterval: 10 * time.Millisecond},
 		MetricsRegisterer: prometheus.NewRegistry(),
 		Logger:            slog.New(slog.NewTextHandler(logs, nil)),
-		NeliProvider:      func(neli.Config) (Elector, error) { return elector, nil },
+		Kafka:             stubKafka{librdkafka.New(librdkafka.Config{Properties: map[string]any{"bootstrap.servers": "localhost:9092"}}), elector},
 	})
 	if err != nil {
 		t.Fatal(err)

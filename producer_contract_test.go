@@ -12,6 +12,7 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/driver/librdkafka"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/producertest"
 	outboxpkg "github.com/goharvest/goharvest/outbox"
@@ -19,17 +20,16 @@ import (
 
 var contractTopics atomic.Int32
 
-// The confluent producer, configured as a harvester configures it, keeps the producer contract on
+// The librdkafka producer, configured as a harvester configures it, keeps the producer contract on
 // Apache Kafka that the engine's fake producer keeps too (internal/owner runs the same suite).
 func TestConfluentProducerContract(t *testing.T) {
 	c := kafkacluster.Shared(t)
 	run := time.Now().UnixNano()
 	producertest.Run(t, producertest.Kafka{
 		NewProducer: func(t *testing.T, txnID string) driver.KafkaProducer {
-			settings := goharvest.ProducerSettings(goharvest.Config{LeaderGroupID: "contract", LeaderTopic: "contract",
-				BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": c.Addr()}})
-			settings["transactional.id"] = txnID
-			p, err := goharvest.StandardKafkaProducerProvider(slog.New(slog.DiscardHandler))(settings)
+			kafka := librdkafka.New(librdkafka.Config{Properties: map[string]any{"bootstrap.servers": c.Addr()}})
+			p, err := kafka.NewProducer(driver.ProducerConfig{TransactionalID: txnID, ClientID: "contract",
+				DeliveryTimeout: goharvest.DefaultQueueTimeout, Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -3,6 +3,8 @@ package driver
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"time"
 
 	"github.com/goharvest/goharvest/outbox"
 )
@@ -104,7 +106,59 @@ type NotePlace struct {
 	Partition int32
 }
 
-// Elector is leader election as the engine sees it (package neli's, through the root package).
+// Kafka is a Kafka client as the engine needs it for one outbox: a transactional producer for
+// each shard's epoch, and the leader election that decides who publishes each shard. Package
+// driver/librdkafka is one. Neither method contacts a broker.
+type Kafka interface {
+	// NewProducer creates a producer. The harvester creates one per epoch and closes it before
+	// the next.
+	NewProducer(ProducerConfig) (KafkaProducer, error)
+	// NewElector joins the leader election, from its first Pulse on.
+	NewElector(ElectorConfig) (Elector, error)
+}
+
+// ProducerConfig is what the harvester decides about a producer; the client's own settings
+// (brokers, security, batching) are its driver's.
+type ProducerConfig struct {
+	// TransactionalID is the shard's, which every harvester of the shard shares: the newest
+	// producer to register it fences the others (see KafkaProducer).
+	TransactionalID string
+	// ClientID names the harvester to Kafka (goharvest.Config.Name), unless the driver's
+	// settings name it otherwise.
+	ClientID string
+	// DeliveryTimeout is how long a message may take to be delivered (Limits.QueueTimeout),
+	// unless the driver's settings say otherwise; a transaction must be allowed at least as long.
+	DeliveryTimeout time.Duration
+	// Logger takes the client's logs.
+	Logger *slog.Logger
+}
+
+// ElectorConfig is what the harvester decides about the election: Fast NELI's terms (see package
+// neli), whichever client implements it.
+type ElectorConfig struct {
+	// LeaderTopic's partitions are the shards: whoever the group assigns one leads that shard.
+	LeaderTopic string
+	// LeaderGroupID is the consumer group that every harvester of the outbox joins.
+	LeaderGroupID string
+	// Partitions is how many shards there are.
+	Partitions int
+	// Name identifies this harvester in the group and in logs.
+	Name string
+	// HeartbeatTimeout is how long a leader may go without hearing from Kafka before it fences
+	// itself; the group's session must outlast it (neli derives it as twice this).
+	HeartbeatTimeout time.Duration
+	// PollDuration bounds one Pulse's wait; MinPollInterval is the time between pulses.
+	PollDuration, MinPollInterval time.Duration
+	// Barrier is called inside Pulse with the partitions this harvester stops leading (revoked,
+	// or fenced), after Partitions has stopped returning them; the election hands them on only
+	// once it returns.
+	Barrier func(partitions []int32)
+	// Logger takes the election's logs.
+	Logger *slog.Logger
+}
+
+// Elector is leader election as the engine sees it (Fast NELI: package neli's, through
+// driver/librdkafka).
 type Elector interface {
 	// Pulse polls the election; it returns an error only when the election cannot go on.
 	Pulse(ctx context.Context) (bool, error)

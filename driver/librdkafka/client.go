@@ -1,0 +1,211 @@
+// Package librdkafka is goharvest's Kafka client on librdkafka, through confluent-kafka-go (cgo):
+// the transactional producer and the leader election (package neli). It implements driver.Kafka.
+//
+//	kafka := librdkafka.New(librdkafka.Config{
+//		Properties: map[string]any{"bootstrap.servers": "localhost:9092"},
+//	})
+//	h, err := goharvest.New(goharvest.Config{Kafka: kafka, ...})
+//
+// goharvest.Config's BaseKafkaConfig and ProducerKafkaConfig make this client when Config.Kafka
+// is nil, in any build with cgo: that is how the reaper's YAML reaches it.
+package librdkafka
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/neli"
+)
+
+// Defaults the client gives its producers where the properties set none.
+const (
+	// DefaultLinger is the producer's "linger.ms" unless the properties set it (or its alias
+	// "queue.buffering.max.ms"); librdkafka's own default is 5. The transaction loop already
+	// gathers records between commits, and a commit sends what is queued at once; librdkafka's
+	// own wait would only delay each delivery report, and with it the commit that releases a
+	// key's next record.
+	DefaultLinger = 1
+	// DefaultTransactionTimeout is librdkafka's transaction.timeout.ms, which the producer keeps
+	// unless the properties set it or a longer delivery timeout needs more (librdkafka refuses a
+	// message timeout longer than the transaction timeout).
+	DefaultTransactionTimeout = time.Minute
+	// DefaultPartitioner is the producer's "partitioner" unless the properties set it:
+	// librdkafka's Java-compatible one, which puts every key (the empty key included) on the
+	// partition the Java client's default partitioner would choose, so that topics written by
+	// goharvest co-partition with those of Java producers, Kafka Streams and ksqlDB. librdkafka's
+	// own default is "consistent_random" (CRC32).
+	DefaultPartitioner = "murmur2_random"
+)
+
+// Config is the client's settings: librdkafka properties.
+type Config struct {
+	// Properties are shared by the producers and the election's clients: "bootstrap.servers" and
+	// any security settings (goharvest.Config.BaseKafkaConfig). The properties the client owns
+	// (see Problems) are refused.
+	Properties map[string]any
+	// ProducerProperties are added to Properties for the producers only
+	// (goharvest.Config.ProducerKafkaConfig).
+	ProducerProperties map[string]any
+}
+
+// Client makes librdkafka producers and neli electors. It holds no connection of its own.
+type Client struct{ cfg Config }
+
+var _ driver.Kafka = (*Client)(nil)
+
+// New returns a client with cfg's properties (copied). It contacts no broker.
+func New(cfg Config) *Client {
+	return &Client{cfg: Config{Properties: maps.Clone(cfg.Properties), ProducerProperties: maps.Clone(cfg.ProducerProperties)}}
+}
+
+// NewProducer creates a transactional producer with ProducerSettings' properties.
+func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, error) {
+	return newProducer(c.ProducerSettings(p), p.Logger)
+}
+
+// NewElector creates a neli election, with the shared properties.
+func (c *Client) NewElector(e driver.ElectorConfig) (driver.Elector, error) {
+	n, err := neli.New(neli.Config{
+		KafkaConfig:      c.cfg.Properties,
+		LeaderTopic:      e.LeaderTopic,
+		LeaderGroupID:    e.LeaderGroupID,
+		Partitions:       e.Partitions,
+		Name:             e.Name,
+		HeartbeatTimeout: e.HeartbeatTimeout,
+		PollDuration:     e.PollDuration,
+		MinPollInterval:  e.MinPollInterval,
+		Barrier:          e.Barrier,
+		Logger:           e.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return Elector(n), nil
+}
+
+// Problem is a property the client refuses.
+type Problem struct {
+	// Producer is true for a property of ProducerProperties, false for one of Properties.
+	Producer bool
+	Property string
+	Reason   string
+}
+
+// Problems returns every property of the config that the client refuses, for producers whose
+// delivery timeout is deliveryTimeout (driver.ProducerConfig): a property goharvest sets itself,
+// a value that is not a string, number or boolean, a transaction timeout shorter than the
+// message timeout.
+func (c Config) Problems(deliveryTimeout time.Duration) []Problem {
+	var problems []Problem
+	check := func(producer bool, m map[string]any) {
+		for _, key := range slices.Sorted(maps.Keys(m)) {
+			if why, owned := ownedProperty(key); owned {
+				problems = append(problems, Problem{producer, key, fmt.Sprintf("goharvest sets this property itself (%s); remove it", why)})
+				continue
+			}
+			switch m[key].(type) {
+			case string, bool, int, int64, float64:
+			default:
+				problems = append(problems, Problem{producer, key, fmt.Sprintf("value must be a string, number or boolean, got %T", m[key])})
+			}
+		}
+	}
+	check(false, c.Properties)
+	check(true, c.ProducerProperties)
+	if txn, set := c.millis("transaction.timeout.ms"); set {
+		if msg := c.messageTimeout(deliveryTimeout); txn < msg {
+			problems = append(problems, Problem{true, "transaction.timeout.ms",
+				fmt.Sprintf("%v is shorter than the message timeout (%v, from queueTimeout or message.timeout.ms); librdkafka refuses that", txn, msg)})
+		}
+	}
+	return problems
+}
+
+// ProducerSettings returns the librdkafka properties of a producer: the configured ones,
+// goharvest's defaults where they set none, and the properties goharvest owns (see
+// producerOwnedProperties).
+func (c *Client) ProducerSettings(p driver.ProducerConfig) map[string]any {
+	settings := maps.Clone(c.cfg.Properties)
+	if settings == nil {
+		settings = map[string]any{}
+	}
+	maps.Copy(settings, c.cfg.ProducerProperties)
+	if _, ok := c.cfg.ProducerProperties["client.id"]; !ok && p.ClientID != "" {
+		settings["client.id"] = p.ClientID
+	}
+	_, hasMessageTimeout := settings["message.timeout.ms"]
+	_, hasDeliveryTimeout := settings["delivery.timeout.ms"]
+	if !hasMessageTimeout && !hasDeliveryTimeout && p.DeliveryTimeout > 0 {
+		settings["message.timeout.ms"] = int(p.DeliveryTimeout.Milliseconds())
+	}
+	if _, ok := settings["transaction.timeout.ms"]; !ok {
+		settings["transaction.timeout.ms"] = int(max(DefaultTransactionTimeout, c.cfg.messageTimeout(p.DeliveryTimeout)).Milliseconds())
+	}
+	_, hasLinger := settings["linger.ms"]
+	_, hasLingerAlias := settings["queue.buffering.max.ms"]
+	if !hasLinger && !hasLingerAlias {
+		settings["linger.ms"] = DefaultLinger
+	}
+	if _, set := settings["partitioner"]; !set {
+		settings["partitioner"] = DefaultPartitioner
+	}
+	maps.Copy(settings, map[string]any{
+		"enable.idempotence":  true,
+		"acks":                "all",
+		"go.delivery.reports": true,
+		"transactional.id":    p.TransactionalID,
+	})
+	return settings
+}
+
+// producerOwnedProperties are set by goharvest on its producer; a value from the user would break
+// the delivery guarantees. Leader election owns more (neli.OwnedProperties).
+var producerOwnedProperties = map[string]string{
+	"enable.idempotence":         "always on: without it a retried batch can reorder a key's records",
+	"transactional.id":           "set from LeaderGroupID, so that a new leader's producer fences its predecessors'",
+	"go.delivery.reports":        "delivery reports decide whether a record is purged or reset",
+	"delivery.report.only.error": "delivery reports decide whether a record is purged or reset",
+	"acks":                       "always all: a record is purged only once every in-sync replica has it",
+}
+
+// ownedProperty returns why goharvest owns key, if it does.
+func ownedProperty(key string) (string, bool) {
+	if why, ok := neli.OwnedProperties[key]; ok {
+		return why, true
+	}
+	why, ok := producerOwnedProperties[key]
+	return why, ok
+}
+
+// millis returns a producer property given in milliseconds, and whether it is set (to a value
+// that reads as a number).
+func (c Config) millis(key string) (time.Duration, bool) {
+	v, ok := c.ProducerProperties[key]
+	if !ok {
+		v, ok = c.Properties[key]
+	}
+	if !ok {
+		return 0, false
+	}
+	// Numbers of any type, and strings (as YAML and librdkafka allow), read alike.
+	var ms float64
+	if _, err := fmt.Sscan(fmt.Sprint(v), &ms); err != nil {
+		return 0, false
+	}
+	return time.Duration(ms * float64(time.Millisecond)), true
+}
+
+// messageTimeout is how long the producer tries to deliver a message: message.timeout.ms (or its
+// alias delivery.timeout.ms) if set, else the harvester's delivery timeout.
+func (c Config) messageTimeout(deliveryTimeout time.Duration) time.Duration {
+	if d, ok := c.millis("message.timeout.ms"); ok {
+		return d
+	}
+	if d, ok := c.millis("delivery.timeout.ms"); ok {
+		return d
+	}
+	return deliveryTimeout
+}

@@ -1,0 +1,9 @@
+package librdkafka
+
+import (
+	"testing"
+
+	"github.com/goharvest/goharvest/internal/leakcheck"
+)
+
+func TestMain(m *testing.M) { leakcheck.Main(m) }
