@@ -353,5 +353,4 @@ func classify(err error) error {
 	return err
 }
 
-
 var _ driver.KafkaProducer = (*confluentProducer)(nil)
