@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/epoch"
 	"github.com/goharvest/goharvest/internal/owner"
 	"github.com/goharvest/goharvest/internal/pgname"
@@ -183,13 +184,6 @@ type Config struct {
 // DatabaseBindingProvider opens a DatabaseBinding for an outbox table.
 type DatabaseBindingProvider func(dataSource, outboxTable string) (driver.DatabaseBinding, error)
 
-// StandardPostgresBindingProvider opens a PostgresBinding with the given options.
-func StandardPostgresBindingProvider(options ...PostgresOption) DatabaseBindingProvider {
-	return func(dataSource, outboxTable string) (driver.DatabaseBinding, error) {
-		return NewPostgresBinding(dataSource, outboxTable, options...)
-	}
-}
-
 // Limits tunes the harvester's timing and throughput. The zero value of every field means its
 // documented default.
 type Limits struct {
@@ -351,7 +345,7 @@ func (c Config) WithDefaults() Config {
 		c.Logger = slog.Default()
 	}
 	if c.DatabaseBindingProvider == nil {
-		c.DatabaseBindingProvider = StandardPostgresBindingProvider(WithListenDataSource(c.ListenDataSource))
+		c.DatabaseBindingProvider = StandardPostgresBindingProvider(postgres.WithListenDataSource(c.ListenDataSource))
 	}
 	if c.MetricsRegisterer == nil {
 		c.MetricsRegisterer = prometheus.DefaultRegisterer

@@ -1,7 +1,6 @@
 package goharvest
 
 import (
-	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/outbox"
 )
 
@@ -17,14 +16,3 @@ type OutboxRecord = outbox.Record
 
 // String returns a pointer to s, for OutboxRecord.KafkaValue.
 func String(s string) *string { return &s }
-
-// The Postgres binding offers every optional capability; checked here, so that renaming a method
-// cannot silently turn a feature off.
-var (
-	_ driver.Store          = (*PostgresBinding)(nil)
-	_ driver.SchemaChecker  = (*PostgresBinding)(nil)
-	_ driver.Listener       = (*PostgresBinding)(nil)
-	_ driver.Pinger         = (*PostgresBinding)(nil)
-	_ driver.BacklogSampler = (*PostgresBinding)(nil)
-	_ driver.Sharder        = (*PostgresBinding)(nil)
-)

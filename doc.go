@@ -32,9 +32,11 @@
 //
 // # Drivers
 //
-// The engine reaches the outbox and Kafka through the interfaces of package driver. This package
-// provides the Postgres store (PostgresBinding, on pgx) and the Kafka client (librdkafka, through
-// confluent-kafka-go, with the election of package neli); Config's providers take others.
+// The engine reaches the outbox and Kafka through the interfaces of package driver; its
+// drivers are packages of their own: the Postgres store (driver/postgres, on pgx, the default)
+// and the Kafka client (driver/librdkafka, through confluent-kafka-go, with the election of
+// package neli; the default in a build with cgo). Config.DatabaseBindingProvider and
+// Config.Kafka take others, and the root package itself builds without cgo.
 //
 // README.md has the guarantees in full, the table's schema, operations and the figures.
 package goharvest

@@ -22,6 +22,7 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/kafkatest"
@@ -292,7 +293,7 @@ func TestHarvestSurvivesFailedProduceRequests(t *testing.T) {
 // a commit and its purge. (A key's next run waits for its last run's purge, so two of its
 // records in one purge were committed in one transaction, and the note lists all but the last.)
 type failingPurges struct {
-	*goharvest.PostgresBinding
+	*postgres.Store
 	pool    *pgxpool.Pool
 	failing atomic.Bool
 	purged  atomic.Int64
@@ -311,7 +312,7 @@ func (b *failingPurges) Purge(ctx context.Context, ids []int64) (int, error) {
 	if b.failing.Load() {
 		return 0, errors.New("injected purge failure")
 	}
-	n, err := b.PostgresBinding.Purge(ctx, ids)
+	n, err := b.Store.Purge(ctx, ids)
 	b.purged.Add(int64(n))
 	return n, err
 }
@@ -329,7 +330,7 @@ func TestHarvestNextEpochPurgesNotedRecords(t *testing.T) {
 	first := r.harvesterWith("harvest-int", limits, nil, func(c *goharvest.Config) {
 		c.DatabaseBindingProvider = func(dataSource, table string) (driver.DatabaseBinding, error) {
 			pg, err := goharvest.NewPostgresBinding(dataSource, table)
-			binding.PostgresBinding = pg
+			binding.Store = pg
 			return binding, err
 		}
 	})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/stasher"
@@ -296,7 +297,7 @@ func rowIDs(t *testing.T, r *intRig) []int64 {
 
 // failedPurges is a Postgres binding whose purges all fail, as if the leader had stopped
 // between each commit and its purge: every record it publishes is published again later.
-type failedPurges struct{ *goharvest.PostgresBinding }
+type failedPurges struct{ *postgres.Store }
 
 func (failedPurges) Purge(context.Context, []int64) (int, error) {
 	return 0, errors.New("injected purge failure")

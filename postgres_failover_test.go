@@ -12,6 +12,7 @@ import (
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/librdkafka"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/syncbuf"
 	"github.com/goharvest/goharvest/internal/testwait"
@@ -103,7 +104,7 @@ func TestPostgresStandbys(t *testing.T) {
 	}
 	defer onStandby.Dispose()
 	for _, c := range []struct {
-		b    *PostgresBinding
+		b    *postgres.Store
 		want bool
 	}{{b, false}, {onStandby, true}} {
 		if got, err := c.b.InRecovery(ctx); err != nil || got != c.want {

@@ -20,8 +20,8 @@
 //
 // # Drivers
 //
-// The Postgres store (package goharvest's PostgresBinding) and the librdkafka producer and
-// election (package goharvest and package neli) are this module's drivers today. Every driver is
+// Package driver/postgres is the Postgres store, on pgx; package driver/librdkafka the Kafka
+// client, on librdkafka (cgo), with the election of package neli. Every driver is
 // held to the same contract: internal/storetest and internal/producertest hold each store and
 // producer, the in-memory fakes included, to the rules the engine relies on.
 package driver

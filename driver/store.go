@@ -112,7 +112,7 @@ type Reader interface {
 }
 
 // SchemaChecker is implemented by bindings that can check the outbox table's columns before
-// publishing starts (PostgresBinding does). The harvester checks before every epoch.
+// publishing starts (the Postgres store does). The harvester checks before every epoch.
 type SchemaChecker interface {
 	CheckSchema(ctx context.Context) error
 }
@@ -129,7 +129,7 @@ func (e *SchemaError) Error() string {
 }
 
 // Listener is implemented by bindings that can tell the harvester when records are written
-// (PostgresBinding does, with LISTEN/NOTIFY), so that an idle outbox need not be polled often.
+// (the Postgres store does, with LISTEN/NOTIFY), so that an idle outbox need not be polled often.
 // Polling remains the fallback: a notification only brings the next mark forward.
 type Listener interface {
 	// Listen calls wake whenever records may have been written, and once as soon as it is

@@ -1,4 +1,4 @@
-package goharvest
+package postgres
 
 import "testing"
 

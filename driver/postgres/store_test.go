@@ -1,9 +1,11 @@
-package goharvest_test
+package postgres_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/goharvest/goharvest/driver/postgres"
+	outboxpkg "github.com/goharvest/goharvest/outbox"
 	"slices"
 	"strings"
 	"sync"
@@ -24,7 +26,7 @@ import (
 // writing rows directly.
 type outbox struct {
 	dsn     string
-	binding *goharvest.PostgresBinding
+	binding *postgres.Store
 	pool    *pgxpool.Pool
 	stasher *stasher.Stasher
 }
@@ -47,7 +49,7 @@ func newOutbox(t *testing.T, table string) *outbox {
 	if err := goharvest.CreateOutboxTable(ctx, dsn, table); err != nil {
 		t.Fatal(err)
 	}
-	b, err := goharvest.NewPostgresBinding(dsn, table)
+	b, err := postgres.New(dsn, table)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +369,7 @@ func TestMalformedRowsAreReportedByIDWithoutFailingTheBatch(t *testing.T) {
 
 func TestMarkReportsMissingTable(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
-	b, err := goharvest.NewPostgresBinding(dsn, "no_such_table")
+	b, err := postgres.New(dsn, "no_such_table")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -379,7 +381,7 @@ func TestMarkReportsMissingTable(t *testing.T) {
 }
 
 func TestNewPostgresBindingRejectsBadTableName(t *testing.T) {
-	_, err := goharvest.NewPostgresBinding("host=localhost", "outbox; DROP TABLE x")
+	_, err := postgres.New("host=localhost", "outbox; DROP TABLE x")
 	if err == nil || !strings.Contains(err.Error(), "not allowed") {
 		t.Fatalf("got %v", err)
 	}
@@ -431,7 +433,7 @@ func TestCheckSchema(t *testing.T) {
 		t.Fatalf("got %v, want a SchemaError naming kafka_value's type and the missing leader_id", err)
 	}
 
-	missing, err := goharvest.NewPostgresBinding(o.dsn, "no_such_table")
+	missing, err := postgres.New(o.dsn, "no_such_table")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -503,5 +505,41 @@ func TestListenWakesOnCommit(t *testing.T) {
 				t.Fatalf("Listen returned %v after its context ended; want nil", err)
 			}
 		})
+	}
+}
+
+// Each shard's view marks exactly the rows whose keys outbox.Shard puts in it, oldest first:
+// the Go function and the SQL expression agree, and together the shards cover the outbox.
+func TestShardViewsMarkOnlyTheirRows(t *testing.T) {
+	const shards = 8
+	o := newOutbox(t, "outbox")
+	o.stash(t, records(2000, func(i int) string { return fmt.Sprintf("key-%d-ü", i%300) })...)
+	var all []int64
+	for s := range shards {
+		view := o.binding.Shard(s, shards)
+		marked, err := view.Mark(context.Background(), uuid.New(), 5000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(marked) == 0 {
+			t.Errorf("shard %d marked nothing", s)
+		}
+		for i, m := range marked {
+			if got := outboxpkg.Shard([]byte(m.KafkaKey), shards); got != s {
+				t.Fatalf("shard %d marked record %d of key %q, which outbox.Shard puts in shard %d", s, m.ID, m.KafkaKey, got)
+			}
+			if i > 0 && marked[i-1].ID > m.ID {
+				t.Fatalf("shard %d marked out of id order", s)
+			}
+			all = append(all, m.ID)
+		}
+		view.Dispose() // a view's Dispose leaves the binding open
+	}
+	slices.Sort(all)
+	if len(all) != 2000 || len(slices.Compact(all)) != 2000 {
+		t.Fatalf("the shards marked %d records between them, want each of the 2000 once", len(all))
+	}
+	if _, err := o.binding.Mark(context.Background(), uuid.New(), 1); err != nil {
+		t.Fatalf("the binding no longer works after its views were disposed: %v", err)
 	}
 }

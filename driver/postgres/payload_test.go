@@ -1,7 +1,8 @@
-package goharvest_test
+package postgres_test
 
 import (
 	"context"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"testing"
 
 	"github.com/google/uuid"
@@ -62,7 +63,7 @@ func TestMarkReadsBytesAndJSON(t *testing.T) {
 				if mode != "" {
 					source += " default_query_exec_mode=" + mode
 				}
-				b, err := goharvest.NewPostgresBinding(source, view.name)
+				b, err := postgres.New(source, view.name)
 				if err != nil {
 					t.Fatal(err)
 				}

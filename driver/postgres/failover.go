@@ -1,4 +1,4 @@
-package goharvest
+package postgres
 
 import (
 	"context"
@@ -25,7 +25,7 @@ import (
 //     no row that was published (so it cannot give a published record's id to a new row).
 
 // InRecovery implements RecoveryChecker.
-func (b *PostgresBinding) InRecovery(ctx context.Context) (bool, error) {
+func (b *Store) InRecovery(ctx context.Context) (bool, error) {
 	var standby bool
 	if err := b.pool.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&standby); err != nil {
 		return false, fmt.Errorf("ask whether the database is a standby: %w", err)
@@ -35,7 +35,7 @@ func (b *PostgresBinding) InRecovery(ctx context.Context) (bool, error) {
 
 // WALPosition implements StandbyWaiter. It takes the insert position rather than the flushed
 // one, which may be behind a commit made with synchronous_commit off.
-func (b *PostgresBinding) WALPosition(ctx context.Context) (driver.WALPosition, error) {
+func (b *Store) WALPosition(ctx context.Context) (driver.WALPosition, error) {
 	var pos driver.WALPosition
 	err := b.pool.QueryRow(ctx, "SELECT pg_current_wal_insert_lsn()::text, pg_postmaster_start_time()::text").Scan(&pos.LSN, &pos.Server)
 	if err != nil {
@@ -60,7 +60,7 @@ GROUP BY 4`
 
 // Standbys implements StandbyWaiter from pg_stat_replication, whose positions only a role with
 // pg_monitor (or pg_read_all_stats) sees for standbys that connect as another role.
-func (b *PostgresBinding) Standbys(ctx context.Context, pos driver.WALPosition) (driver.StandbyCount, error) {
+func (b *Store) Standbys(ctx context.Context, pos driver.WALPosition) (driver.StandbyCount, error) {
 	var (
 		c      driver.StandbyCount
 		server string
@@ -76,7 +76,7 @@ func (b *PostgresBinding) Standbys(ctx context.Context, pos driver.WALPosition) 
 
 // Server implements ServerIdentifier with the postmaster's start time: a promoted standby was
 // started at another time than its primary, and a restarted server at another than before.
-func (b *PostgresBinding) Server(ctx context.Context) (string, error) {
+func (b *Store) Server(ctx context.Context) (string, error) {
 	var server string
 	if err := b.pool.QueryRow(ctx, "SELECT pg_postmaster_start_time()::text").Scan(&server); err != nil {
 		return "", fmt.Errorf("identify the database server: %w", err)
@@ -85,7 +85,7 @@ func (b *PostgresBinding) Server(ctx context.Context) (string, error) {
 }
 
 // purgeOn is Purge's DELETE, made on server only, in one statement.
-func (b *PostgresBinding) purgeOn(ctx context.Context, server string, ids []int64) (int, error) {
+func (b *Store) purgeOn(ctx context.Context, server string, ids []int64) (int, error) {
 	var (
 		same   bool
 		purged int

@@ -1,4 +1,4 @@
-package goharvest
+package postgres
 
 // payload reads a message's key, value or header element from a text, varchar, bytea, json or
 // jsonb column, as the bytes Kafka is to get: text as its UTF-8 bytes, bytea byte for byte,

@@ -1,8 +1,9 @@
-package goharvest_test
+package postgres_test
 
 import (
 	"context"
 	"fmt"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -129,7 +130,7 @@ func TestShardMarkUsesShardIndex(t *testing.T) {
 			var counted int
 			for shard := range shards {
 				where, _ := goutbox.ShardMarkClauses(shards, shard)
-				pick, mark := goharvest.ShardMarkStatements("outbox", shards, shard)
+				pick, mark := postgres.ShardMarkStatements("outbox", shards, shard)
 				// The subquery that picks the rows must walk the index alone. How the UPDATE
 				// then finds the picked rows by id is the same as without shards: on a table this
 				// small Postgres may well read it whole rather than look 500 ids up.
@@ -141,7 +142,7 @@ func TestShardMarkUsesShardIndex(t *testing.T) {
 				}
 				// The read strategy's query walks the same index, from the head, and hashes the ids
 				// in flight once, in the plan a prepared statement ends up with too (generic).
-				read := goharvest.ShardReadStatement("outbox", shards, shard)
+				read := postgres.ShardReadStatement("outbox", shards, shard)
 				exec("SET plan_cache_mode = force_generic_plan")
 				plan := explain(t, conn, read, []int64{1, 2}, [][]byte{[]byte("held")}, 500)
 				exec("RESET plan_cache_mode")

@@ -1,4 +1,4 @@
-package goharvest
+package postgres
 
 import (
 	"context"
@@ -14,13 +14,6 @@ import (
 	"github.com/goharvest/goharvest/outbox"
 )
 
-// DeadLetterSuffix is put after the outbox table's name to make its dead-letter table's name.
-const DeadLetterSuffix = outbox.DeadLetterSuffix
-
-// DeadLetterTable returns the name of the dead-letter table of an outbox table (see
-// outbox.DeadLetterTable).
-func DeadLetterTable(outboxTable string) string { return outbox.DeadLetterTable(outboxTable) }
-
 // heldSQL holds the statements of the held-record machinery (internal/epoch/held.go).
 type heldSQL struct {
 	markExcept, reread, purgeUnchanged, deadLetter, requeue string
@@ -28,7 +21,7 @@ type heldSQL struct {
 
 func newHeldSQL(outboxTable string) heldSQL {
 	table, _ := pgname.QuoteTable(outboxTable) // checked by the caller
-	dead, _ := pgname.QuoteTable(DeadLetterTable(outboxTable))
+	dead, _ := pgname.QuoteTable(outbox.DeadLetterTable(outboxTable))
 	// A row's version is a hash of what would be published: an operator's fix changes it, a
 	// harvester's mark (leader_id) does not, and it can be read through a view (which has no
 	// xmin), such as the one README's recipe for Debezium-style tables makes.
@@ -53,10 +46,10 @@ SELECT * FROM back RETURNING id`,
 	}
 }
 
-var _ driver.HeldRowBinding = (*PostgresBinding)(nil)
+var _ driver.HeldRowBinding = (*Store)(nil)
 
 // MarkExcept implements HeldRowBinding.
-func (b *PostgresBinding) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, heldKeys []string) ([]driver.MarkedRecord, error) {
+func (b *Store) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, heldKeys []string) ([]driver.MarkedRecord, error) {
 	if len(heldKeys) == 0 {
 		return b.Mark(ctx, leaderID, limit)
 	}
@@ -71,7 +64,7 @@ func (b *PostgresBinding) MarkExcept(ctx context.Context, leaderID uuid.UUID, li
 }
 
 // Reread implements HeldRowBinding.
-func (b *PostgresBinding) Reread(ctx context.Context, ids []int64) ([]driver.RereadRecord, error) {
+func (b *Store) Reread(ctx context.Context, ids []int64) ([]driver.RereadRecord, error) {
 	rows, err := b.pool.Query(ctx, b.held.reread, ids)
 	if err != nil {
 		return nil, fmt.Errorf("read held records: %w", err)
@@ -92,7 +85,7 @@ func (b *PostgresBinding) Reread(ctx context.Context, ids []int64) ([]driver.Rer
 }
 
 // PurgeUnchanged implements HeldRowBinding with one DELETE.
-func (b *PostgresBinding) PurgeUnchanged(ctx context.Context, versions map[int64]string) ([]int64, error) {
+func (b *Store) PurgeUnchanged(ctx context.Context, versions map[int64]string) ([]int64, error) {
 	ids := make([]int64, 0, len(versions))
 	vs := make([]string, 0, len(versions))
 	for id, v := range versions {
@@ -111,7 +104,7 @@ func (b *PostgresBinding) PurgeUnchanged(ctx context.Context, versions map[int64
 }
 
 // DeadLetter implements HeldRowBinding.
-func (b *PostgresBinding) DeadLetter(ctx context.Context, id int64, version string, d driver.DeadLetterInfo) (bool, error) {
+func (b *Store) DeadLetter(ctx context.Context, id int64, version string, d driver.DeadLetterInfo) (bool, error) {
 	tag, err := b.pool.Exec(ctx, b.held.deadLetter, id, version, d.Err, d.Attempts, d.FirstFailure, d.LastFailure)
 	if err != nil {
 		return false, fmt.Errorf("move record %d to the dead-letter table: %w", id, err)
@@ -131,7 +124,7 @@ func DeadLetterNow(ctx context.Context, dataSource, outboxTable string, id int64
 		now := time.Now()
 		tag, err := conn.Exec(ctx, q.deadLetter, id, "", reason, 0, now, now)
 		if err != nil {
-			return fmt.Errorf("move record %d to %s: %w", id, DeadLetterTable(outboxTable), err)
+			return fmt.Errorf("move record %d to %s: %w", id, outbox.DeadLetterTable(outboxTable), err)
 		}
 		if tag.RowsAffected() == 0 {
 			return fmt.Errorf("outbox record %d: %w", id, ErrNoSuchRecord)
@@ -168,7 +161,7 @@ func withHeldSQL(ctx context.Context, dataSource, outboxTable string, do func(*p
 	}
 	if !execModeSet.MatchString(dataSource) {
 		// As the binding does, so that reaper dead-letter and requeue work behind a pooler too.
-		cfg.DefaultQueryExecMode = postgresExecMode
+		cfg.DefaultQueryExecMode = execMode
 	}
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {

@@ -1,9 +1,10 @@
-package goharvest_test
+package postgres_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"slices"
 	"testing"
 
@@ -101,7 +102,7 @@ func TestDeadLetterAndRequeue(t *testing.T) {
 		t.Fatalf("after the move: %d rows in the outbox; dead letter %q %q %d, %v", n, topic, errText, attempts, err)
 	}
 	o.stash(t, records(1, func(int) string { return "k" })...) // written meanwhile
-	newID, err := goharvest.Requeue(ctx, o.dsn, "app.outbox", id)
+	newID, err := postgres.Requeue(ctx, o.dsn, "app.outbox", id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,13 +115,13 @@ func TestDeadLetterAndRequeue(t *testing.T) {
 	if err != nil || len(back) != 1 || back[0].KafkaTopic != "missing-topic" || len(back[0].KafkaHeaders) != 1 {
 		t.Fatalf("requeued row %+v, %v", back, err)
 	}
-	if _, err := goharvest.Requeue(ctx, o.dsn, "app.outbox", id); !errors.Is(err, goharvest.ErrNoSuchRecord) {
+	if _, err := postgres.Requeue(ctx, o.dsn, "app.outbox", id); !errors.Is(err, postgres.ErrNoSuchRecord) {
 		t.Fatalf("second requeue: %v, want ErrNoSuchRecord", err)
 	}
-	if err := goharvest.DeadLetterNow(ctx, o.dsn, "app.outbox", newID, "moved by an operator"); err != nil {
+	if err := postgres.DeadLetterNow(ctx, o.dsn, "app.outbox", newID, "moved by an operator"); err != nil {
 		t.Fatal(err)
 	}
-	if err := goharvest.DeadLetterNow(ctx, o.dsn, "app.outbox", newID, "again"); !errors.Is(err, goharvest.ErrNoSuchRecord) {
+	if err := postgres.DeadLetterNow(ctx, o.dsn, "app.outbox", newID, "again"); !errors.Is(err, postgres.ErrNoSuchRecord) {
 		t.Fatalf("moving a missing row: %v, want ErrNoSuchRecord", err)
 	}
 }
@@ -146,7 +147,7 @@ func TestMarkExceptBinaryKeys(t *testing.T) {
 	if err := goharvest.CreateOutboxTableWith(ctx, dsn, "outbox", goharvest.TableOptions{Bytea: true}); err != nil {
 		t.Fatal(err)
 	}
-	b, err := goharvest.NewPostgresBinding(dsn, "outbox")
+	b, err := postgres.New(dsn, "outbox")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,11 @@
+package postgres_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/goharvest/goharvest/internal/leakcheck"
+	"github.com/goharvest/goharvest/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(leakcheck.After(pgtest.Run(m))) }
