@@ -64,23 +64,24 @@ func (s ClaimStrategy) engineClaim() (claim owner.Claim, ok bool) {
 	return 0, false
 }
 
-// Defaults of Limits. A zero field takes its default.
+// Defaults of Limits. A zero field takes its default. (The engine applies them: internal/epoch
+// holds the same values, and TestLimitsDefaultsAreTheEngines holds the two equal.)
 const (
-	DefaultIOErrorBackoff        = epoch.DefaultIOErrorBackoff
-	DefaultPollDuration          = epoch.DefaultPollDuration
-	DefaultMinPollInterval       = epoch.DefaultMinPollInterval
-	DefaultHeartbeatTimeout      = epoch.DefaultHeartbeatTimeout
-	DefaultQueueTimeout          = epoch.DefaultQueueTimeout
-	DefaultMarkBackoff           = epoch.DefaultMarkBackoff
-	DefaultMaxMarkBackoff        = epoch.DefaultMaxMarkBackoff
-	DefaultMaxInFlightRecords    = epoch.DefaultMaxInFlightRecords
-	DefaultMaxKeyRun             = epoch.DefaultMaxKeyRun
-	DefaultSendConcurrency       = epoch.DefaultSendConcurrency
-	DefaultSendBuffer            = epoch.DefaultSendBuffer
-	DefaultMarkQueryRecords      = epoch.DefaultMarkQueryRecords
-	DefaultMinMetricsInterval    = epoch.DefaultMinMetricsInterval
-	DefaultBacklogSampleInterval = epoch.DefaultBacklogSampleInterval
-	DefaultHeldCheckInterval     = epoch.DefaultHeldCheckInterval
+	DefaultIOErrorBackoff        = 500 * time.Millisecond
+	DefaultPollDuration          = time.Millisecond
+	DefaultMinPollInterval       = 100 * time.Millisecond
+	DefaultHeartbeatTimeout      = 5 * time.Second
+	DefaultQueueTimeout          = 30 * time.Second
+	DefaultMarkBackoff           = 10 * time.Millisecond
+	DefaultMaxMarkBackoff        = time.Second
+	DefaultMaxInFlightRecords    = 2000
+	DefaultMaxKeyRun             = 1
+	DefaultSendConcurrency       = 8
+	DefaultSendBuffer            = 10
+	DefaultMarkQueryRecords      = 500
+	DefaultMinMetricsInterval    = 5 * time.Second
+	DefaultBacklogSampleInterval = 10 * time.Second
+	DefaultHeldCheckInterval     = time.Second
 )
 
 // KafkaConfigMap holds Kafka client properties, as librdkafka names them, such as

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/goharvest/goharvest/internal/epoch"
 )
 
 func validConfig() Config {
@@ -272,5 +274,34 @@ func TestUnmarshalRejectsUnknownAndMalformed(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Unmarshal(%q) error = %v, want one containing %q", doc, err, want)
 		}
+	}
+}
+
+// The defaults users read are the ones the engine applies.
+func TestLimitsDefaultsAreTheEngines(t *testing.T) {
+	for name, c := range map[string][2]any{
+		"IOErrorBackoff":        {DefaultIOErrorBackoff, epoch.DefaultIOErrorBackoff},
+		"PollDuration":          {DefaultPollDuration, epoch.DefaultPollDuration},
+		"MinPollInterval":       {DefaultMinPollInterval, epoch.DefaultMinPollInterval},
+		"HeartbeatTimeout":      {DefaultHeartbeatTimeout, epoch.DefaultHeartbeatTimeout},
+		"QueueTimeout":          {DefaultQueueTimeout, epoch.DefaultQueueTimeout},
+		"MarkBackoff":           {DefaultMarkBackoff, epoch.DefaultMarkBackoff},
+		"MaxMarkBackoff":        {DefaultMaxMarkBackoff, epoch.DefaultMaxMarkBackoff},
+		"MaxInFlightRecords":    {DefaultMaxInFlightRecords, epoch.DefaultMaxInFlightRecords},
+		"MaxKeyRun":             {DefaultMaxKeyRun, epoch.DefaultMaxKeyRun},
+		"SendConcurrency":       {DefaultSendConcurrency, epoch.DefaultSendConcurrency},
+		"SendBuffer":            {DefaultSendBuffer, epoch.DefaultSendBuffer},
+		"MarkQueryRecords":      {DefaultMarkQueryRecords, epoch.DefaultMarkQueryRecords},
+		"MinMetricsInterval":    {DefaultMinMetricsInterval, epoch.DefaultMinMetricsInterval},
+		"BacklogSampleInterval": {DefaultBacklogSampleInterval, epoch.DefaultBacklogSampleInterval},
+		"HeldCheckInterval":     {DefaultHeldCheckInterval, epoch.DefaultHeldCheckInterval},
+	} {
+		if c[0] != c[1] {
+			t.Errorf("Default%s is %v; the engine applies %v", name, c[0], c[1])
+		}
+	}
+	l := Limits{}.WithDefaults()
+	if l.QueueTimeout != DefaultQueueTimeout || l.SendBuffer != DefaultSendBuffer || l.HeartbeatTimeout != DefaultHeartbeatTimeout {
+		t.Errorf("Limits{}.WithDefaults() = %+v", l)
 	}
 }
