@@ -11,7 +11,7 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver"
-	"github.com/goharvest/goharvest/internal/storetest"
+	"github.com/goharvest/goharvest/driver/drivertest"
 )
 
 var contractTables atomic.Int32
@@ -25,7 +25,7 @@ func TestPostgresBindingStoreContract(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	storetest.Run(t, func(t *testing.T) storetest.Outbox {
+	drivertest.RunStore(t, func(t *testing.T) drivertest.Outbox {
 		table := fmt.Sprintf("contract_%d", contractTables.Add(1))
 		if err := goharvest.CreateOutboxTable(ctx, exampleDataSource, table); err != nil {
 			t.Fatal(err)
@@ -43,7 +43,7 @@ func TestPostgresBindingStoreContract(t *testing.T) {
 			}
 			return rows
 		}
-		return storetest.Outbox{
+		return drivertest.Outbox{
 			Store: b,
 			Insert: func(t *testing.T, recs ...driver.OutboxRecord) []int64 {
 				var ids []int64

@@ -79,6 +79,14 @@ func (b *Broker) Note(place driver.NotePlace) string {
 	return b.notes[place]
 }
 
+// SetNote leaves note at place, as a committed transaction of an earlier harvester would have.
+// Test hook.
+func (b *Broker) SetNote(place driver.NotePlace, note string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.notes[place] = note
+}
+
 // NewProducer returns a producer of transactional ID txnID, before InitTransactions.
 func (b *Broker) NewProducer(txnID string) *Producer {
 	b.mu.Lock()
@@ -123,8 +131,9 @@ var ErrFenced = errors.New("producer fenced by a newer producer of its transacti
 // errClosed is the error of a fatal TxnError from a closed producer.
 var errClosed = errors.New("producer closed")
 
-// errState is what librdkafka's produce returns while the transaction must be aborted.
-var errState = errors.New("erroneous state: the transaction must be aborted")
+// errState is what Produce returns while the transaction must be aborted, in librdkafka's
+// words, so that logs read the same with either producer.
+var errState = errors.New("Local: Erroneous state")
 
 func fatal(err error) error { return &driver.TxnError{Err: err, Fatal: true} }
 
