@@ -19,7 +19,7 @@ NESTED_MODULES := examples/kubernetes
 # The engine (internal/owner, internal/epoch), its seams and the contract suites import no driver:
 # their tests run without cgo, librdkafka or Postgres, which make test checks first; the engine's
 # tests run once with each claim strategy (read, the default, and mark).
-ENGINE_PACKAGES := ./driver ./event ./internal/epoch ./internal/owner ./internal/storetest ./internal/producertest
+ENGINE_PACKAGES := ./driver ./driver/memory ./driver/drivertest ./event ./internal/epoch ./internal/owner
 
 ## test: format check, vet, the engine's tests without cgo, then every test (integration tests
 ## included) under the race detector

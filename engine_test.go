@@ -5,38 +5,22 @@ package goharvest
 // internal/epoch, the librdkafka client's in driver/librdkafka.
 
 import (
-	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/librdkafka"
-	"github.com/google/uuid"
+	"github.com/goharvest/goharvest/driver/memory"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// stubStore is an empty outbox, for tests that only start a harvester.
-type stubStore struct{}
-
-func (stubStore) Mark(context.Context, uuid.UUID, int) ([]driver.MarkedRecord, error) {
-	return nil, nil
+// follower returns an in-memory elector that never leads.
+func follower() *memory.Elector {
+	e := memory.NewElector(nil)
+	e.Revoke()
+	return e
 }
-func (stubStore) MarkExcept(context.Context, uuid.UUID, int, []string) ([]driver.MarkedRecord, error) {
-	return nil, nil
-}
-func (stubStore) Purge(context.Context, []int64) (int, error)                       { return 0, nil }
-func (stubStore) Reset(context.Context, uuid.UUID, []int64) (int, error)            { return 0, nil }
-func (stubStore) Reread(context.Context, []int64) ([]driver.RereadRecord, error)    { return nil, nil }
-func (stubStore) PurgeUnchanged(context.Context, map[int64]string) ([]int64, error) { return nil, nil }
-func (stubStore) DeadLetter(context.Context, int64, string, driver.DeadLetterInfo) (bool, error) {
-	return false, nil
-}
-func (stubStore) Read(context.Context, int, []string, []int64) ([]driver.MarkedRecord, error) {
-	return nil, nil
-}
-func (stubStore) Dispose() {}
 
 // stubKafka makes its producers with a real client and gives out one elector.
 type stubKafka struct {
@@ -49,27 +33,9 @@ func (k stubKafka) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, e
 }
 func (k stubKafka) NewElector(driver.ElectorConfig) (driver.Elector, error) { return k.elector, nil }
 
-// stubElector never leads; it counts its pulses and records whether it was closed.
-type stubElector struct {
-	mu     sync.Mutex
-	pulses int
-	closed bool
-}
-
-func (e *stubElector) Pulse(context.Context) (bool, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.pulses++
-	return false, nil
-}
-func (*stubElector) Leading() bool       { return false }
-func (*stubElector) Fenced() bool        { return false }
-func (*stubElector) Partitions() []int32 { return nil }
-func (e *stubElector) Close(context.Context) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.closed = true
-	return nil
+// localKafka is the librdkafka client for a broker that tests of Start never reach.
+func localKafka(elector driver.Elector) stubKafka {
+	return stubKafka{librdkafka.New(librdkafka.Config{Properties: map[string]any{"bootstrap.servers": "localhost:9092"}}), elector}
 }
 
 // A transaction timeout shorter than the message timeout is an error naming both, with the
@@ -93,7 +59,7 @@ func TestKafkaPropertiesWithAClientOfOnesOwn(t *testing.T) {
 }
 
 func TestStartRejectsBadProducerConfig(t *testing.T) {
-	db, elector := stubStore{}, &stubElector{}
+	db, elector := memory.NewStore(), follower()
 	h, err := New(Config{
 		LeaderGroupID:           "g",
 		LeaderTopic:             "t",
@@ -111,7 +77,7 @@ func TestStartRejectsBadProducerConfig(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "compresion.type") {
 		t.Fatalf("Start returned %v, want an error naming the misspelt property", err)
 	}
-	if !elector.closed {
+	if !elector.Closed() {
 		t.Error("the election was left open after a failed start")
 	}
 }
@@ -125,8 +91,8 @@ func TestStartRefusesBindingWithoutHeldRows(t *testing.T) {
 		LeaderGroupID:           "g",
 		LeaderTopic:             "t",
 		MetricsRegisterer:       prometheus.NewRegistry(),
-		DatabaseBindingProvider: func(string, string) (driver.DatabaseBinding, error) { return wrapper{stubStore{}}, nil },
-		Kafka:                   stubKafka{librdkafka.New(librdkafka.Config{Properties: map[string]any{"bootstrap.servers": "localhost:9092"}}), &stubElector{}},
+		DatabaseBindingProvider: func(string, string) (driver.DatabaseBinding, error) { return wrapper{memory.NewStore()}, nil },
+		Kafka:                   localKafka(follower()),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/goharvest/goharvest/driver"
-	"github.com/goharvest/goharvest/driver/librdkafka"
 	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/syncbuf"
@@ -117,7 +116,7 @@ func TestPostgresStandbys(t *testing.T) {
 // it) and is not ready; once the standby is promoted, it joins and is ready.
 func TestHarvesterOnAStandbyJoinsOnceItIsPromoted(t *testing.T) {
 	primary, standby, db := startPair(t)
-	elector := &stubElector{}
+	elector := follower()
 	logs := &syncbuf.Buffer{}
 	h, err := New(Config{
 		LeaderGroupID:     "g",
@@ -127,7 +126,7 @@ func TestHarvesterOnAStandbyJoinsOnceItIsPromoted(t *testing.T) {
 		Limits:            Limits{HeartbeatTimeout: time.Second, MinPollInterval: 10 * time.Millisecond},
 		MetricsRegisterer: prometheus.NewRegistry(),
 		Logger:            slog.New(slog.NewTextHandler(logs, nil)),
-		Kafka:             stubKafka{librdkafka.New(librdkafka.Config{Properties: map[string]any{"bootstrap.servers": "localhost:9092"}}), elector},
+		Kafka:             localKafka(elector),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -141,9 +140,7 @@ func TestHarvesterOnAStandbyJoinsOnceItIsPromoted(t *testing.T) {
 		return err != nil && strings.Contains(err.Error(), "standby")
 	})
 	time.Sleep(1500 * time.Millisecond) // more than a recheck: the harvester must still stay out
-	elector.mu.Lock()
-	pulses := elector.pulses
-	elector.mu.Unlock()
+	pulses := elector.Pulses()
 	if pulses != 0 {
 		t.Fatalf("a harvester on a standby pulsed the election %d times", pulses)
 	}
@@ -157,9 +154,7 @@ func TestHarvesterOnAStandbyJoinsOnceItIsPromoted(t *testing.T) {
 		t.Fatal(err)
 	}
 	testwait.For(t, 10*time.Second, "the harvester to join the election and be ready", func() bool {
-		elector.mu.Lock()
-		joined := elector.pulses > 0
-		elector.mu.Unlock()
+		joined := elector.Pulses() > 0
 		return joined && h.Ready(context.Background()) == nil
 	})
 	for _, want := range []string{"the database is a standby", "the database accepts writes now; joining the leader election"} {

@@ -22,6 +22,7 @@
 //
 // Package driver/postgres is the Postgres store, on pgx; package driver/librdkafka the Kafka
 // client, on librdkafka (cgo), with the election of package neli. Every driver is
-// held to the same contract: internal/storetest and internal/producertest hold each store and
-// producer, the in-memory fakes included, to the rules the engine relies on.
+// held to the same contract: package drivertest's suites (RunStore, RunProducer, RunElector) hold
+// each store, producer and election, the in-memory ones of package memory included, to the rules
+// the engine relies on, and a driver outside this module runs them from its own tests.
 package driver

@@ -10,18 +10,18 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/driver/memory"
 	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/internal/epoch"
 	"github.com/goharvest/goharvest/outbox"
 	"github.com/google/uuid"
 )
 
-// fakeDB is an in-memory outbox with the semantics of the Postgres binding.
+// fakeDB is the in-memory outbox (memory.Store) with the faults the engine's tests inject.
 type fakeDB struct {
-	mu     sync.Mutex
-	rows   map[int64]*driver.OutboxRecord
-	nextID int64
-	down   bool // every call fails while set
+	*memory.Store
+	mu   sync.Mutex
+	down bool // every call fails while set
 	// failPurges makes purges fail while set, as if the leader stopped after a commit and
 	// before its purge.
 	failPurges bool
@@ -30,21 +30,16 @@ type fakeDB struct {
 	failPurgesFromRun bool
 	marks             int
 	purges            int
-	purged            []int64
 	failMk            int // fail this many coming marks
-	markErr           map[int64]error
 	// purgeDelay is the time a purge takes, as a round trip to a real database would.
 	purgeDelay time.Duration
 	// markDelay is the time a mark takes.
 	markDelay time.Duration
 	// hang makes every call block until its context ends, as on a locked table.
 	hang bool
-	// versions counts the updates of each row other than marking (held.go's row versions).
-	versions map[int64]int
-	// deadLetters holds the rows moved to the dead-letter table.
-	deadLetters map[int64]driver.DeadLetterInfo
-	rereads     int
 }
+
+func newFakeDB() *fakeDB { return &fakeDB{Store: memory.NewStore()} }
 
 func (d *fakeDB) setHang(hang bool) {
 	d.mu.Lock()
@@ -52,13 +47,17 @@ func (d *fakeDB) setHang(hang bool) {
 	d.mu.Unlock()
 }
 
-// wait blocks while the database hangs, as a statement waits for a lock, until ctx ends.
-func (d *fakeDB) wait(ctx context.Context) error {
+// fault waits while the database hangs, as a statement waits for a lock, until ctx ends; then
+// it fails while the database is down.
+func (d *fakeDB) fault(ctx context.Context) error {
 	for {
 		d.mu.Lock()
-		hang := d.hang
+		hang, down := d.hang, d.down
 		d.mu.Unlock()
 		if !hang {
+			if down {
+				return errDBDown
+			}
 			return nil
 		}
 		select {
@@ -69,30 +68,8 @@ func (d *fakeDB) wait(ctx context.Context) error {
 	}
 }
 
-func newFakeDB() *fakeDB { return &fakeDB{rows: map[int64]*driver.OutboxRecord{}} }
-
 // insert adds records in order, returning their ids.
-func (d *fakeDB) insert(recs ...driver.OutboxRecord) []int64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var ids []int64
-	for _, r := range recs {
-		d.nextID++
-		r.ID = d.nextID
-		d.rows[r.ID] = &r
-		ids = append(ids, r.ID)
-	}
-	return ids
-}
-
-// insertAt adds a record with a given id, as a transaction that took a lower id and committed
-// late would.
-func (d *fakeDB) insertAt(id int64, r driver.OutboxRecord) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	r.ID = id
-	d.rows[id] = &r
-}
+func (d *fakeDB) insert(recs ...driver.OutboxRecord) []int64 { return d.Insert(recs...) }
 
 // setFailPurges makes purges fail, or succeed, from now on.
 func (d *fakeDB) setFailPurges(fail bool) {
@@ -113,17 +90,8 @@ func (d *fakeDB) setDown(down bool) {
 	d.mu.Unlock()
 }
 
-func (d *fakeDB) exists(id int64) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.rows[id] != nil
-}
-
-func (d *fakeDB) len() int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return len(d.rows)
-}
+func (d *fakeDB) exists(id int64) bool { return d.Exists(id) }
+func (d *fakeDB) len() int             { return d.Len() }
 
 func (d *fakeDB) markCount() int {
 	d.mu.Lock()
@@ -133,107 +101,116 @@ func (d *fakeDB) markCount() int {
 
 var errDBDown = errors.New("fake database down")
 
+// claimFault takes a mark's time and fails as the test says.
+func (d *fakeDB) claimFault(ctx context.Context) error {
+	d.mu.Lock()
+	delay := d.markDelay
+	d.mu.Unlock()
+	time.Sleep(delay)
+	if err := d.fault(ctx); err != nil {
+		d.mu.Lock()
+		d.marks++
+		d.mu.Unlock()
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.marks++
+	if d.failMk > 0 {
+		d.failMk--
+		return errDBDown
+	}
+	return nil
+}
+
 func (d *fakeDB) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]driver.MarkedRecord, error) {
 	return d.MarkExcept(ctx, leaderID, limit, nil)
 }
 
 func (d *fakeDB) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, heldKeys []string) ([]driver.MarkedRecord, error) {
-	return d.claim(ctx, limit, func(id int64, r *driver.OutboxRecord) bool {
-		return (r.LeaderID == nil || *r.LeaderID != leaderID) && !slices.Contains(heldKeys, r.KafkaKey)
-	}, func(r *driver.OutboxRecord) {
-		l := leaderID
-		r.LeaderID = &l
-	})
-}
-
-// Read is the read strategy's query: what MarkExcept would return, changing nothing.
-func (d *fakeDB) Read(ctx context.Context, limit int, heldKeys []string, exclude []int64) ([]driver.MarkedRecord, error) {
-	return d.claim(ctx, limit, func(id int64, r *driver.OutboxRecord) bool {
-		return !slices.Contains(exclude, id) && !slices.Contains(heldKeys, r.KafkaKey)
-	}, func(*driver.OutboxRecord) {})
-}
-
-// claim returns up to limit of the oldest rows that pick, after taking a mark's time and failing
-// as the test says; claimed changes each row returned (a mark's stamp), under the lock.
-func (d *fakeDB) claim(ctx context.Context, limit int, pick func(int64, *driver.OutboxRecord) bool, claimed func(*driver.OutboxRecord)) ([]driver.MarkedRecord, error) {
-	time.Sleep(d.markDelay)
-	if err := d.wait(ctx); err != nil {
+	if err := d.claimFault(ctx); err != nil {
 		return nil, err
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.marks++
-	if d.down {
-		return nil, errDBDown
+	return d.Store.MarkExcept(ctx, leaderID, limit, heldKeys)
+}
+
+func (d *fakeDB) Read(ctx context.Context, limit int, heldKeys []string, exclude []int64) ([]driver.MarkedRecord, error) {
+	if err := d.claimFault(ctx); err != nil {
+		return nil, err
 	}
-	if d.failMk > 0 {
-		d.failMk--
-		return nil, errDBDown
-	}
-	var ids []int64
-	for id, r := range d.rows {
-		if pick(id, r) {
-			ids = append(ids, id)
-		}
-	}
-	slices.Sort(ids)
-	var out []driver.MarkedRecord
-	for _, id := range ids[:min(limit, len(ids))] {
-		r := d.rows[id]
-		claimed(r)
-		out = append(out, driver.MarkedRecord{OutboxRecord: *r, Err: d.markErr[id]})
-	}
-	return out, nil
+	return d.Store.Read(ctx, limit, heldKeys, exclude)
 }
 
 func (d *fakeDB) Purge(ctx context.Context, ids []int64) (int, error) {
-	time.Sleep(d.purgeDelay) // a purge's latency, as a test sets it
-	if err := d.wait(ctx); err != nil {
+	d.mu.Lock()
+	delay := d.purgeDelay
+	d.mu.Unlock()
+	time.Sleep(delay) // a purge's latency, as a test sets it
+	if err := d.fault(ctx); err != nil {
 		return 0, err
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.failPurgesFromRun && !d.failPurges {
 		keys := map[string]bool{}
 		for _, id := range ids {
-			if r := d.rows[id]; r != nil {
+			if r, ok := d.Row(id); ok {
 				d.failPurges = d.failPurges || keys[r.KafkaKey]
 				keys[r.KafkaKey] = true
 			}
 		}
 	}
-	if d.down || d.failPurges {
+	if d.failPurges {
+		d.mu.Unlock()
 		return 0, errDBDown
 	}
 	d.purges++
-	n := 0
-	for _, id := range ids {
-		if d.rows[id] != nil {
-			delete(d.rows, id)
-			d.purged = append(d.purged, id)
-			n++
-		}
-	}
-	return n, nil
+	d.mu.Unlock()
+	return d.Store.Purge(ctx, ids)
 }
 
 func (d *fakeDB) Reset(ctx context.Context, leaderID uuid.UUID, ids []int64) (int, error) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.down {
+	down := d.down
+	d.mu.Unlock()
+	if down {
 		return 0, errDBDown
 	}
-	n := 0
-	for _, id := range ids {
-		if r := d.rows[id]; r != nil && r.LeaderID != nil && *r.LeaderID == leaderID {
-			r.LeaderID = nil
-			n++
-		}
-	}
-	return n, nil
+	return d.Store.Reset(ctx, leaderID, ids)
 }
 
-func (d *fakeDB) Dispose() {}
+func (d *fakeDB) Reread(ctx context.Context, ids []int64) ([]driver.RereadRecord, error) {
+	if err := d.fault(ctx); err != nil {
+		return nil, err
+	}
+	return d.Store.Reread(ctx, ids)
+}
+
+func (d *fakeDB) PurgeUnchanged(ctx context.Context, versions map[int64]string) ([]int64, error) {
+	if err := d.fault(ctx); err != nil {
+		return nil, err
+	}
+	return d.Store.PurgeUnchanged(ctx, versions)
+}
+
+func (d *fakeDB) DeadLetter(ctx context.Context, id int64, version string, info driver.DeadLetterInfo) (bool, error) {
+	d.mu.Lock()
+	down := d.down
+	d.mu.Unlock()
+	if down {
+		return false, errDBDown
+	}
+	return d.Store.DeadLetter(ctx, id, version, info)
+}
+
+func (d *fakeDB) Ping(ctx context.Context) error {
+	d.mu.Lock()
+	down := d.down
+	d.mu.Unlock()
+	if down {
+		return errDBDown
+	}
+	return d.Store.Ping(ctx)
+}
 
 var (
 	_ driver.Store  = (*fakeDB)(nil)
@@ -241,90 +218,7 @@ var (
 )
 
 // update changes a row as an operator would, giving it a new version.
-func (d *fakeDB) update(id int64, change func(*driver.OutboxRecord)) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if r := d.rows[id]; r != nil {
-		change(r)
-		if d.versions == nil {
-			d.versions = map[int64]int{}
-		}
-		d.versions[id]++
-	}
-}
-
-func (d *fakeDB) delete(id int64) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	delete(d.rows, id)
-}
-
-func (d *fakeDB) version(id int64) string { return fmt.Sprint(d.versions[id]) }
-
-func (d *fakeDB) Reread(ctx context.Context, ids []int64) ([]driver.RereadRecord, error) {
-	if err := d.wait(ctx); err != nil {
-		return nil, err
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.rereads++
-	if d.down {
-		return nil, errDBDown
-	}
-	var out []driver.RereadRecord
-	for _, id := range ids {
-		if r := d.rows[id]; r != nil {
-			out = append(out, driver.RereadRecord{MarkedRecord: driver.MarkedRecord{OutboxRecord: *r, Err: d.markErr[id]}, Version: d.version(id)})
-		}
-	}
-	return out, nil
-}
-
-func (d *fakeDB) PurgeUnchanged(ctx context.Context, versions map[int64]string) ([]int64, error) {
-	if err := d.wait(ctx); err != nil {
-		return nil, err
-	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.down {
-		return nil, errDBDown
-	}
-	var purged []int64
-	for id, v := range versions {
-		if d.rows[id] != nil && d.version(id) == v {
-			delete(d.rows, id)
-			d.purged = append(d.purged, id)
-			purged = append(purged, id)
-		}
-	}
-	return purged, nil
-}
-
-func (d *fakeDB) DeadLetter(ctx context.Context, id int64, version string, info driver.DeadLetterInfo) (bool, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.down {
-		return false, errDBDown
-	}
-	if d.rows[id] == nil || (version != "" && d.version(id) != version) {
-		return false, nil
-	}
-	delete(d.rows, id)
-	if d.deadLetters == nil {
-		d.deadLetters = map[int64]driver.DeadLetterInfo{}
-	}
-	d.deadLetters[id] = info
-	return true, nil
-}
-
-func (d *fakeDB) Ping(context.Context) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.down {
-		return errDBDown
-	}
-	return nil
-}
+func (d *fakeDB) update(id int64, change func(*driver.OutboxRecord)) { d.Update(id, change) }
 
 // published is one message as the fake broker stored it.
 type published struct {
@@ -336,21 +230,21 @@ type published struct {
 	producer int
 }
 
-// fakeKafka is a broker and producer factory. Producers deliver asynchronously, after delay;
-// messages land in the log when their transaction commits. It checks the harvester's promises
-// as messages arrive.
+// fakeKafka is the in-memory broker (memory.Broker) with the faults the engine's tests inject,
+// and a check of the harvester's promises as messages arrive: a key's records are in one
+// transaction at a time, a run of a key is noted, and a record's successor is sent only once its
+// purge committed.
 type fakeKafka struct {
-	t  *testing.T
-	db *fakeDB
+	t      *testing.T
+	db     *fakeDB
+	broker *memory.Broker
 
 	mu           sync.Mutex
-	delay        time.Duration
-	log          []published
+	delay        time.Duration   // the broker's latency, applied at each Produce
 	failOnce     map[int64]error // fail the next delivery of these ids with this error
 	rejectN      map[int64]int   // reject these ids this many times
 	producers    int
 	open         int // producers created and not closed
-	epoch        int // the newest InitTransactions
 	commits      int
 	aborts       int
 	fatalCommits int               // fail this many coming commits fatally
@@ -360,8 +254,6 @@ type fakeKafka struct {
 	lastAcked    map[string]int64  // key -> last id committed
 	maxOut       int               // most records outstanding at once
 	maxRun       int               // most records of one key in one committed transaction
-	// note is the latest committed note, by place; rigNote is the rig's harvester's place.
-	note map[driver.NotePlace]string
 	// commitStalls makes this many coming calls to CommitTransaction time out, as librdkafka's
 	// do on a slow coordinator: each waits out its context's deadline and returns a retriable
 	// error, and the commit stays under way (an abort is refused meanwhile) until a call
@@ -388,8 +280,26 @@ type outKey struct {
 }
 
 func newFakeKafka(t *testing.T, db *fakeDB) *fakeKafka {
-	return &fakeKafka{t: t, db: db, failOnce: map[int64]error{}, rejectN: map[int64]int{},
-		outstanding: map[string]outKey{}, lastAcked: map[string]int64{}, note: map[driver.NotePlace]string{}}
+	k := &fakeKafka{t: t, db: db, broker: memory.NewBroker(), failOnce: map[int64]error{}, rejectN: map[int64]int{},
+		outstanding: map[string]outKey{}, lastAcked: map[string]int64{}}
+	k.broker.SetRefuse(k.refuse)
+	return k
+}
+
+// refuse is the broker's hook: the deliveries a test fails.
+func (k *fakeKafka) refuse(msg driver.Message) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	id := recordID(msg)
+	if k.rejectN[id] > 0 {
+		k.rejectN[id]--
+		return &driver.RejectedError{Err: errors.New("message too large")}
+	}
+	if e, ok := k.failOnce[id]; ok {
+		delete(k.failOnce, id)
+		return e
+	}
+	return nil
 }
 
 func (k *fakeKafka) violate(format string, args ...any) {
@@ -404,34 +314,29 @@ func (k *fakeKafka) provider(shard int) (driver.KafkaProducer, error) {
 	if k.open > 1 {
 		k.violate("producer %d created while an older one is still open", k.producers)
 	}
-	return &fakeProducer{k: k, index: k.producers, deliveries: make(chan driver.Delivery, 100_000)}, nil
+	return &fakeProducer{Producer: k.broker.NewProducer(fmt.Sprintf("goharvest.g.%d", shard)), k: k, index: k.producers}, nil
 }
 
 type sentMessage struct {
-	id      int64
-	topic   string
-	key     string
-	value   *string
-	headers outbox.Headers
-	err     error
+	id  int64
+	key string
 }
 
+// fakeProducer is a memory.Producer with the faults of fakeKafka.
 type fakeProducer struct {
-	k          *fakeKafka
-	index      int
-	epoch      int
-	deliveries chan driver.Delivery
-	wg         sync.WaitGroup
-	txn        []*sentMessage   // guarded by k.mu
-	txnNo      int              // numbers the current transaction (guarded by k.mu)
-	note       *string          // the current transaction's note, if it wrote one (guarded by k.mu)
-	notePlace  driver.NotePlace // where it goes (guarded by k.mu)
-	// abortable is set once a message of the current transaction has failed, committing while a
-	// commit is under way; librdkafka refuses new messages in either state (guarded by k.mu).
-	abortable, committing bool
+	*memory.Producer
+	k     *fakeKafka
+	index int
+	txn   []sentMessage // guarded by k.mu
+	txnNo int           // numbers the current transaction (guarded by k.mu)
+	note  *string       // the current transaction's note, if it wrote one (guarded by k.mu)
+	// committing is set while a commit that timed out is under way; librdkafka refuses new
+	// messages and aborts meanwhile (guarded by k.mu).
+	committing bool
 	// fatal is set once the producer has reported a fatal error: like librdkafka's, it then fails
 	// every transactional call and produce (guarded by k.mu).
-	fatal bool
+	fatal  bool
+	closed bool // guarded by k.mu
 }
 
 // errFatal is what a producer in librdkafka's fatal state returns.
@@ -460,27 +365,26 @@ func (p *fakeProducer) endTxn() {
 	p.txn = nil
 	p.note = nil
 	p.txnNo++
-	p.abortable, p.committing = false, false
+	p.committing = false
 }
 
-func (p *fakeProducer) WriteNote(_ context.Context, place driver.NotePlace, note string) error {
+func (p *fakeProducer) WriteNote(ctx context.Context, place driver.NotePlace, note string) error {
 	p.k.mu.Lock()
-	defer p.k.mu.Unlock()
 	if place.Group == "" || place.Topic == "" {
 		p.k.violate("note written to %+v", place)
 	}
+	if p.fatal {
+		p.k.mu.Unlock()
+		return errFatal
+	}
 	if p.k.failNotes > 0 {
 		p.k.failNotes--
+		p.k.mu.Unlock()
 		return &driver.TxnError{Err: errors.New("offset commit failed"), Abortable: true}
 	}
-	p.note, p.notePlace = &note, place
-	return nil
-}
-
-func (p *fakeProducer) ReadNote(_ context.Context, place driver.NotePlace) (string, error) {
-	p.k.mu.Lock()
-	defer p.k.mu.Unlock()
-	return p.k.note[place], nil
+	p.note = &note
+	p.k.mu.Unlock()
+	return p.Producer.WriteNote(ctx, place, note)
 }
 
 func (p *fakeProducer) InitTransactions(ctx context.Context) error {
@@ -493,17 +397,10 @@ func (p *fakeProducer) InitTransactions(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p.k.mu.Lock()
-	defer p.k.mu.Unlock()
-	p.k.epoch++
-	p.epoch = p.k.epoch
-	return nil
+	return p.Producer.InitTransactions(ctx)
 }
 
-func (p *fakeProducer) BeginTransaction() error { return nil }
-
 func (p *fakeProducer) CommitTransaction(ctx context.Context) error {
-	p.wg.Wait() // a commit flushes: every message has been reported
 	k := p.k
 	k.mu.Lock()
 	if p.fatal {
@@ -522,24 +419,24 @@ func (p *fakeProducer) CommitTransaction(ctx context.Context) error {
 		onCommit()
 	}
 	k.mu.Lock()
-	defer k.mu.Unlock()
-	if p.epoch != k.epoch {
-		return &driver.TxnError{Err: errors.New("producer fenced"), Fatal: true}
-	}
 	if k.abortCommits > 0 {
 		k.abortCommits--
+		k.mu.Unlock()
 		return &driver.TxnError{Err: errors.New("coordinator trouble"), Abortable: true}
 	}
 	if k.fatalCommits > 0 {
 		k.fatalCommits--
 		p.endTxn()
+		k.mu.Unlock()
+		p.Producer.AbortTransaction(ctx) // never committed
 		return &driver.TxnError{Err: errors.New("producer fenced by a newer epoch"), Fatal: true}
 	}
-	for _, m := range p.txn {
-		if m.err != nil {
-			return &driver.TxnError{Err: fmt.Errorf("a message failed: %w", m.err), Abortable: true}
-		}
+	k.mu.Unlock()
+	if err := p.Producer.CommitTransaction(ctx); err != nil {
+		return err
 	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
 	// Every record that a later one of its key follows in this transaction must be in the note,
 	// so that a successor can purge it rather than publish the run again.
 	var noted []int64
@@ -551,6 +448,7 @@ func (p *fakeProducer) CommitTransaction(ctx context.Context) error {
 		for _, r := range records {
 			noted = append(noted, r.ID)
 		}
+		k.notes++
 	}
 	last := map[string]int64{}
 	run := map[string]int{}
@@ -565,33 +463,34 @@ func (p *fakeProducer) CommitTransaction(ctx context.Context) error {
 		}
 	}
 	for key := range last {
-		if prev, ok := k.lastAcked[key]; ok && k.db.exists(prev) && !slices.ContainsFunc(p.txn, func(m *sentMessage) bool { return m.id == prev }) {
+		if prev, ok := k.lastAcked[key]; ok && k.db.exists(prev) && !slices.ContainsFunc(p.txn, func(m sentMessage) bool { return m.id == prev }) {
 			k.violate("key %s: records committed before the purge of record %d committed", key, prev)
 		}
 	}
 	for _, m := range p.txn {
-		k.log = append(k.log, published{id: m.id, topic: m.topic, key: m.key, value: m.value, headers: m.headers, producer: p.index})
 		k.lastAcked[m.key] = m.id
-	}
-	if p.note != nil {
-		k.note[p.notePlace] = *p.note
-		k.notes++
 	}
 	k.commits++
 	p.endTxn()
 	return nil
 }
 
-func (p *fakeProducer) AbortTransaction(context.Context) error {
-	p.wg.Wait()
+func (p *fakeProducer) AbortTransaction(ctx context.Context) error {
 	p.k.mu.Lock()
-	defer p.k.mu.Unlock()
 	if p.fatal {
+		p.k.mu.Unlock()
 		return errFatal
 	}
 	if p.committing {
+		p.k.mu.Unlock()
 		return &driver.TxnError{Err: errors.New("Conflicting commit_transaction API call is already in progress"), Retriable: true}
 	}
+	p.k.mu.Unlock()
+	if err := p.Producer.AbortTransaction(ctx); err != nil {
+		return err
+	}
+	p.k.mu.Lock()
+	defer p.k.mu.Unlock()
 	p.endTxn()
 	p.k.aborts++
 	return nil
@@ -609,14 +508,17 @@ func (p *fakeProducer) Produce(msg driver.Message) error {
 		k.mu.Unlock()
 		return errFatal
 	}
-	if err := outbox.CheckName(msg.Topic); err != nil {
-		k.mu.Unlock()
-		return &driver.RejectedError{Err: err, ByGoharvest: true}
-	}
-	if p.abortable || p.committing {
+	if p.committing {
 		k.mu.Unlock()
 		return &driver.TxnError{Err: errErroneousState, Retriable: true}
 	}
+	delay := k.delay
+	k.mu.Unlock()
+	k.broker.SetLatency(delay) // outside k.mu: the broker calls refuse, which takes k.mu, under its lock
+	if err := p.Producer.Produce(msg); err != nil {
+		return err
+	}
+	k.mu.Lock()
 	out, ok := k.outstanding[key]
 	if ok && (out.producer != p.index || out.txn != p.txnNo) {
 		k.violate("key %s: record %d sent while records %v of another transaction are still in flight", key, id, out.ids)
@@ -631,44 +533,27 @@ func (p *fakeProducer) Produce(msg driver.Message) error {
 		n += len(o.ids)
 	}
 	k.maxOut = max(k.maxOut, n)
-	m := &sentMessage{id: id, topic: msg.Topic, key: key, value: valueOf(msg), headers: msg.Headers}
-	if k.rejectN[id] > 0 {
-		k.rejectN[id]--
-		m.err = &driver.RejectedError{Err: errors.New("message too large")}
-	} else if e, ok := k.failOnce[id]; ok {
-		delete(k.failOnce, id)
-		m.err = e
-	}
-	p.txn = append(p.txn, m)
-	// The failed request puts the transaction in librdkafka's abortable state at once; its
-	// delivery report follows.
-	p.abortable = p.abortable || m.err != nil
-	delay := k.delay
+	p.txn = append(p.txn, sentMessage{id: id, key: key})
 	onProduce := k.onProduce
 	k.mu.Unlock()
 	if onProduce != nil {
 		onProduce(id)
 	}
-
-	p.wg.Go(func() {
-		time.Sleep(delay) // the broker's latency, as a test sets it
-		p.deliveries <- driver.Delivery{Opaque: msg.Opaque, Err: m.err}
-	})
 	return nil
 }
 
-func (p *fakeProducer) Deliveries() <-chan driver.Delivery { return p.deliveries }
-func (p *fakeProducer) Abandon()                           {}
 func (p *fakeProducer) Close() {
-	p.wg.Wait()
+	p.Producer.Close()
 	p.k.mu.Lock()
+	defer p.k.mu.Unlock()
 	// A transaction left open is aborted: the broker does so when the next producer with the
 	// transactional ID calls InitTransactions, and the next producer is created only after this one
 	// is closed.
 	p.endTxn()
-	p.k.open--
-	p.k.mu.Unlock()
-	close(p.deliveries)
+	if !p.closed {
+		p.closed = true
+		p.k.open--
+	}
 }
 
 // stats returns what the broker counted, under its lock.
@@ -679,15 +564,23 @@ func (k *fakeKafka) stats() (commits, notes, maxRun int) {
 }
 
 func (k *fakeKafka) published() []published {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	return slices.Clone(k.log)
+	var out []published
+	for _, m := range k.broker.Committed() {
+		var value *string
+		if m.Value != nil {
+			value = String(string(m.Value))
+		}
+		out = append(out, published{id: recordID(driver.Message{Opaque: m.Opaque}), topic: m.Topic, key: string(m.Key),
+			value: value, headers: m.Headers, producer: m.Producer})
+	}
+	return out
 }
 
 // checkOrder verifies that every id in want was published and that, per key, ids never go
 // backwards except for an immediate repeat.
 func (k *fakeKafka) checkOrder(t *testing.T, want []int64, keyOf func(int64) string, orderOf func(int64) int64) {
 	t.Helper()
+	log := k.published()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for _, v := range k.violations {
@@ -695,7 +588,7 @@ func (k *fakeKafka) checkOrder(t *testing.T, want []int64, keyOf func(int64) str
 	}
 	seen := map[int64]bool{}
 	last := map[string]int64{}
-	for _, m := range k.log {
+	for _, m := range log {
 		seen[m.id] = true
 		o := orderOf(m.id)
 		if prev, ok := last[m.key]; ok && o < prev {
@@ -711,21 +604,12 @@ func (k *fakeKafka) checkOrder(t *testing.T, want []int64, keyOf func(int64) str
 }
 
 // recordID returns the id of the record a message publishes. The engine's opaque value says it
-// (a flight has RecordID); any other message, as the producer contract's, counts as record 0.
+// (a flight has RecordID); any other message counts as record 0.
 func recordID(msg driver.Message) int64 {
 	if r, ok := msg.Opaque.(interface{ RecordID() int64 }); ok {
 		return r.RecordID()
 	}
 	return 0
-}
-
-// valueOf returns a message's value as an outbox record holds it: nil for a tombstone.
-func valueOf(msg driver.Message) *string {
-	if msg.Value == nil {
-		return nil
-	}
-	v := string(msg.Value)
-	return &v
 }
 
 // String returns a pointer to s, for OutboxRecord.KafkaValue.
@@ -740,72 +624,67 @@ const (
 	stateFenced
 )
 
-// fakeElector is leader election under the test's control.
+// fakeElector is the in-memory election (memory.Election) under the test's control: each
+// harvester joins it anew, and the test moves the latest contender between neli's states.
 type fakeElector struct {
-	mu            sync.Mutex
-	state         electionState
-	barrier       func([]int32)
-	revokePending bool
-	pulses        int
-	closed        bool
+	election *memory.Election
+	mu       sync.Mutex
+	current  *memory.Elector
+	revoked  <-chan struct{} // of the last revoke; nil before one
 }
 
-// revoke takes leadership away as neli does: the state turns to follower and the next Pulse runs
-// the barrier before it returns.
-func (e *fakeElector) revoke() {
-	e.mu.Lock()
-	e.state = stateFollower
-	e.revokePending = true
-	e.mu.Unlock()
-}
+func newFakeElector() *fakeElector { return &fakeElector{election: memory.NewElection(1)} }
 
 func (e *fakeElector) provider(barrier func([]int32)) (driver.Elector, error) {
-	e.barrier = barrier
-	return e, nil
-}
-
-func (e *fakeElector) Leading() bool { return e.State() == stateLeader }
-func (e *fakeElector) Fenced() bool  { return e.State() == stateFenced }
-
-func (e *fakeElector) Pulse(ctx context.Context) (bool, error) {
-	e.mu.Lock()
-	e.pulses++
-	revoke := e.revokePending
-	e.revokePending = false
-	e.mu.Unlock()
-	if revoke {
-		e.barrier([]int32{0})
-	}
-	return e.State() == stateLeader, nil
-}
-
-// Partitions: the fake leads the one shard while it is the leader.
-func (e *fakeElector) Partitions() []int32 {
-	if e.State() == stateLeader {
-		return []int32{0}
-	}
-	return nil
-}
-
-func (e *fakeElector) State() electionState {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.state
+	e.current = e.election.Join(barrier)
+	return e.current, nil
 }
 
+func (e *fakeElector) elector() *memory.Elector {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.current
+}
+
+// revoke takes leadership away as neli does: the harvester stops leading and the next Pulse runs
+// the barrier before it returns (revokeDone then reports it has).
+func (e *fakeElector) revoke() {
+	done := e.elector().Revoke()
+	e.mu.Lock()
+	e.revoked = done
+	e.mu.Unlock()
+}
+
+// revokeDone reports whether the last revoke's barrier has returned.
+func (e *fakeElector) revokeDone() bool {
+	e.mu.Lock()
+	done := e.revoked
+	e.mu.Unlock()
+	select {
+	case <-done:
+		return true
+	default:
+		return done == nil
+	}
+}
+
+// set moves the contender to a state: the leader from its next Pulse, a follower (as Revoke), or
+// fenced.
 func (e *fakeElector) set(s electionState) {
-	e.mu.Lock()
-	e.state = s
-	e.mu.Unlock()
+	switch c := e.elector(); s {
+	case stateLeader:
+		c.Elect()
+	case stateFenced:
+		c.Fence()
+	default:
+		e.revoke()
+	}
 }
 
-func (e *fakeElector) Close(ctx context.Context) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.closed = true
-	e.state = stateFollower
-	return nil
-}
+func (e *fakeElector) pulses() int  { return e.elector().Pulses() }
+func (e *fakeElector) closed() bool { return e.elector().Closed() }
 
 // eventLog collects events for assertions.
 type eventLog struct {

@@ -64,7 +64,7 @@ func fastLimits() epoch.Limits {
 }
 
 func newRig(t *testing.T, limits epoch.Limits) *rig {
-	r := &rig{t: t, db: newFakeDB(), elector: &fakeElector{state: stateLeader}, events: &eventLog{},
+	r := &rig{t: t, db: newFakeDB(), elector: newFakeElector(), events: &eventLog{},
 		logs: &syncbuf.Buffer{}, keyOf: map[int64]string{}, seqOf: map[int64]int64{}, nextSeq: map[string]int64{},
 		registry: prometheus.NewRegistry()}
 	r.kafka = newFakeKafka(t, r.db)
@@ -364,10 +364,10 @@ func TestLateCommittedLowerIDIsPublished(t *testing.T) {
 	r := newRig(t, fastLimits())
 	high := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("second by id")})
 	// Leave a gap below the first record, as a transaction still in progress would.
-	r.db.nextID += 10
+	r.db.SkipIDs(10)
 	r.start()
 	r.waitEmpty(10 * time.Second)
-	r.db.insertAt(high[0]-1, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("first by id")})
+	r.db.InsertAt(high[0]-1, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("first by id")})
 	r.note(high[0]-1, "k")
 	r.waitEmpty(10 * time.Second)
 	if r.h.State() != Running {
@@ -387,7 +387,7 @@ func TestLateCommitThenNextRecordKeepOrderWhileDraining(t *testing.T) {
 	limits := fastLimits()
 	limits.MaxInFlightRecords = 20 // every claim comes back full while the backlog lasts
 	r := newRig(t, limits)
-	r.db.nextID += 10 // ids taken by a transaction still open
+	r.db.SkipIDs(10) // ids taken by a transaction still open
 	late, next := int64(5), int64(1_000_000)
 	r.note(late, "late")
 	r.note(next, "late")
@@ -399,8 +399,8 @@ func TestLateCommitThenNextRecordKeepOrderWhileDraining(t *testing.T) {
 			return
 		}
 		once.Do(func() {
-			r.db.insertAt(late, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "late", KafkaValue: String("committed late")})
-			r.db.insertAt(next, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "late", KafkaValue: String("written after")})
+			r.db.InsertAt(late, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "late", KafkaValue: String("committed late")})
+			r.db.InsertAt(next, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "late", KafkaValue: String("written after")})
 		})
 	}
 	r.runUntilEmpty()
@@ -446,7 +446,7 @@ func TestMalformedRecordIsHeldAndReported(t *testing.T) {
 	r := newRig(t, fastLimits())
 	bad := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
 	after := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
-	r.db.markErr = map[int64]error{bad: &driver.RecordError{ID: bad, Reason: "header arrays differ"}}
+	r.db.SetMalformed(bad, "header arrays differ")
 	others := r.load(10, 10)
 	r.start()
 	r.waitFor("other keys to drain", 10*time.Second, func() bool { return r.db.len() == 2 })
@@ -656,8 +656,8 @@ func TestLifecycle(t *testing.T) {
 		t.Fatal("a second Start succeeded")
 	}
 	r.stop()
-	if r.h.State() != Stopped || !r.elector.closed {
-		t.Fatalf("state %v, elector closed %v", r.h.State(), r.elector.closed)
+	if r.h.State() != Stopped || !r.elector.closed() {
+		t.Fatalf("state %v, elector closed %v", r.h.State(), r.elector.closed())
 	}
 }
 

@@ -88,14 +88,12 @@ func TestMalformedKeyWithManyRowsHoldsOnlyItself(t *testing.T) {
 		recs = append(recs, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("v")})
 	}
 	bad := r.add(recs...)
-	r.db.markErr = map[int64]error{bad[0]: &driver.RecordError{ID: bad[0], Reason: "header arrays differ"}}
+	r.db.SetMalformed(bad[0], "header arrays differ")
 	others := r.load(20, 10)
 	r.start()
 	r.waitFor("other keys to drain past the held key", 10*time.Second, func() bool { return r.db.len() == len(bad) })
 	// The operator fixes the row: it is read afresh and published, then its key follows.
-	r.db.mu.Lock()
-	delete(r.db.markErr, bad[0])
-	r.db.mu.Unlock()
+	r.db.SetMalformed(bad[0], "")
 	r.db.update(bad[0], func(rec *driver.OutboxRecord) { rec.KafkaValue = String("fixed") })
 	r.waitEmpty(10 * time.Second)
 	r.waitBudgetEmpty()
@@ -119,7 +117,7 @@ func TestDeletedHeldRecordIsDroppedAndItsKeyReleased(t *testing.T) {
 	r.kafka.setReject(ids[0], 1<<30)
 	r.start()
 	r.waitFor("the record to be held", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 1 })
-	r.db.delete(ids[0])
+	r.db.Delete(ids[0])
 	r.waitEmpty(5 * time.Second)
 	r.waitBudgetEmpty()
 	r.stop()
@@ -165,7 +163,7 @@ func TestRowChangedWhileBeingSentIsNotCommitted(t *testing.T) {
 	changed := false
 	r.kafka.onProduce = func(id int64) {
 		// The first send after the re-read carries v1; the operator's fix lands just after it.
-		if id == ids[0] && r.db.version(ids[0]) == "0" && len(r.h.HeldRecords()) == 1 && !changed {
+		if id == ids[0] && len(r.h.HeldRecords()) == 1 && !changed {
 			changed = true
 			r.db.update(ids[0], func(rec *driver.OutboxRecord) { rec.KafkaValue = String("v2") })
 		}
@@ -226,7 +224,7 @@ func TestDeadLetterAfterAttempts(t *testing.T) {
 	r.waitBudgetEmpty()
 	r.stop()
 	r.checkOrder(ids[1:])
-	info, ok := r.db.deadLetters[ids[0]]
+	info, ok := r.db.DeadLetters()[ids[0]]
 	if !ok {
 		t.Fatalf("record %d not in the dead-letter table", ids[0])
 	}
@@ -252,7 +250,7 @@ func TestNoDeadLettersByDefault(t *testing.T) {
 		return len(held) == 1 && held[0].Attempts >= 4
 	})
 	r.stop()
-	if !r.db.exists(ids[0]) || len(r.db.deadLetters) != 0 {
+	if !r.db.exists(ids[0]) || len(r.db.DeadLetters()) != 0 {
 		t.Fatal("a held record was moved although dead letters are off")
 	}
 }

@@ -17,13 +17,9 @@ import (
 
 // pulsesWithin counts the election's pulses over d.
 func (r *rig) pulsesWithin(d time.Duration) int {
-	r.elector.mu.Lock()
-	before := r.elector.pulses
-	r.elector.mu.Unlock()
+	before := r.elector.pulses()
 	time.Sleep(d) // the window the pulses are counted over
-	r.elector.mu.Lock()
-	defer r.elector.mu.Unlock()
-	return r.elector.pulses - before
+	return r.elector.pulses() - before
 }
 
 // timeStop stops the harvester and returns how long that took.
@@ -45,7 +41,7 @@ func TestElectionPulsesWhileEpochStartHangs(t *testing.T) {
 	}{
 		{"InitTransactions", func(r *rig) { r.kafka.initHang = true }},
 		{"database", func(r *rig) {
-			r.kafka.note[rigNotes] = epoch.EncodeNote([]epoch.Noted{{ID: 1 << 40}}) // a record long gone
+			r.kafka.broker.SetNote(rigNotes, epoch.EncodeNote([]epoch.Noted{{ID: 1 << 40}})) // a record long gone
 			r.db.setHang(true)
 		}},
 	} {
@@ -66,9 +62,7 @@ func TestElectionPulsesWhileEpochStartHangs(t *testing.T) {
 			r.elector.revoke()
 			began := time.Now()
 			r.waitFor("the revoke", 5*time.Second, func() bool {
-				r.elector.mu.Lock()
-				defer r.elector.mu.Unlock()
-				return !r.elector.revokePending && r.elector.pulses > 0
+				return r.elector.revokeDone() && r.elector.pulses() > 0
 			})
 			r.waitFor("the barrier", 5*time.Second, func() bool { return r.h.pulseAge() < 50*time.Millisecond })
 			if took := time.Since(began); took > 2*limits.HeartbeatTimeout {
@@ -189,9 +183,7 @@ func TestHandoverBoundedWhileCommitStalls(t *testing.T) {
 	r.elector.revoke()
 	began := time.Now()
 	r.waitFor("the handover", 5*time.Second, func() bool {
-		r.elector.mu.Lock()
-		defer r.elector.mu.Unlock()
-		return !r.elector.revokePending
+		return r.elector.revokeDone()
 	})
 	r.waitFor("the barrier to return", 5*time.Second, func() bool { return r.h.pulseAge() < 50*time.Millisecond })
 	if took, bound := time.Since(began), limits.HeartbeatTimeout; took > bound {
@@ -261,7 +253,7 @@ func TestConcurrentRecordsAcrossEpochs(t *testing.T) {
 	limits.MaxKeyRun = 1
 	r := newRig(t, limits)
 	eleven := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("11")})[0]
-	r.db.nextID += 5 // ids below eleven taken by transactions still open
+	r.db.SkipIDs(5) // ids below eleven taken by transactions still open
 	r.db.setFailPurges(true)
 	r.start()
 	r.waitFor("11 to be committed", 10*time.Second, func() bool { return len(r.kafka.published()) == 1 })
@@ -271,7 +263,7 @@ func TestConcurrentRecordsAcrossEpochs(t *testing.T) {
 		t.Fatal(err)
 	}
 	ten := eleven - 1
-	r.db.insertAt(ten, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("10")})
+	r.db.InsertAt(ten, driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("10")})
 	r.db.setFailPurges(false)
 	r.elector.set(stateLeader)
 	r.h = r.newHarvest(limits)
@@ -360,7 +352,7 @@ func TestEpochStartOutageLasts(t *testing.T) {
 	r := newRig(t, fastLimits())
 	db := failingNotePurge{r.db}
 	r.h.cfg.OpenStore = func() (driver.DatabaseBinding, error) { return db, nil }
-	r.kafka.note[rigNotes] = epoch.EncodeNote([]epoch.Noted{{ID: 1 << 40}})
+	r.kafka.broker.SetNote(rigNotes, epoch.EncodeNote([]epoch.Noted{{ID: 1 << 40}}))
 	r.start()
 	r.waitFor("several failed starts", 5*time.Second, func() bool {
 		return testutil.ToFloat64(r.h.metrics.Errors.WithLabelValues(epoch.ErrorKindDatabase)) >= 5

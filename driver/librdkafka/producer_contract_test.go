@@ -1,4 +1,4 @@
-package goharvest_test
+package librdkafka_test
 
 import (
 	"context"
@@ -10,11 +10,10 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/driver/drivertest"
 	"github.com/goharvest/goharvest/driver/librdkafka"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
-	"github.com/goharvest/goharvest/internal/producertest"
 	outboxpkg "github.com/goharvest/goharvest/outbox"
 )
 
@@ -25,11 +24,11 @@ var contractTopics atomic.Int32
 func TestConfluentProducerContract(t *testing.T) {
 	c := kafkacluster.Shared(t)
 	run := time.Now().UnixNano()
-	producertest.Run(t, producertest.Kafka{
+	drivertest.RunProducer(t, drivertest.Kafka{
 		NewProducer: func(t *testing.T, txnID string) driver.KafkaProducer {
 			kafka := librdkafka.New(librdkafka.Config{Properties: map[string]any{"bootstrap.servers": c.Addr()}})
 			p, err := kafka.NewProducer(driver.ProducerConfig{TransactionalID: txnID, ClientID: "contract",
-				DeliveryTimeout: goharvest.DefaultQueueTimeout, Logger: slog.New(slog.DiscardHandler)})
+				DeliveryTimeout: 30 * time.Second, Logger: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -39,7 +38,7 @@ func TestConfluentProducerContract(t *testing.T) {
 			return c.Topic(t, fmt.Sprintf("contract-%d-%d", run, contractTopics.Add(1)), 1)
 		},
 		NoteGroup: func(t *testing.T) string { return fmt.Sprintf("contract-notes-%d-%d", run, contractTopics.Add(1)) },
-		Committed: func(t *testing.T, topic string, want int) []producertest.Message {
+		Committed: func(t *testing.T, topic string, want int) []drivertest.Message {
 			return readCommitted(t, c.Addr(), topic, want, 5*time.Second)
 		},
 	})
@@ -47,7 +46,7 @@ func TestConfluentProducerContract(t *testing.T) {
 
 // readCommitted reads topic from the start as a read_committed consumer until it has want
 // messages or within has passed.
-func readCommitted(t *testing.T, addr, topic string, want int, within time.Duration) []producertest.Message {
+func readCommitted(t *testing.T, addr, topic string, want int, within time.Duration) []drivertest.Message {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
@@ -57,10 +56,10 @@ func readCommitted(t *testing.T, addr, topic string, want int, within time.Durat
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
-	var got []producertest.Message
+	var got []drivertest.Message
 	for len(got) < want && ctx.Err() == nil {
 		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
-			m := producertest.Message{Key: r.Key, Value: r.Value}
+			m := drivertest.Message{Key: r.Key, Value: r.Value}
 			for _, h := range r.Headers {
 				m.Headers = append(m.Headers, outboxpkg.Header{Key: h.Key, Value: string(h.Value)})
 			}

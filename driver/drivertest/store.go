@@ -1,8 +1,4 @@
-// Package storetest is the contract every outbox store passes: the Postgres binding (in the root
-// package's tests, on a real Postgres) and the in-memory store the engine's tests run on
-// (internal/owner). The engine relies on each rule checked here; a fake that broke one would let
-// the engine's tests pass where the real binding fails, or the other way round.
-package storetest
+package drivertest
 
 import (
 	"context"
@@ -34,8 +30,8 @@ type Outbox struct {
 	InsertMalformed func(t *testing.T, key string) int64
 }
 
-// Run runs the contract, each rule in a subtest on an outbox of its own from open.
-func Run(t *testing.T, open func(t *testing.T) Outbox) {
+// RunStore runs the store contract, each rule in a subtest on an outbox of its own from open.
+func RunStore(t *testing.T, open func(t *testing.T) Outbox) {
 	for _, c := range []struct {
 		name string
 		test func(t *testing.T, o Outbox)

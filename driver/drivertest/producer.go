@@ -1,7 +1,4 @@
-// Package producertest is the contract every KafkaProducer passes: the confluent producer (in the
-// root package's tests, on Apache Kafka) and the fake one the engine's tests run on
-// (internal/owner). Each rule is one the engine relies on (see driver.KafkaProducer).
-package producertest
+package drivertest
 
 import (
 	"context"
@@ -36,8 +33,8 @@ type Message struct {
 	Headers    outbox.Headers
 }
 
-// Run runs the contract, each rule in a subtest.
-func Run(t *testing.T, k Kafka) {
+// RunProducer runs the producer contract, each rule in a subtest.
+func RunProducer(t *testing.T, k Kafka) {
 	for _, c := range []struct {
 		name string
 		test func(t *testing.T, k Kafka)
@@ -61,7 +58,7 @@ func newTxnID(t *testing.T) string {
 	txnIDs.Lock()
 	defer txnIDs.Unlock()
 	txnIDs.n++
-	return fmt.Sprintf("producertest.%d.%d", time.Now().UnixNano(), txnIDs.n)
+	return fmt.Sprintf("drivertest.%d.%d", time.Now().UnixNano(), txnIDs.n)
 }
 
 // producer is a producer under test with its delivery reports gathered.

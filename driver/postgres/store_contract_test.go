@@ -1,4 +1,4 @@
-package goharvest_test
+package postgres_test
 
 import (
 	"context"
@@ -11,26 +11,29 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver"
-	"github.com/goharvest/goharvest/internal/storetest"
+	"github.com/goharvest/goharvest/driver/drivertest"
+	"github.com/goharvest/goharvest/driver/postgres"
+	"github.com/goharvest/goharvest/internal/pgtest"
 )
 
 var contractTables atomic.Int32
 
-// The Postgres binding keeps the store contract that the engine relies on, and that the engine's
-// in-memory outbox keeps too (internal/owner runs the same suite on it).
-func TestPostgresBindingStoreContract(t *testing.T) {
+// The Postgres store keeps the store contract that the engine relies on, and that the in-memory
+// store keeps too (driver/memory and internal/owner run the same suite on it).
+func TestStoreContract(t *testing.T) {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, exampleDataSource)
+	dataSource := pgtest.NewDatabase(t)
+	pool, err := pgxpool.New(ctx, dataSource)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	storetest.Run(t, func(t *testing.T) storetest.Outbox {
+	drivertest.RunStore(t, func(t *testing.T) drivertest.Outbox {
 		table := fmt.Sprintf("contract_%d", contractTables.Add(1))
-		if err := goharvest.CreateOutboxTable(ctx, exampleDataSource, table); err != nil {
+		if err := goharvest.CreateOutboxTable(ctx, dataSource, table); err != nil {
 			t.Fatal(err)
 		}
-		b, err := goharvest.NewPostgresBinding(exampleDataSource, table)
+		b, err := postgres.New(dataSource, table)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -43,7 +46,7 @@ func TestPostgresBindingStoreContract(t *testing.T) {
 			}
 			return rows
 		}
-		return storetest.Outbox{
+		return drivertest.Outbox{
 			Store: b,
 			Insert: func(t *testing.T, recs ...driver.OutboxRecord) []int64 {
 				var ids []int64
