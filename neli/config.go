@@ -177,34 +177,28 @@ func (c Config) consumerConfig() kafka.ConfigMap {
 		"heartbeat.interval.ms":         max(1, int(interval.Milliseconds())),
 		"max.poll.interval.ms":          int(maxPoll.Milliseconds()),
 		"partition.assignment.strategy": "cooperative-sticky",
-		// A heartbeat should be seen as soon as it lands, not after a full fetch wait.
-		"fetch.wait.max.ms": max(1, int(interval.Milliseconds())),
 	})
 	rdlog.Enable(cm)
 	return cm
 }
 
-// heartbeatConsumerConfig builds the properties of the consumer that reads heartbeats back. It is
-// assigned its partition and never joins the group; librdkafka requires a group.id all the same,
-// and the election's own is one the contender's principal may already use.
-func (c Config) heartbeatConsumerConfig() kafka.ConfigMap {
-	cm := c.consumerConfig()
-	cm["client.id"] = c.Name + ".heartbeats"
-	delete(cm, "partition.assignment.strategy")
-	return cm
-}
-
 // producerConfig builds the heartbeat producer's properties. A heartbeat older than the timeout
-// proves nothing, so the producer gives up on it rather than delivering it late.
+// proves nothing, so the producer gives up on it rather than delivering it late. Its delivery
+// report is the evidence a leader needs, and the partition leader's acknowledgement is enough for
+// it (see sendHeartbeat); idempotence, which would require acks=all, has nothing to guard in
+// heartbeats, whose order and duplicates do not matter.
 func (c Config) producerConfig() kafka.ConfigMap {
 	cm := kafka.ConfigMap{"client.id": c.Name + ".heartbeat"}
 	for k, v := range c.KafkaConfig {
 		cm[k] = v
 	}
 	maps.Copy(cm, kafka.ConfigMap{
-		"linger.ms":           0,
-		"message.timeout.ms":  max(1, int(c.HeartbeatTimeout.Milliseconds())),
-		"go.delivery.reports": false,
+		"linger.ms":                 0,
+		"message.timeout.ms":        max(1, int(c.HeartbeatTimeout.Milliseconds())),
+		"acks":                      1,
+		"enable.idempotence":        false,
+		"go.delivery.reports":       true,
+		"go.delivery.report.fields": "none",
 	})
 	rdlog.Enable(cm)
 	return cm

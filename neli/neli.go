@@ -96,8 +96,7 @@ type Neli struct {
 	cfg      Config
 	log      *slog.Logger
 	consumer *kafka.Consumer // the group member: its assignment decides what this contender leads
-	beats    *kafka.Consumer // reads heartbeats back; assigned, not a group member (see sendHeartbeat)
-	producer *kafka.Producer
+	producer *kafka.Producer // sends heartbeats; their delivery reports keep a leader unfenced (see sendHeartbeat)
 	events   *dispatch.Dispatcher[Event]
 
 	// loop serialises Pulse and Close; the fields below it belong to whoever holds it.
@@ -105,10 +104,10 @@ type Neli struct {
 	closed         bool
 	subscribed     bool
 	topicChecked   bool
-	tenure         string               // random, new when leadership begins; marks our heartbeats
-	seq            uint64               // heartbeat sequence within the tenure
-	sent           map[uint64]time.Time // heartbeats not yet read back, by sequence
+	tenure         string // random, new when leadership begins; marks our heartbeats
+	seq            uint64 // heartbeat sequence within the tenure
 	lastSent       time.Time
+	nextBeat       int // which of the led partitions the next round of heartbeats starts at
 	heartbeatEvery time.Duration
 	kafkaTrouble   *outage.Logger
 	fatal          error // a problem found inside a rebalance callback, returned by Pulse
@@ -117,7 +116,7 @@ type Neli struct {
 	mu            sync.Mutex
 	assigned      []int32 // sorted
 	fenced        bool
-	lastHeartbeat time.Time // when the newest heartbeat read back was sent (monotonic)
+	lastHeartbeat time.Time // when the newest acknowledged heartbeat was sent (monotonic)
 }
 
 // New validates the config and creates the Kafka clients. It does not contact Kafka: the first
@@ -132,41 +131,23 @@ func New(cfg Config) (*Neli, error) {
 	if err != nil {
 		return nil, fmt.Errorf("neli: create consumer: %w", err)
 	}
-	beatsConfig := cfg.heartbeatConsumerConfig()
-	beats, err := kafka.NewConsumer(&beatsConfig)
-	if err != nil {
-		consumer.Close()
-		return nil, fmt.Errorf("neli: create heartbeat consumer: %w", err)
-	}
 	producerConfig := cfg.producerConfig()
 	producer, err := kafka.NewProducer(&producerConfig)
 	if err != nil {
 		consumer.Close()
-		beats.Close()
 		return nil, fmt.Errorf("neli: create heartbeat producer: %w", err)
 	}
 	n := &Neli{
 		cfg:            cfg,
 		log:            cfg.Logger.With("group", cfg.LeaderGroupID, "member", cfg.Name),
 		consumer:       consumer,
-		beats:          beats,
 		producer:       producer,
 		events:         dispatch.New(cfg.OnEvent),
 		heartbeatEvery: max(cfg.MinPollInterval, cfg.HeartbeatTimeout/10),
 		kafkaTrouble:   &outage.Logger{What: "Kafka", Repeat: outage.LogInterval},
 	}
 	rdlog.Forward(consumer.Logs(), n.log)
-	rdlog.Forward(beats.Logs(), n.log)
 	rdlog.Forward(producer.Logs(), n.log)
-	// Heartbeats need no delivery reports; the channel carries only client errors, which are
-	// drained so that it never fills.
-	go func() {
-		for ev := range producer.Events() {
-			if kerr, ok := ev.(kafka.Error); ok {
-				n.log.Debug("heartbeat producer error", "error", kerr)
-			}
-		}
-	}()
 	return n, nil
 }
 
@@ -256,15 +237,7 @@ func (n *Neli) Pulse(ctx context.Context) (bool, error) {
 			return false, n.fatal
 		}
 	}
-	for range maxEventsPerPulse {
-		ev := n.beats.Poll(0)
-		if ev == nil {
-			break
-		}
-		if err := n.handle(ev); err != nil {
-			return false, err
-		}
-	}
+	n.readDeliveries()
 	n.releaseIfLeft()
 	n.fenceIfSilent()
 	if n.State() == Leader && time.Since(n.lastSent) >= n.heartbeatEvery {
@@ -294,18 +267,6 @@ func (n *Neli) subscribe(ctx context.Context) error {
 			n.kafkaTrouble.Fail(n.log, "check the leader topic", err)
 			return nil
 		}
-		// Assigned a partition of a topic its metadata does not know yet (one just created),
-		// librdkafka starts fetching only at its next metadata refresh, which can come after the
-		// first heartbeat timeout has passed. Asking for the topic's metadata first fills that in.
-		// The heartbeat consumer is outside the group, so it stays assigned through rejoins.
-		topic := n.cfg.LeaderTopic
-		if _, err := n.beats.GetMetadata(&topic, false, int(n.cfg.HeartbeatTimeout.Milliseconds())); err != nil {
-			n.kafkaTrouble.Fail(n.log, "read the leader topic's metadata", err)
-			return nil
-		}
-		if err := n.beats.Assign([]kafka.TopicPartition{{Topic: &topic, Partition: heartbeatPartition, Offset: kafka.OffsetEnd}}); err != nil {
-			return fmt.Errorf("neli: read heartbeats from %s: %w", topic, err)
-		}
 		n.topicChecked = true
 	}
 	if err := n.consumer.Subscribe(n.cfg.LeaderTopic, n.onRebalance); err != nil {
@@ -319,7 +280,8 @@ func (n *Neli) subscribe(ctx context.Context) error {
 func (n *Neli) handle(ev kafka.Event) error {
 	switch e := ev.(type) {
 	case *kafka.Message:
-		n.onHeartbeat(e) // ignores all but our own heartbeats, from whichever consumer
+		// Heartbeats, fetched from the partitions this contender leads: their delivery reports
+		// have counted already (readDeliveries).
 	case kafka.Error:
 		if e.IsFatal() {
 			return fmt.Errorf("neli: fatal Kafka error: %w", e)
@@ -391,7 +353,6 @@ func (n *Neli) acquire(ps []int32) {
 	if beginning {
 		n.tenure = newTenure()
 		n.seq = 0
-		n.sent = map[uint64]time.Time{}
 	}
 	n.kafkaTrouble.OK(n.log)
 	n.log.Info("acquired leadership", "partitions", partitionList(ps))
@@ -481,63 +442,99 @@ func (n *Neli) barrier(ps []int32) {
 	}
 }
 
-// heartbeatPartition is where every contender publishes its heartbeats.
-const heartbeatPartition = 0
+// heartbeatFanout is how many of its partitions a leader sends a heartbeat to in each round. Any one
+// acknowledged is enough (see sendHeartbeat); with the partitions' leaders spread over the
+// brokers, three usually reach three brokers, so that one broker's loss leaves heartbeats
+// acknowledged.
+const heartbeatFanout = 3
 
-// Heartbeats carry member name, tenure and sequence: "name|tenure|seq". Every contender publishes
-// them to partition 0 and reads its own back through a consumer of its own that is assigned the
-// partition, outside the group. Reading them through the group's consumer would not do: librdkafka
-// pauses its fetches while a rebalance is under way, and with cooperative rebalancing a contender
-// keeps leading partitions through rebalances that may wait on another member's Barrier for longer
-// than a heartbeat timeout. Reading one back proves that the loop still runs and Kafka answers,
-// which is all a heartbeat can prove: membership, and with it every partition, is lost at once
-// or not at all.
+// heartbeat travels with a heartbeat message to its delivery report (kafka.Message.Opaque).
+type heartbeat struct {
+	tenure string
+	sentAt time.Time
+}
+
+// sendHeartbeat sends a round of heartbeats, "name|tenure|seq", each to one of the partitions this
+// contender leads, taking them in turn, so that within a heartbeat timeout every partition led
+// (up to ten rounds of heartbeatFanout) is tried. The producer asks only the partition's leader to
+// acknowledge (acks=1), and its acknowledgement is the evidence: it shows that this contender
+// reached Kafka after the heartbeat was sent, which is all a heartbeat can prove (membership,
+// and with it every partition, is lost at once or not at all; see doc.go, Safety). Waiting for
+// every in-sync replica instead (acks=all), or reading the heartbeat back (which waits for the
+// high watermark, and so for every in-sync replica too), would tie every leader to every broker
+// that holds a replica: a crashed broker stays in sync until the controller fences it, 9s by
+// default, longer than the default heartbeat timeout.
 func (n *Neli) sendHeartbeat() {
-	n.seq++
+	n.mu.Lock()
+	led := slices.Clone(n.assigned)
+	n.mu.Unlock()
+	if len(led) == 0 {
+		return
+	}
 	now := time.Now()
-	n.sent[n.seq] = now
 	n.lastSent = now
 	topic := n.cfg.LeaderTopic
-	err := n.producer.Produce(&kafka.Message{
-		TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: heartbeatPartition},
-		Value:          []byte(n.cfg.Name + "|" + n.tenure + "|" + strconv.FormatUint(n.seq, 10)),
-	}, nil)
+	for i := range min(heartbeatFanout, len(led)) {
+		n.seq++
+		err := n.producer.Produce(&kafka.Message{
+			TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: led[(n.nextBeat+i)%len(led)]},
+			Value:          []byte(n.cfg.Name + "|" + n.tenure + "|" + strconv.FormatUint(n.seq, 10)),
+			Opaque:         heartbeat{tenure: n.tenure, sentAt: now},
+		}, nil)
+		if err != nil {
+			n.heartbeatFailed(err)
+			return
+		}
+	}
+	n.nextBeat = (n.nextBeat + heartbeatFanout) % len(led)
+}
+
+// heartbeatFailed handles a heartbeat that Kafka refused or that timed out.
+func (n *Neli) heartbeatFailed(err error) {
 	var kerr kafka.Error
 	if errors.As(err, &kerr) && kerr.Code() == kafka.ErrTopicAuthorizationFailed {
 		// As in handle: WRITE taken away while the election runs. Pulse returns it.
 		n.fatal = n.permissionError("may not write heartbeats to the leader topic", err, "WRITE on topic "+n.cfg.LeaderTopic)
 		return
 	}
-	if err != nil {
-		n.kafkaTrouble.Fail(n.log, "publish heartbeat", err)
+	n.kafkaTrouble.Fail(n.log, "publish heartbeat", err)
+}
+
+// readDeliveries takes the heartbeats' delivery reports. They are read here, on the loop, rather
+// than as they come: a leader whose loop stalls must read as fenced once the timeout passes (see
+// State), so only the loop may vouch that it still runs.
+func (n *Neli) readDeliveries() {
+	for range maxEventsPerPulse {
+		select {
+		case ev := <-n.producer.Events():
+			n.onDelivery(ev)
+		default:
+			return
+		}
 	}
 }
 
-func (n *Neli) onHeartbeat(m *kafka.Message) {
-	parts := strings.Split(string(m.Value), "|")
-	if len(parts) != 3 || parts[0] != n.cfg.Name || parts[1] != n.tenure {
-		return // another member's, or from an earlier tenure of ours
-	}
-	seq, err := strconv.ParseUint(parts[2], 10, 64)
-	if err != nil {
-		return
-	}
-	sentAt, ok := n.sent[seq]
-	if !ok {
-		return
-	}
-	for s := range n.sent {
-		if s <= seq {
-			delete(n.sent, s)
+func (n *Neli) onDelivery(ev kafka.Event) {
+	switch e := ev.(type) {
+	case *kafka.Message:
+		beat, ok := e.Opaque.(heartbeat)
+		if !ok || beat.tenure != n.tenure {
+			return // from an earlier tenure
 		}
+		if e.TopicPartition.Error != nil {
+			n.heartbeatFailed(e.TopicPartition.Error)
+			return
+		}
+		n.mu.Lock()
+		// Once fenced, only a fresh assignment restores leadership (see fenceIfSilent).
+		if len(n.assigned) > 0 && !n.fenced && beat.sentAt.After(n.lastHeartbeat) {
+			n.lastHeartbeat = beat.sentAt
+		}
+		n.mu.Unlock()
+		n.kafkaTrouble.OK(n.log)
+	case kafka.Error:
+		n.log.Debug("heartbeat producer error", "error", e)
 	}
-	n.mu.Lock()
-	// Once fenced, only a fresh assignment restores leadership (see fenceIfSilent).
-	if len(n.assigned) > 0 && !n.fenced && sentAt.After(n.lastHeartbeat) {
-		n.lastHeartbeat = sentAt
-	}
-	n.mu.Unlock()
-	n.kafkaTrouble.OK(n.log)
 }
 
 func newTenure() string {
@@ -562,7 +559,6 @@ func (n *Neli) Close(ctx context.Context) error {
 		defer n.loop.Unlock()
 		// Closing the consumer runs the revoke callback and sends LeaveGroup.
 		err := n.consumer.Close()
-		n.beats.Close()
 		n.producer.Purge(kafka.PurgeQueue | kafka.PurgeInFlight | kafka.PurgeNonBlocking)
 		n.producer.Close()
 		n.events.Close()
