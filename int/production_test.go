@@ -17,79 +17,135 @@ import (
 )
 
 // The cluster events an operator meets, at the settings README recommends: a 3-node cluster with
-// Kafka's default group and broker timings (6s minimum session, brokers fenced 9s after their
-// last heartbeat to the controller), three reapers on 8 shards, a 5s heartbeat timeout,
-// goharvest's default limits, about 800 records a second. Each event reports the leaderships it
-// cost, how long each shard stopped publishing, when every shard published again, and the
-// checker's verdict at the end.
-//
-// make test runs the crash of a broker that coordinates nothing of goharvest's (the event that
-// once made every leader step down); make chaos adds a rolling restart and the crashes of the
-// group's coordinator and of the transaction coordinator of most shards.
-func TestClusterEventsAtProductionSettings(t *testing.T) {
-	const shards, heartbeatTimeout = 8, 5 * time.Second
-	r := newRig(t, rigOptions{kafka: defaultKafka, heartbeatTimeout: heartbeatTimeout, shards: shards, defaultLimits: true})
-	roles := coordinatorRoles(t, r, shards)
-	bystander := roles.bystander()
-	// The leader topic is led by the other two nodes, so that the bystander holds nothing the
-	// election needs (every node still holds a replica of every partition).
-	if err := r.kafka.CreateTopicLedByOthers(r.group+".leader", shards, bystander.ID); err != nil {
-		t.Fatal(err)
-	}
-	watch := watchShards(t, r, shards)
-	r.startWriters(4, 1000, 800)
-	reapers := []*reaper{r.startReaper("a"), r.startReaper("b"), r.startReaper("c")}
-	waitAllShardsLed(t, 2*time.Minute, shards, reapers...)
-	r.waitProgress(2000, time.Minute)
+// Kafka's default group and broker timings (6s minimum session, a broker fenced 9s after its last
+// heartbeat to the controller), three reapers on 8 shards, a 5s heartbeat timeout, goharvest's
+// default limits, 800 records a second. Each event reports the shard leaderships it cost, how long
+// each shard stopped publishing, when every shard published again, and the checker's verdict.
+// make test runs the crash of a broker that coordinates nothing of goharvest's; make chaos adds a
+// rolling restart and the crashes of the group's coordinator and of the busiest transaction
+// coordinator.
 
-	var results []eventResult
-	event := func(name string, node *kafkacluster.Node, do func(), restart bool) eventResult {
-		t.Helper()
-		res := measureEvent(t, r, watch, reapers, heartbeatTimeout, name, do)
-		results = append(results, res)
-		t.Log(res)
-		if restart {
-			if err := node.Start(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := r.kafka.WaitReady(2 * time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		if err := r.kafka.WaitInSync(3 * time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		r.waitProgress(1000, time.Minute)
-		return res
-	}
-
-	res := event(fmt.Sprintf("SIGKILL of node %d, which coordinates nothing (%s)", bystander.ID, roles.describe(bystander.ID)),
-		bystander, bystander.Kill, true)
+// A broker that leads no partition of the leader topic and coordinates neither of goharvest's
+// groups crashes (SIGKILL): no leader may change.
+func TestBrokerCrashChangesNoLeader(t *testing.T) {
+	var bystander *kafkacluster.Node
+	p := startProduction(t, func(ro roles) *kafkacluster.Node { bystander = ro.bystander(); return bystander })
+	res := p.event(fmt.Sprintf("SIGKILL of node %d, which coordinates nothing (%s)", bystander.ID, p.roles.describe(bystander.ID)),
+		bystander, bystander.Kill)
 	if res.lost > 0 {
 		t.Errorf("the crash of node %d, which led no partition of the leader topic and coordinated neither group, cost %d shard leaderships (%d self-fences): %s",
 			bystander.ID, res.lost, res.fenced, res.changes)
 	}
-	if long() {
-		for _, n := range r.kafka.Nodes() {
-			res := event(fmt.Sprintf("SIGTERM of node %d (rolling restart; %s)", n.ID, roles.describe(n.ID)), n,
-				func() { n.Terminate(2 * time.Minute) }, true)
-			if res.lost > 0 {
-				t.Errorf("a controlled shutdown of node %d cost %d shard leaderships (%d self-fences): %s", n.ID, res.lost, res.fenced, res.changes)
-			}
-		}
-		group := coordinatorOf(t, r, kafkacluster.GroupCoordinator, r.group)
-		event(fmt.Sprintf("SIGKILL of node %d, the election group's coordinator", group.ID), group, group.Kill, true)
-		txn := coordinatorRoles(t, r, shards).busiestTxn()
-		event(fmt.Sprintf("SIGKILL of node %d, transaction coordinator of %s", txn.ID, coordinatorRoles(t, r, shards).describe(txn.ID)), txn, txn.Kill, true)
-	}
+	p.finish("broker crash (coordinates nothing)")
+}
 
-	report := r.finish(3 * time.Minute)
-	r.checkLossesLogged(reapers...)
+// Each broker in turn stops as an operator stops it (SIGTERM: a controlled shutdown, which hands
+// its partitions' leadership and its coordinators over first) and starts again: no leader may
+// change.
+func TestRollingRestartChangesNoLeader(t *testing.T) {
+	if !long() {
+		t.Skip("make chaos")
+	}
+	p := startProduction(t, nil)
+	for _, n := range p.r.kafka.Nodes() {
+		res := p.event(fmt.Sprintf("SIGTERM of node %d (%s)", n.ID, p.roles.describe(n.ID)), n, func() { n.Terminate(2 * time.Minute) })
+		if res.lost > 0 {
+			t.Errorf("the controlled shutdown of node %d cost %d shard leaderships (%d self-fences): %s", n.ID, res.lost, res.fenced, res.changes)
+		}
+	}
+	p.finish("rolling restart")
+}
+
+// The broker that coordinates the election's group crashes (SIGKILL).
+func TestGroupCoordinatorCrash(t *testing.T) {
+	if !long() {
+		t.Skip("make chaos")
+	}
+	p := startProduction(t, nil)
+	group := coordinatorOf(t, p.r, kafkacluster.GroupCoordinator, p.r.group)
+	p.event(fmt.Sprintf("SIGKILL of node %d, the group coordinator (%s)", group.ID, p.roles.describe(group.ID)), group, group.Kill)
+	p.finish("group coordinator crash")
+}
+
+// The broker that coordinates the most shards' transactional IDs crashes (SIGKILL).
+func TestTransactionCoordinatorCrash(t *testing.T) {
+	if !long() {
+		t.Skip("make chaos")
+	}
+	p := startProduction(t, nil)
+	txn := p.roles.busiestTxn()
+	p.event(fmt.Sprintf("SIGKILL of node %d, the busiest transaction coordinator (%s)", txn.ID, p.roles.describe(txn.ID)), txn, txn.Kill)
+	p.finish("transaction coordinator crash")
+}
+
+const productionShards, productionHeartbeatTimeout = 8, 5 * time.Second
+
+// production is a rig at production settings with its three reapers leading every shard.
+type production struct {
+	t       *testing.T
+	r       *rig
+	watch   *shardWatch
+	reapers []*reaper
+	roles   roles
+	results []eventResult
+}
+
+// startProduction starts the rig, its reapers and its writers. With avoid, the leader topic is
+// created first, led by every node but the one avoid picks, so that that node holds nothing the
+// election needs (it still holds a replica of every partition).
+func startProduction(t *testing.T, avoid func(roles) *kafkacluster.Node) *production {
+	t.Helper()
+	r := newRig(t, rigOptions{kafka: defaultKafka, heartbeatTimeout: productionHeartbeatTimeout, shards: productionShards, defaultLimits: true})
+	p := &production{t: t, r: r, roles: coordinatorRoles(t, r, productionShards)}
+	if avoid != nil {
+		if err := r.kafka.CreateTopicLedByOthers(r.group+".leader", productionShards, avoid(p.roles).ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.watch = watchShards(t, r, productionShards)
+	p.reapers = []*reaper{r.startReaper("a"), r.startReaper("b"), r.startReaper("c")}
+	waitAllShardsLed(t, 2*time.Minute, productionShards, p.reapers...)
+	// The writers start once every shard is led, so that the latency figures are the events'
+	// and not the first election's.
+	r.startWriters(4, 1000, 800)
+	r.waitProgress(2000, time.Minute)
+	return p
+}
+
+// event runs do, measures what it cost, starts node again if do stopped it, and waits until the
+// cluster is whole (every replica in sync) and publishing.
+func (p *production) event(name string, node *kafkacluster.Node, do func()) eventResult {
+	t := p.t
+	t.Helper()
+	res := measureEvent(t, p.r, p.watch, p.reapers, productionHeartbeatTimeout, name, do)
+	p.results = append(p.results, res)
+	t.Log(res)
+	if !node.Running() {
+		if err := node.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.r.kafka.WaitReady(2 * time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.r.kafka.WaitInSync(3 * time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	p.r.waitProgress(1000, time.Minute)
+	return res
+}
+
+// finish checks every record and reports the scenario's figures.
+func (p *production) finish(scenario string) {
+	t := p.t
+	t.Helper()
+	report := p.r.finish(3 * time.Minute)
+	p.r.checkLossesLogged(p.reapers...)
 	var lines []string
-	for _, res := range results {
+	for _, res := range p.results {
 		lines = append(lines, res.String())
 	}
-	figure(t, "cluster events at production settings", "3 nodes, Kafka's default timings, 3 reapers, 8 shards, heartbeatTimeout 5s, 800 records/s; %s; latency p99 %v; records %d, duplicates %d, lost %d, reversals %d",
+	figure(t, scenario, "3 nodes at Kafka's default timings, 3 reapers, 8 shards, heartbeatTimeout 5s, 800 records/s; %s; latency p99 %v; records %d, duplicates %d, lost %d, reversals %d",
 		strings.Join(lines, "; "), report.P99.Round(time.Millisecond), report.Expected, report.Duplicates, report.LostCount, len(report.Reversals))
 }
 

@@ -30,7 +30,8 @@ const MaxPartitions = 1024
 type Config struct {
 	// KafkaConfig holds librdkafka properties for the election's consumer and heartbeat producer:
 	// "bootstrap.servers" (required) and any security settings. The properties listed in
-	// OwnedProperties are set by NELI and rejected here.
+	// OwnedProperties are set by NELI and rejected here; the heartbeat producer also always runs
+	// with acks=1 and without idempotence (see doc.go, Safety).
 	KafkaConfig map[string]any
 
 	// LeaderTopic is the topic whose partitions are led: whoever the group assigns a partition
@@ -151,10 +152,10 @@ func (c Config) election() timing.Election {
 
 // timeouts are the consumer-group timings derived from the heartbeat timeout.
 //
-// A leader cut off from Kafka at time t has read its last heartbeat by t, so it fences itself by
-// t + heartbeatTimeout. The coordinator last heard from it no earlier than t - heartbeatInterval
+// A leader cut off from Kafka at time t has had its last heartbeat acknowledged by t, so it fences
+// itself by t + heartbeatTimeout. The coordinator last heard from it no earlier than t - heartbeatInterval
 // and so evicts it no earlier than t + sessionTimeout - heartbeatInterval = t + 1.9 heartbeat
-// timeouts. A leader whose loop stalls stops reading heartbeats at once and is fenced after one
+// timeouts. A leader whose loop stalls stops taking acknowledgements at once and is fenced after one
 // heartbeat timeout, while librdkafka only leaves the group after maxPollInterval, two of them.
 // Either way the old leader is fenced before any other member can be given its partitions.
 func timeouts(heartbeatTimeout time.Duration) (session, heartbeatInterval, maxPoll time.Duration) {

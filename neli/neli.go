@@ -56,7 +56,7 @@ type Event interface {
 // Acquired: this contender now leads these partitions (more may follow in later events).
 type Acquired struct{ Partitions []int32 }
 
-// SelfFenced: the contender stopped receiving its own heartbeats and stepped down from every
+// SelfFenced: Kafka stopped acknowledging the contender's heartbeats and it stepped down from every
 // partition it led; others may be given them at any moment. It rejoins the group and may be
 // given partitions again.
 type SelfFenced struct{ Partitions []int32 }
@@ -287,8 +287,8 @@ func (n *Neli) handle(ev kafka.Event) error {
 			return fmt.Errorf("neli: fatal Kafka error: %w", e)
 		}
 		// Permissions taken away while the election runs (checkPermissions found them at the
-		// start): retrying cannot help, and a contender that cannot join the group or read its
-		// heartbeats cannot lead.
+		// start): retrying cannot help, and a contender that cannot join the group or fetch the
+		// partitions it is assigned cannot lead.
 		switch e.Code() {
 		case kafka.ErrGroupAuthorizationFailed:
 			return n.permissionError("may not join the group", e, "READ on group "+n.cfg.LeaderGroupID)
@@ -388,10 +388,10 @@ func (n *Neli) revoke(ps []int32) {
 	}
 }
 
-// fenceIfSilent fences a leader whose heartbeats have stopped coming back, then leaves and
-// rejoins the group: reading its own heartbeats proves only that the leader reaches the
-// partition, not that it is still a member, so leadership comes back only through a fresh
-// assignment from the coordinator.
+// fenceIfSilent fences a leader whose heartbeats have stopped being acknowledged, then leaves and
+// rejoins the group: an acknowledged heartbeat proves only that the leader reaches a broker, not
+// that it is still a member, so leadership comes back only through a fresh assignment from the
+// coordinator.
 func (n *Neli) fenceIfSilent() {
 	n.mu.Lock()
 	silent := len(n.assigned) > 0 && !n.fenced && time.Since(n.lastHeartbeat) >= n.cfg.HeartbeatTimeout

@@ -71,8 +71,8 @@ func (n *Neli) ensureTopic(ctx context.Context) error {
 }
 
 // checkPermissions makes sure this contender may read and write the leader topic, before it
-// joins the group: without READ it cannot read its heartbeats back, without WRITE it cannot send
-// them, and either way it would be given partitions, lead each for a heartbeat timeout, fence
+// joins the group: without READ it cannot fetch the partitions it is assigned, without WRITE it
+// cannot send heartbeats, and either way it would be given partitions, lead each for a heartbeat timeout, fence
 // itself and rejoin, for ever. Kafka tells a client which operations it may perform on a topic
 // (KIP-430); a broker that does not say is not checked.
 func (n *Neli) checkPermissions(ctx context.Context) error {
