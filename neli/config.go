@@ -83,7 +83,7 @@ type Config struct {
 // value would break the guarantee that a leader fences itself before another is elected.
 var OwnedProperties = map[string]string{
 	"group.id":                        "set from the leader group ID",
-	"group.instance.id":               "static membership would delay handing leadership over when a contender dies",
+	"group.instance.id":               "set to one unique to each contender, so that a contender librdkafka drops from the group rejoins in its own place at once (see instanceID)",
 	"enable.auto.commit":              "leader election commits no offsets",
 	"enable.auto.offset.store":        "leader election commits no offsets",
 	"auto.offset.reset":               "leader election reads only its own heartbeats",
@@ -162,8 +162,9 @@ func timeouts(heartbeatTimeout time.Duration) (session, heartbeatInterval, maxPo
 	return 2 * heartbeatTimeout, heartbeatTimeout / 10, 2 * heartbeatTimeout
 }
 
-// consumerConfig builds the election consumer's properties.
-func (c Config) consumerConfig() kafka.ConfigMap {
+// consumerConfig builds the election consumer's properties; instance is its group.instance.id
+// (see instanceID).
+func (c Config) consumerConfig(instance string) kafka.ConfigMap {
 	session, interval, maxPoll := timeouts(c.HeartbeatTimeout)
 	cm := kafka.ConfigMap{"client.id": c.Name}
 	for k, v := range c.KafkaConfig {
@@ -171,6 +172,7 @@ func (c Config) consumerConfig() kafka.ConfigMap {
 	}
 	maps.Copy(cm, kafka.ConfigMap{
 		"group.id":                      c.LeaderGroupID,
+		"group.instance.id":             instance,
 		"enable.auto.commit":            false,
 		"enable.auto.offset.store":      false,
 		"auto.offset.reset":             "latest",
@@ -181,6 +183,30 @@ func (c Config) consumerConfig() kafka.ConfigMap {
 	})
 	rdlog.Enable(cm)
 	return cm
+}
+
+// instanceID returns a static group membership (KIP-345) identity for one contender: its name,
+// as far as Kafka allows the characters, and a random suffix.
+//
+// A contender's membership is static for one reason: when the group's coordinator crashes,
+// the coordinator that takes over answers only after the controller has fenced the crashed
+// broker (9s by default), and librdkafka drops its membership when no heartbeat is answered for
+// a session (2H, 10s by default), which the takeover often outlasts. A dynamic member then joins
+// again as a new member, and the new coordinator holds the rebalance until the old membership
+// expires, a whole session more; a static member joining again takes its own old membership's
+// place at once. The suffix makes the identity unique to the contender: two contenders sharing
+// one would take each other's place, the second assigned the first's partitions while the first
+// still leads them. librdkafka sends no LeaveGroup when a static member closes; Close leaves the
+// group first (see leave).
+func (c Config) instanceID() string {
+	name := []byte(c.Name)
+	for i, b := range name {
+		if !('a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9' || b == '.' || b == '_' || b == '-') {
+			name[i] = '_'
+		}
+	}
+	// Kafka allows 249 characters; the suffix takes 17.
+	return string(name[:min(len(name), 200)]) + "-" + newTenure()
 }
 
 // producerConfig builds the heartbeat producer's properties. A heartbeat older than the timeout

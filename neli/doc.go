@@ -90,8 +90,14 @@
 // The group coordinator's crash does not break the arithmetic either: the coordinator that takes
 // over does not know when each member was last heard from, and gives every member a full session
 // from when it loaded the group. But librdkafka counts its own session from its last answered
-// heartbeat, and when the takeover outlasts that session it drops its assignment (Revoked) and
-// joins again.
+// heartbeat, and when the takeover outlasts that session (the controller fences a crashed broker
+// after 9s by default, against a 10s session) it drops its assignment (Revoked) and joins again.
+// A contender's membership is static (KIP-345), under an identity of its own (see
+// Config.instanceID), so that it joins again in its old membership's place and the group is whole
+// as soon as the new coordinator serves; a dynamic member would join as a new one, and the group
+// would wait a whole session for the old membership to expire. The revoke and the fresh
+// assignment keep the order of the state machine above: the contender leads again only through
+// the new assignment, and no other contender is given its partitions meanwhile.
 //
 // An acknowledgement shows that the contender reaches the partition's leader, not that it reaches
 // the coordinator. A contender cut off from the coordinator alone keeps leading until librdkafka's

@@ -126,7 +126,7 @@ func New(cfg Config) (*Neli, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("neli config: %w", err)
 	}
-	consumerConfig := cfg.consumerConfig()
+	consumerConfig := cfg.consumerConfig(cfg.instanceID())
 	consumer, err := kafka.NewConsumer(&consumerConfig)
 	if err != nil {
 		return nil, fmt.Errorf("neli: create consumer: %w", err)
@@ -537,6 +537,42 @@ func (n *Neli) onDelivery(ev kafka.Event) {
 	}
 }
 
+// leaveGrace is how long leave goes on serving the consumer once its assignment is released.
+// librdkafka sends the LeaveGroup as soon as the released partitions' fetchers have stopped,
+// within milliseconds, and says nothing when it has; should Close overtake it, the group holds the
+// partitions for a session before it hands them over, which costs time but not safety.
+const leaveGrace = 200 * time.Millisecond
+
+// leave leaves the group before the consumer closes. The membership is static (see
+// Config.instanceID), and librdkafka sends no LeaveGroup when a static member closes, only when it
+// unsubscribes: without one the group would wait a whole session before handing this contender's
+// partitions over. Unsubscribing revokes them first; Poll serves the revoke (Revoked, Barrier).
+func (n *Neli) leave() {
+	if !n.subscribed {
+		return // it never joined, or it left when it fenced itself
+	}
+	if err := n.consumer.Unsubscribe(); err != nil {
+		n.log.Warn("leave the group", "error", err)
+		return
+	}
+	n.subscribed = false
+	var released time.Time
+	for deadline := time.Now().Add(n.cfg.HeartbeatTimeout); time.Now().Before(deadline); {
+		if ev := n.consumer.Poll(10); ev != nil {
+			_ = n.handle(ev) // closing: a problem now changes nothing
+		}
+		switch parts, err := n.consumer.Assignment(); {
+		case err != nil:
+			return
+		case len(parts) > 0:
+		case released.IsZero():
+			released = time.Now()
+		case time.Since(released) >= leaveGrace:
+			return
+		}
+	}
+}
+
 func newTenure() string {
 	b := make([]byte, 8)
 	rand.Read(b)
@@ -557,7 +593,7 @@ func (n *Neli) Close(ctx context.Context) error {
 	done := make(chan error, 1)
 	go func() {
 		defer n.loop.Unlock()
-		// Closing the consumer runs the revoke callback and sends LeaveGroup.
+		n.leave()
 		err := n.consumer.Close()
 		n.producer.Purge(kafka.PurgeQueue | kafka.PurgeInFlight | kafka.PurgeNonBlocking)
 		n.producer.Close()

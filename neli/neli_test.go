@@ -613,7 +613,7 @@ func TestDerivedTimeoutsFenceBeforeEviction(t *testing.T) {
 		if maxPoll < session {
 			t.Errorf("hb %v: librdkafka requires max.poll.interval.ms >= session.timeout.ms", hb)
 		}
-		cm := Config{HeartbeatTimeout: hb, KafkaConfig: map[string]any{"client.id": "mine"}}.consumerConfig()
+		cm := Config{HeartbeatTimeout: hb, KafkaConfig: map[string]any{"client.id": "mine"}}.consumerConfig("instance")
 		if cm["session.timeout.ms"] != int(session.Milliseconds()) || cm["client.id"] != "mine" {
 			t.Errorf("consumer config %v", cm)
 		}
