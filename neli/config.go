@@ -50,7 +50,7 @@ type Config struct {
 	// sets one) in the group. Required.
 	Name string
 
-	// HeartbeatTimeout is how long a leader may go without receiving its own heartbeat before it
+	// HeartbeatTimeout is how long a leader may go without a heartbeat acknowledged before it
 	// fences itself. The consumer's session.timeout.ms and max.poll.interval.ms are twice this and
 	// heartbeat.interval.ms a tenth of it (see doc.go for why). Default: DefaultHeartbeatTimeout.
 	HeartbeatTimeout time.Duration
@@ -86,7 +86,7 @@ var OwnedProperties = map[string]string{
 	"group.instance.id":               "set to one unique to each contender, so that a contender librdkafka drops from the group rejoins in its own place at once (see instanceID)",
 	"enable.auto.commit":              "leader election commits no offsets",
 	"enable.auto.offset.store":        "leader election commits no offsets",
-	"auto.offset.reset":               "leader election reads only its own heartbeats",
+	"auto.offset.reset":               "leader election commits no offsets and reads nothing it needs from the leader topic",
 	"session.timeout.ms":              "derived from the heartbeat timeout so that a leader fences itself before its partition can be reassigned",
 	"heartbeat.interval.ms":           "derived from the heartbeat timeout",
 	"max.poll.interval.ms":            "derived from the heartbeat timeout",

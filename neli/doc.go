@@ -27,7 +27,7 @@
 //	| Follower |                   | Leader |
 //	+----------+  <-- Revoked --   +--------+
 //	     ^      (rebalance, Close)      |
-//	     |                              | no own heartbeat back
+//	     |                              | no heartbeat acknowledged
 //	     |                              | within HeartbeatTimeout
 //	     |                              v -- SelfFenced (Barrier runs)
 //	     |   rejoin: Revoked       +--------+

@@ -26,10 +26,10 @@ type State int
 const (
 	// Follower: no partition of the leader topic is assigned to this contender.
 	Follower State = iota
-	// Leader: at least one partition is assigned and the contender's own heartbeat came back
+	// Leader: at least one partition is assigned and a heartbeat of the contender's was acknowledged
 	// within the heartbeat timeout. It leads the partitions that Partitions returns.
 	Leader
-	// Fenced: partitions may still be assigned, but no heartbeat came back in time, so the
+	// Fenced: partitions may still be assigned, but no heartbeat was acknowledged in time, so the
 	// contender must assume that others may be given them and act as a follower.
 	Fenced
 )
