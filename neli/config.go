@@ -197,7 +197,9 @@ func (c Config) consumerConfig(instance string) kafka.ConfigMap {
 // place at once. The suffix makes the identity unique to the contender: two contenders sharing
 // one would take each other's place, the second assigned the first's partitions while the first
 // still leads them. librdkafka sends no LeaveGroup when a static member closes; Close leaves the
-// group first (see leave).
+// group first (see leave). And librdkafka can take its own membership's fencing for another
+// process's, a fatal error; the contender then replaces its consumer under the same identity
+// (see replaceConsumer).
 func (c Config) instanceID() string {
 	name := []byte(c.Name)
 	for i, b := range name {

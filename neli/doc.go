@@ -95,9 +95,12 @@
 // A contender's membership is static (KIP-345), under an identity of its own (see
 // Config.instanceID), so that it joins again in its old membership's place and the group is whole
 // as soon as the new coordinator serves; a dynamic member would join as a new one, and the group
-// would wait a whole session for the old membership to expire. The revoke and the fresh
-// assignment keep the order of the state machine above: the contender leads again only through
-// the new assignment, and no other contender is given its partitions meanwhile.
+// would wait a whole session for the old membership to expire. (When a request of the old
+// membership is still under way as it joins again, the coordinator answers it FENCED_INSTANCE_ID,
+// which librdkafka makes fatal; the contender replaces its consumer and joins in the same place.)
+// The revoke and the fresh assignment keep the order of the state machine above: the contender
+// leads again only through the new assignment, and no other contender is given its partitions
+// meanwhile.
 //
 // An acknowledgement shows that the contender reaches the partition's leader, not that it reaches
 // the coordinator. A contender cut off from the coordinator alone keeps leading until librdkafka's

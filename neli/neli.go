@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -95,7 +96,9 @@ const maxEventsPerPulse = 100
 type Neli struct {
 	cfg      Config
 	log      *slog.Logger
-	consumer *kafka.Consumer // the group member: its assignment decides what this contender leads
+	consumer *kafka.Consumer // the group member: its assignment decides what this contender leads; the loop's (see replaceConsumer)
+	instance string          // the consumer's group.instance.id (see Config.instanceID)
+	retired  *atomic.Bool    // set when the consumer is replaced: its rebalance callbacks then do nothing
 	producer *kafka.Producer // sends heartbeats; their delivery reports keep a leader unfenced (see sendHeartbeat)
 	events   *dispatch.Dispatcher[Event]
 
@@ -111,6 +114,7 @@ type Neli struct {
 	heartbeatEvery time.Duration
 	kafkaTrouble   *outage.Logger
 	fatal          error // a problem found inside a rebalance callback, returned by Pulse
+	fencedMember   bool  // librdkafka fenced the consumer's own static membership (see replaceConsumer)
 
 	// mu guards the leadership view read by IsLeader and Partitions.
 	mu            sync.Mutex
@@ -126,7 +130,8 @@ func New(cfg Config) (*Neli, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("neli config: %w", err)
 	}
-	consumerConfig := cfg.consumerConfig(cfg.instanceID())
+	instance := cfg.instanceID()
+	consumerConfig := cfg.consumerConfig(instance)
 	consumer, err := kafka.NewConsumer(&consumerConfig)
 	if err != nil {
 		return nil, fmt.Errorf("neli: create consumer: %w", err)
@@ -141,6 +146,8 @@ func New(cfg Config) (*Neli, error) {
 		cfg:            cfg,
 		log:            cfg.Logger.With("group", cfg.LeaderGroupID, "member", cfg.Name),
 		consumer:       consumer,
+		instance:       instance,
+		retired:        new(atomic.Bool),
 		producer:       producer,
 		events:         dispatch.New(cfg.OnEvent),
 		heartbeatEvery: max(cfg.MinPollInterval, cfg.HeartbeatTimeout/10),
@@ -237,6 +244,11 @@ func (n *Neli) Pulse(ctx context.Context) (bool, error) {
 			return false, n.fatal
 		}
 	}
+	if n.fencedMember {
+		if err := n.replaceConsumer(); err != nil {
+			return false, err
+		}
+	}
 	n.readDeliveries()
 	n.releaseIfLeft()
 	n.fenceIfSilent()
@@ -269,7 +281,14 @@ func (n *Neli) subscribe(ctx context.Context) error {
 		}
 		n.topicChecked = true
 	}
-	if err := n.consumer.Subscribe(n.cfg.LeaderTopic, n.onRebalance); err != nil {
+	retired := n.retired
+	onRebalance := func(c *kafka.Consumer, ev kafka.Event) error {
+		if retired.Load() {
+			return nil // a replaced consumer's, closing off the loop (see replaceConsumer)
+		}
+		return n.onRebalance(c, ev)
+	}
+	if err := n.consumer.Subscribe(n.cfg.LeaderTopic, onRebalance); err != nil {
 		return fmt.Errorf("neli: subscribe to %s: %w", n.cfg.LeaderTopic, err)
 	}
 	n.subscribed = true
@@ -283,6 +302,10 @@ func (n *Neli) handle(ev kafka.Event) error {
 		// Heartbeats, fetched from the partitions this contender leads: their delivery reports
 		// have counted already (readDeliveries).
 	case kafka.Error:
+		if e.IsFatal() && e.Code() == kafka.ErrFencedInstanceID {
+			n.fencedMember = true
+			return nil
+		}
 		if e.IsFatal() {
 			return fmt.Errorf("neli: fatal Kafka error: %w", e)
 		}
@@ -535,6 +558,41 @@ func (n *Neli) onDelivery(ev kafka.Event) {
 	case kafka.Error:
 		n.log.Debug("heartbeat producer error", "error", e)
 	}
+}
+
+// replaceConsumer replaces a consumer whose static membership librdkafka fenced: it joins again
+// in the same membership's place. The identity is this contender's alone (Config.instanceID), so
+// what fenced it was its own newer membership: after librdkafka drops its membership (its session
+// ran out while the group's coordinator moved) it joins again under the same identity, and a
+// request of the old membership still under way is then answered FENCED_INSTANCE_ID, which
+// librdkafka takes for another process's and makes fatal (librdkafka issue 3437). Its partitions
+// were revoked when the session ran out; any still held are revoked here (Revoked, Barrier)
+// before the new consumer joins.
+func (n *Neli) replaceConsumer() error {
+	n.fencedMember = false
+	n.mu.Lock()
+	held := slices.Clone(n.assigned)
+	n.mu.Unlock()
+	if len(held) > 0 {
+		n.revoke(held)
+	}
+	n.log.Warn("librdkafka fenced the election consumer's own static membership; joining again in its place",
+		"instance", n.instance)
+	// The fenced consumer closes off the loop, its rebalance callbacks retired: librdkafka can
+	// leave a fatal consumer unable to finish the rebalance it was in, and its Close then never
+	// returns. A fatal consumer sends nothing more to the group.
+	old := n.consumer
+	n.retired.Store(true)
+	n.retired = new(atomic.Bool)
+	go old.Close()
+	cm := n.cfg.consumerConfig(n.instance)
+	consumer, err := kafka.NewConsumer(&cm)
+	if err != nil {
+		return fmt.Errorf("neli: create consumer: %w", err)
+	}
+	rdlog.Forward(consumer.Logs(), n.log)
+	n.consumer, n.subscribed = consumer, false
+	return nil
 }
 
 // leaveGrace is how long leave goes on serving the consumer once its assignment is released.
