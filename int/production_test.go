@@ -129,6 +129,14 @@ func (p *production) event(name string, node *kafkacluster.Node, do func()) even
 	res := measureEvent(t, p.r, p.watch, p.reapers, productionHeartbeatTimeout, name, do)
 	p.results = append(p.results, res)
 	t.Log(res)
+	for _, rp := range p.reapers {
+		select {
+		case <-rp.done:
+			// A reaper stops only on an error retrying cannot cure; a cluster event is not one.
+			t.Fatalf("%s: reaper %s exited (code %d); its log's end follows", name, rp.name, rp.cmd.ProcessState.ExitCode())
+		default:
+		}
+	}
 	if !node.Running() {
 		if err := node.Start(); err != nil {
 			t.Fatal(err)
