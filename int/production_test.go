@@ -311,8 +311,12 @@ type shardWatch struct {
 
 func watchShards(t *testing.T, r *rig, shards int) *shardWatch {
 	t.Helper()
+	// The watch is itself a client of the faulted cluster: a partition's records reach it only
+	// once it knows the partition's new leader, and franz-go refreshes metadata at most every 5s by
+	// default, which would count as the shards' stall.
 	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(r.addr, ",")...), kgo.ConsumeTopics(r.topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.MetadataMinAge(100*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
