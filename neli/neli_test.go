@@ -399,7 +399,7 @@ func TestBrokerRestartFencesLeaderAndLeadershipResumes(t *testing.T) {
 	node.Kill()
 	killedAt := time.Now()
 
-	// Every heartbeat Kafka can still acknowledge was sent before the kill, so a heartbeat
+	// Every heartbeat the leader can still read back was sent before the kill, so a heartbeat
 	// timeout later it counts itself fenced, however late its loop runs: the sleep reaches the
 	// moment the claim is about, it waits for nothing.
 	time.Sleep(time.Until(killedAt.Add(testHeartbeatTimeout)))
@@ -613,7 +613,7 @@ func TestDerivedTimeoutsFenceBeforeEviction(t *testing.T) {
 		if maxPoll < session {
 			t.Errorf("hb %v: librdkafka requires max.poll.interval.ms >= session.timeout.ms", hb)
 		}
-		cm := Config{HeartbeatTimeout: hb, KafkaConfig: map[string]any{"client.id": "mine"}}.consumerConfig("instance")
+		cm := Config{HeartbeatTimeout: hb, KafkaConfig: map[string]any{"client.id": "mine"}}.consumerConfig()
 		if cm["session.timeout.ms"] != int(session.Milliseconds()) || cm["client.id"] != "mine" {
 			t.Errorf("consumer config %v", cm)
 		}

@@ -183,8 +183,7 @@ func Start(tb testing.TB, opts ...Option) *Cluster {
 	if err != nil {
 		tb.Fatalf("kafkacluster: %v", err)
 	}
-	// GOHARVEST_KAFKA_KEEP_LOGS keeps the logs of a test that passed too, to trace its timings.
-	tb.Cleanup(func() { c.Close(tb.Failed() || os.Getenv("GOHARVEST_KAFKA_KEEP_LOGS") != "") })
+	tb.Cleanup(func() { c.Close(tb.Failed()) })
 	return c
 }
 
