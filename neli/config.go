@@ -222,12 +222,16 @@ func (c Config) producerConfig() kafka.ConfigMap {
 		cm[k] = v
 	}
 	maps.Copy(cm, kafka.ConfigMap{
-		"linger.ms":                 0,
-		"message.timeout.ms":        max(1, int(c.HeartbeatTimeout.Milliseconds())),
-		"acks":                      1,
-		"enable.idempotence":        false,
-		"go.delivery.reports":       true,
-		"go.delivery.report.fields": "none",
+		"linger.ms":          0,
+		"message.timeout.ms": max(1, int(c.HeartbeatTimeout.Milliseconds())),
+		"acks":               1,
+		// A producer learns of partitions added to a topic only when it next refreshes its
+		// metadata, every 5 minutes by default; a contender assigned one of them heartbeats
+		// through partition 0 meanwhile (see sendHeartbeat).
+		"topic.metadata.refresh.interval.ms": max(1000, int(c.HeartbeatTimeout.Milliseconds())),
+		"enable.idempotence":                 false,
+		"go.delivery.reports":                true,
+		"go.delivery.report.fields":          "none",
 	})
 	rdlog.Enable(cm)
 	return cm

@@ -498,18 +498,28 @@ func (n *Neli) sendHeartbeat() {
 	n.lastSent = now
 	topic := n.cfg.LeaderTopic
 	for i := range min(heartbeatFanout, len(led)) {
-		n.seq++
-		err := n.producer.Produce(&kafka.Message{
-			TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: led[(n.nextBeat+i)%len(led)]},
-			Value:          []byte(n.cfg.Name + "|" + n.tenure + "|" + strconv.FormatUint(n.seq, 10)),
-			Opaque:         heartbeat{tenure: n.tenure, sentAt: now},
-		}, nil)
+		partition := led[(n.nextBeat+i)%len(led)]
+		err := n.produceHeartbeat(topic, partition, now)
+		var kerr kafka.Error
+		if errors.As(err, &kerr) && kerr.Code() == kafka.ErrUnknownPartition && partition != 0 {
+			// The topic has grown and the producer's metadata does not show the new partitions
+			// yet (see producerConfig); partition 0 always exists.
+			err = n.produceHeartbeat(topic, 0, now)
+		}
 		if err != nil {
 			n.heartbeatFailed(err)
-			return
 		}
 	}
 	n.nextBeat = (n.nextBeat + heartbeatFanout) % len(led)
+}
+
+func (n *Neli) produceHeartbeat(topic string, partition int32, now time.Time) error {
+	n.seq++
+	return n.producer.Produce(&kafka.Message{
+		TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: partition},
+		Value:          []byte(n.cfg.Name + "|" + n.tenure + "|" + strconv.FormatUint(n.seq, 10)),
+		Opaque:         heartbeat{tenure: n.tenure, sentAt: now},
+	}, nil)
 }
 
 // heartbeatFailed handles a heartbeat that Kafka refused or that timed out.
