@@ -230,8 +230,11 @@ func (c Config) producerConfig() kafka.ConfigMap {
 		// through partition 0 meanwhile (see sendHeartbeat).
 		"topic.metadata.refresh.interval.ms": max(1000, int(c.HeartbeatTimeout.Milliseconds())),
 		"enable.idempotence":                 false,
-		"go.delivery.reports":                true,
-		"go.delivery.report.fields":          "none",
+		// Its metadata requests (Ping's among them) must not create the leader topic, with the
+		// broker's default partition count, before ensureTopic creates it with Partitions.
+		"allow.auto.create.topics":  false,
+		"go.delivery.reports":       true,
+		"go.delivery.report.fields": "none",
 	})
 	rdlog.Enable(cm)
 	return cm

@@ -22,7 +22,7 @@ func (e *fatalError) Error() string { return e.err.Error() }
 // is an error). A refusal for lack of permission is fatal, with advice; other failures (Kafka
 // unreachable) are for retrying.
 func (n *Neli) ensureTopic(ctx context.Context) error {
-	admin, err := kafka.NewAdminClientFromProducer(n.producer)
+	admin, err := kafka.NewAdminClientFromConsumer(n.consumer)
 	if err != nil {
 		return fmt.Errorf("admin client: %w", err)
 	}
@@ -76,7 +76,7 @@ func (n *Neli) ensureTopic(ctx context.Context) error {
 // itself and rejoin, for ever. Kafka tells a client which operations it may perform on a topic
 // (KIP-430); a broker that does not say is not checked.
 func (n *Neli) checkPermissions(ctx context.Context) error {
-	admin, err := kafka.NewAdminClientFromProducer(n.producer)
+	admin, err := kafka.NewAdminClientFromConsumer(n.consumer)
 	if err != nil {
 		return fmt.Errorf("admin client: %w", err)
 	}
