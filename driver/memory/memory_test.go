@@ -15,7 +15,7 @@ import (
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }
 
-// The in-memory outbox keeps the contract the Postgres binding keeps (the root package runs the
+// The in-memory outbox keeps the contract the Postgres store keeps (driver/postgres runs the
 // same suite on Postgres).
 func TestStoreContract(t *testing.T) {
 	drivertest.RunStore(t, func(t *testing.T) drivertest.Outbox {
@@ -37,8 +37,8 @@ func TestStoreContract(t *testing.T) {
 	})
 }
 
-// The in-memory producer keeps the contract the confluent producer keeps on Apache Kafka (the
-// root package runs the same suite there).
+// The in-memory producer keeps the contract the librdkafka producer keeps on Apache Kafka
+// (driver/librdkafka runs the same suite there).
 func TestProducerContract(t *testing.T) {
 	b := memory.NewBroker()
 	var groups atomic.Int32
@@ -58,8 +58,8 @@ func TestProducerContract(t *testing.T) {
 	})
 }
 
-// The in-memory election keeps the contract neli keeps on Apache Kafka (the root package runs the
-// same suite there), with one partition and with several.
+// The in-memory election keeps the contract neli keeps on Apache Kafka (driver/librdkafka runs
+// the same suite there), with one partition and with several.
 func TestElectorContract(t *testing.T) {
 	for _, partitions := range []int{1, 3} {
 		t.Run(fmt.Sprint(partitions), func(t *testing.T) {
