@@ -53,8 +53,9 @@ func (s State) String() string {
 // later Stop and Await it. It runs once.
 //
 // It is the engine (package internal/owner, which runs each shard's epochs of package
-// internal/epoch) with the drivers this package provides plugged in: the database binding, the
-// Kafka producer and the leader election that Config names.
+// internal/epoch) with the drivers Config names plugged in: the store
+// (DatabaseBindingProvider) and the Kafka client (Kafka), which makes the producers and the
+// leader election.
 type Harvest struct {
 	cfg   Config
 	owner *owner.Owner
