@@ -164,7 +164,13 @@ func timeouts(heartbeatTimeout time.Duration) (session, heartbeatInterval, maxPo
 // consumerConfig builds the election consumer's properties.
 func (c Config) consumerConfig() kafka.ConfigMap {
 	session, interval, maxPoll := timeouts(c.HeartbeatTimeout)
-	cm := kafka.ConfigMap{"client.id": c.Name}
+	cm := kafka.ConfigMap{
+		"client.id": c.Name,
+		// A contender whose metadata missed a change to the leader topic (created or grown
+		// just before it joined) should not act on the stale view until librdkafka's default
+		// refresh, five minutes later: a refresh each heartbeat timeout is one small request.
+		"topic.metadata.refresh.interval.ms": int(c.HeartbeatTimeout.Milliseconds()),
+	}
 	for k, v := range c.KafkaConfig {
 		cm[k] = v
 	}

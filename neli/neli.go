@@ -294,15 +294,18 @@ func (n *Neli) subscribe(ctx context.Context) error {
 			n.kafkaTrouble.Fail(n.log, "check the leader topic", err)
 			return nil
 		}
-		// Assigned a partition of a topic its metadata does not know yet (one just created),
-		// librdkafka starts fetching only at its next metadata refresh, which can come after the
-		// first heartbeat timeout has passed. Asking for the topic's metadata first fills that in.
-		// The heartbeat consumer is outside the group, so it stays assigned through rejoins.
-		topic := n.cfg.LeaderTopic
-		if _, err := n.beats.GetMetadata(&topic, false, int(n.cfg.HeartbeatTimeout.Milliseconds())); err != nil {
-			n.kafkaTrouble.Fail(n.log, "read the leader topic's metadata", err)
-			return nil
+		// A topic just created reaches each broker's metadata at its own moment. A consumer whose
+		// metadata lacks it acts on that until its next refresh: the group's leader assigns no
+		// partition of it, and the heartbeat consumer fetches nothing. So both wait until their
+		// own metadata shows every partition with a leader. The heartbeat consumer is outside
+		// the group, so it stays assigned through rejoins.
+		for _, c := range []*kafka.Consumer{n.consumer, n.beats} {
+			if err := n.topicShows(c); err != nil {
+				n.kafkaTrouble.Fail(n.log, "read the leader topic's metadata", err)
+				return nil
+			}
 		}
+		topic := n.cfg.LeaderTopic
 		if err := n.beats.Assign([]kafka.TopicPartition{{Topic: &topic, Partition: heartbeatPartition, Offset: kafka.OffsetEnd}}); err != nil {
 			return fmt.Errorf("neli: read heartbeats from %s: %w", topic, err)
 		}
@@ -313,6 +316,29 @@ func (n *Neli) subscribe(ctx context.Context) error {
 	}
 	n.subscribed = true
 	n.log.Info("joined the election", "topic", n.cfg.LeaderTopic)
+	return nil
+}
+
+// topicShows returns an error unless c's metadata shows the leader topic with all its
+// partitions, each led by a broker.
+func (n *Neli) topicShows(c *kafka.Consumer) error {
+	topic := n.cfg.LeaderTopic
+	md, err := c.GetMetadata(&topic, false, int(n.cfg.HeartbeatTimeout.Milliseconds()))
+	if err != nil {
+		return err
+	}
+	t, ok := md.Topics[topic]
+	switch {
+	case !ok || t.Error.Code() != kafka.ErrNoError:
+		return fmt.Errorf("leader topic %s not in metadata yet (%v)", topic, t.Error)
+	case len(t.Partitions) < n.cfg.Partitions:
+		return fmt.Errorf("leader topic %s shows %d of its %d partitions in metadata yet", topic, len(t.Partitions), n.cfg.Partitions)
+	}
+	for _, p := range t.Partitions {
+		if p.Leader < 0 || p.Error.Code() != kafka.ErrNoError {
+			return fmt.Errorf("leader topic %s partition %d has no leader in metadata yet (%v)", topic, p.ID, p.Error)
+		}
+	}
 	return nil
 }
 
