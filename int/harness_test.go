@@ -118,6 +118,9 @@ type rigOptions struct {
 	dsn string
 	// idHeader sets harvest.idHeader, and the verifier keeps every message's id (Messages).
 	idHeader string
+	// defaultLimits leaves minPollInterval and ioErrorBackoff at goharvest's defaults, which the
+	// other scenarios shorten to speed up recovery.
+	defaultLimits bool
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -160,6 +163,10 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		r.addr = r.fake.Addr()
 	}
 	r.config = filepath.Join(t.TempDir(), "reaper.yaml")
+	limits := "    minPollInterval: 50ms\n    ioErrorBackoff: 100ms\n"
+	if o.defaultLimits {
+		limits = ""
+	}
 	r.yaml = func(bootstrap string) string {
 		return fmt.Sprintf(`harvest:
   baseKafkaConfig:
@@ -171,13 +178,11 @@ func newRig(t *testing.T, o rigOptions) *rig {
   idHeader: "%s"
 %s  limits:
     heartbeatTimeout: %s
-    minPollInterval: 50ms
-    ioErrorBackoff: 100ms
-%s
+%s%s
 logging:
   level: info
   format: json
-`, bootstrap, id, id, o.shards, o.idHeader, claimStrategyYAML(), o.heartbeatTimeout, o.extraYAML)
+`, bootstrap, id, id, o.shards, o.idHeader, claimStrategyYAML(), o.heartbeatTimeout, limits, o.extraYAML)
 	}
 	if err := os.WriteFile(r.config, []byte(r.yaml(r.addr)), 0o600); err != nil {
 		t.Fatal(err)
@@ -369,8 +374,10 @@ type reaper struct {
 	// remarks counts epochs ended by an error, fences epochs ended by losing leadership.
 	elected         time.Time
 	remarks, fences int
-	// fencedAt is when it last said it fenced itself (no heartbeat back in time).
-	fencedAt time.Time
+	// fencedAt is when it last said it fenced itself (no heartbeat back in time); selfFenced is
+	// every time it said so.
+	fencedAt   time.Time
+	selfFenced []time.Time
 }
 
 // counts returns the reaper's remarks and fences so far.
@@ -506,6 +513,7 @@ func (p *reaper) scan(out io.Reader) {
 			p.remarks++
 		case "no heartbeat came back within the timeout; stepping down and rejoining the group":
 			p.fencedAt = line.Time
+			p.selfFenced = append(p.selfFenced, line.Time)
 		}
 		if line.Msg == "leader fenced" || line.Msg == "leader revoked" {
 			p.fences++

@@ -30,7 +30,8 @@ const MaxPartitions = 1024
 type Config struct {
 	// KafkaConfig holds librdkafka properties for the election's consumer and heartbeat producer:
 	// "bootstrap.servers" (required) and any security settings. The properties listed in
-	// OwnedProperties are set by NELI and rejected here.
+	// OwnedProperties are set by NELI and rejected here; the heartbeat producer also always runs
+	// with acks=1 and without idempotence (see doc.go, Safety).
 	KafkaConfig map[string]any
 
 	// LeaderTopic is the topic whose partitions are led: whoever the group assigns a partition
@@ -49,7 +50,7 @@ type Config struct {
 	// sets one) in the group. Required.
 	Name string
 
-	// HeartbeatTimeout is how long a leader may go without receiving its own heartbeat before it
+	// HeartbeatTimeout is how long a leader may go without a heartbeat acknowledged before it
 	// fences itself. The consumer's session.timeout.ms and max.poll.interval.ms are twice this and
 	// heartbeat.interval.ms a tenth of it (see doc.go for why). Default: DefaultHeartbeatTimeout.
 	HeartbeatTimeout time.Duration
@@ -82,10 +83,10 @@ type Config struct {
 // value would break the guarantee that a leader fences itself before another is elected.
 var OwnedProperties = map[string]string{
 	"group.id":                        "set from the leader group ID",
-	"group.instance.id":               "static membership would delay handing leadership over when a contender dies",
+	"group.instance.id":               "set to one unique to each contender, so that a contender librdkafka drops from the group rejoins in its own place at once (see instanceID)",
 	"enable.auto.commit":              "leader election commits no offsets",
 	"enable.auto.offset.store":        "leader election commits no offsets",
-	"auto.offset.reset":               "leader election reads only its own heartbeats",
+	"auto.offset.reset":               "leader election commits no offsets and reads nothing it needs from the leader topic",
 	"session.timeout.ms":              "derived from the heartbeat timeout so that a leader fences itself before its partition can be reassigned",
 	"heartbeat.interval.ms":           "derived from the heartbeat timeout",
 	"max.poll.interval.ms":            "derived from the heartbeat timeout",
@@ -151,18 +152,19 @@ func (c Config) election() timing.Election {
 
 // timeouts are the consumer-group timings derived from the heartbeat timeout.
 //
-// A leader cut off from Kafka at time t has read its last heartbeat by t, so it fences itself by
-// t + heartbeatTimeout. The coordinator last heard from it no earlier than t - heartbeatInterval
+// A leader cut off from Kafka at time t has had its last heartbeat acknowledged by t, so it fences
+// itself by t + heartbeatTimeout. The coordinator last heard from it no earlier than t - heartbeatInterval
 // and so evicts it no earlier than t + sessionTimeout - heartbeatInterval = t + 1.9 heartbeat
-// timeouts. A leader whose loop stalls stops reading heartbeats at once and is fenced after one
+// timeouts. A leader whose loop stalls stops taking acknowledgements at once and is fenced after one
 // heartbeat timeout, while librdkafka only leaves the group after maxPollInterval, two of them.
 // Either way the old leader is fenced before any other member can be given its partitions.
 func timeouts(heartbeatTimeout time.Duration) (session, heartbeatInterval, maxPoll time.Duration) {
 	return 2 * heartbeatTimeout, heartbeatTimeout / 10, 2 * heartbeatTimeout
 }
 
-// consumerConfig builds the election consumer's properties.
-func (c Config) consumerConfig() kafka.ConfigMap {
+// consumerConfig builds the election consumer's properties; instance is its group.instance.id
+// (see instanceID).
+func (c Config) consumerConfig(instance string) kafka.ConfigMap {
 	session, interval, maxPoll := timeouts(c.HeartbeatTimeout)
 	cm := kafka.ConfigMap{
 		"client.id": c.Name,
@@ -176,6 +178,7 @@ func (c Config) consumerConfig() kafka.ConfigMap {
 	}
 	maps.Copy(cm, kafka.ConfigMap{
 		"group.id":                      c.LeaderGroupID,
+		"group.instance.id":             instance,
 		"enable.auto.commit":            false,
 		"enable.auto.offset.store":      false,
 		"auto.offset.reset":             "latest",
@@ -183,34 +186,61 @@ func (c Config) consumerConfig() kafka.ConfigMap {
 		"heartbeat.interval.ms":         max(1, int(interval.Milliseconds())),
 		"max.poll.interval.ms":          int(maxPoll.Milliseconds()),
 		"partition.assignment.strategy": "cooperative-sticky",
-		// A heartbeat should be seen as soon as it lands, not after a full fetch wait.
-		"fetch.wait.max.ms": max(1, int(interval.Milliseconds())),
 	})
 	rdlog.Enable(cm)
 	return cm
 }
 
-// heartbeatConsumerConfig builds the properties of the consumer that reads heartbeats back. It is
-// assigned its partition and never joins the group; librdkafka requires a group.id all the same,
-// and the election's own is one the contender's principal may already use.
-func (c Config) heartbeatConsumerConfig() kafka.ConfigMap {
-	cm := c.consumerConfig()
-	cm["client.id"] = c.Name + ".heartbeats"
-	delete(cm, "partition.assignment.strategy")
-	return cm
+// instanceID returns a static group membership (KIP-345) identity for one contender: its name,
+// as far as Kafka allows the characters, and a random suffix.
+//
+// A contender's membership is static for one reason: when the group's coordinator crashes,
+// the coordinator that takes over answers only after the controller has fenced the crashed
+// broker (9s by default), and librdkafka drops its membership when no heartbeat is answered for
+// a session (2H, 10s by default), which the takeover often outlasts. A dynamic member then joins
+// again as a new member, and the new coordinator holds the rebalance until the old membership
+// expires, a whole session more; a static member joining again takes its own old membership's
+// place at once. The suffix makes the identity unique to the contender: two contenders sharing
+// one would take each other's place, the second assigned the first's partitions while the first
+// still leads them. librdkafka sends no LeaveGroup when a static member closes; Close leaves the
+// group first (see leave). And librdkafka can take its own membership's fencing for another
+// process's, a fatal error; the contender then replaces its consumer under the same identity
+// (see replaceConsumer).
+func (c Config) instanceID() string {
+	name := []byte(c.Name)
+	for i, b := range name {
+		if !('a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9' || b == '.' || b == '_' || b == '-') {
+			name[i] = '_'
+		}
+	}
+	// Kafka allows 249 characters; the suffix takes 17.
+	return string(name[:min(len(name), 200)]) + "-" + newTenure()
 }
 
 // producerConfig builds the heartbeat producer's properties. A heartbeat older than the timeout
-// proves nothing, so the producer gives up on it rather than delivering it late.
+// proves nothing, so the producer gives up on it rather than delivering it late. Its delivery
+// report is the evidence a leader needs, and the partition leader's acknowledgement is enough for
+// it (see sendHeartbeat); idempotence, which would require acks=all, has nothing to guard in
+// heartbeats, whose order and duplicates do not matter.
 func (c Config) producerConfig() kafka.ConfigMap {
 	cm := kafka.ConfigMap{"client.id": c.Name + ".heartbeat"}
 	for k, v := range c.KafkaConfig {
 		cm[k] = v
 	}
 	maps.Copy(cm, kafka.ConfigMap{
-		"linger.ms":           0,
-		"message.timeout.ms":  max(1, int(c.HeartbeatTimeout.Milliseconds())),
-		"go.delivery.reports": false,
+		"linger.ms":          0,
+		"message.timeout.ms": max(1, int(c.HeartbeatTimeout.Milliseconds())),
+		"acks":               1,
+		// A producer learns of partitions added to a topic only when it next refreshes its
+		// metadata, every 5 minutes by default; a contender assigned one of them heartbeats
+		// through partition 0 meanwhile (see sendHeartbeat).
+		"topic.metadata.refresh.interval.ms": max(1000, int(c.HeartbeatTimeout.Milliseconds())),
+		"enable.idempotence":                 false,
+		// Its metadata requests (Ping's among them) must not create the leader topic, with the
+		// broker's default partition count, before ensureTopic creates it with Partitions.
+		"allow.auto.create.topics":  false,
+		"go.delivery.reports":       true,
+		"go.delivery.report.fields": "none",
 	})
 	rdlog.Enable(cm)
 	return cm

@@ -27,22 +27,22 @@
 //	| Follower |                   | Leader |
 //	+----------+  <-- Revoked --   +--------+
 //	     ^      (rebalance, Close)      |
-//	     |                              | no own heartbeat back
+//	     |                              | no heartbeat acknowledged
 //	     |                              | within HeartbeatTimeout
 //	     |                              v -- SelfFenced (Barrier runs)
 //	     |   rejoin: Revoked       +--------+
 //	     +-----------------------  | Fenced |
 //	                               +--------+
 //
-// A Leader publishes a heartbeat to partition 0 every tenth of the heartbeat timeout and reads it
-// back through a consumer assigned that partition. IsLeader is true only while a partition is
-// assigned and the newest heartbeat read
-// back was sent less than HeartbeatTimeout ago; because it consults the clock, a leader whose
-// loop stalls (a GC pause, a stuck callback, a frozen process) reads as fenced on time even
-// though nothing runs to notice. When the loop does notice, it emits SelfFenced, runs the
-// Barrier, and leaves and rejoins the group. Reading its own heartbeat shows only that the leader
-// still reaches the partition, not that the group still counts it as a member, so a fenced
-// leader is never restored in place: leadership returns only through a fresh assignment.
+// A Leader sends heartbeats to the partitions it leads, a few each tenth of the heartbeat timeout,
+// and counts one once the partition's leader broker acknowledges it. IsLeader is true only while a
+// partition is assigned and the newest acknowledged heartbeat was sent less than HeartbeatTimeout
+// ago; because it consults the clock, a leader whose loop stalls (a GC pause, a stuck callback, a
+// frozen process) reads as fenced on time even though nothing runs to notice. When the loop does
+// notice, it emits SelfFenced, runs the Barrier, and leaves and rejoins the group. A heartbeat
+// shows only that the leader still reaches Kafka, not that the group still counts it as a member,
+// so a fenced leader is never restored in place: leadership returns only through a fresh
+// assignment.
 //
 // # Safety
 //
@@ -53,13 +53,13 @@
 //	max.poll.interval.ms  = 2H
 //	heartbeat.interval.ms = H/10
 //
-// A leader cut off from Kafka at time t read its last heartbeat no later than t, so it is fenced
-// by t+H. The coordinator heard from it no earlier than t-H/10, so it evicts it no earlier than
+// A leader cut off from Kafka at time t had its last heartbeat acknowledged no later than t, and
+// that heartbeat was sent before it was acknowledged, so the leader is fenced by t+H. The
+// coordinator heard from it no earlier than t-H/10, so it evicts it no earlier than
 // t+2H-H/10 = t+1.9H, and only then can another member be assigned. The short heartbeat interval
 // also tells followers of a rebalance quickly, which keeps a graceful handover well under a second
-// or two. A leader whose loop stalls at
-// t reads no heartbeat after t and is fenced by t+H, while librdkafka leaves the group only at
-// t+2H. A graceful handover (a rebalance, or Close) revokes the leader, and runs Barrier, before
+// or two. A leader whose loop stalls at t takes no acknowledgement after t and is fenced by t+H,
+// while librdkafka leaves the group only at t+2H. A graceful handover (a rebalance, or Close) revokes the leader, and runs Barrier, before
 // the group can reassign: under the cooperative protocol a partition that is to move is first
 // taken from its owner, and assigned to its new owner only in a later round, once the old one has
 // rejoined without it. The cooperative-sticky assignor also keeps the partitions balanced (3
@@ -75,6 +75,39 @@
 // that cannot be cancelled (a transactional call to librdkafka, which honours only a timeout and
 // is never given more than MaxPollInterval). Work that is slow to start (a producer's
 // InitTransactions) runs off the loop, so that Pulse is called on time throughout.
+//
+// What counts as a heartbeat is the acknowledgement of the broker that leads its partition
+// (acks=1): it shows that the contender reached Kafka at or after the moment the heartbeat was
+// sent, which is all the arithmetic above uses. Nobody reads heartbeats, so whether the other
+// replicas have them does not matter, and asking for more costs leadership for nothing: a record
+// is acknowledged with acks=all, and is visible to a consumer (below the high watermark), only
+// once every in-sync replica has it, and a broker that crashed stays in sync until the controller
+// fences it (broker.session.timeout.ms, 9s by default), longer than the default heartbeat
+// timeout, so that any broker's crash would fence every leader. With acks=1 a broker's crash
+// fences only a leader all of whose heartbeat partitions it led: heartbeats go to up to three of
+// the leader's partitions a round, taken in turn, and any one acknowledged counts.
+//
+// The group coordinator's crash does not break the arithmetic either: the coordinator that takes
+// over does not know when each member was last heard from, and gives every member a full session
+// from when it loaded the group. But librdkafka counts its own session from its last answered
+// heartbeat, and when the takeover outlasts that session (the controller fences a crashed broker
+// after 9s by default, against a 10s session) it drops its assignment (Revoked) and joins again.
+// A contender's membership is static (KIP-345), under an identity of its own (see
+// Config.instanceID), so that it joins again in its old membership's place and the group is whole
+// as soon as the new coordinator serves; a dynamic member would join as a new one, and the group
+// would wait a whole session for the old membership to expire. (When a request of the old
+// membership is still under way as it joins again, the coordinator answers it FENCED_INSTANCE_ID,
+// which librdkafka makes fatal; the contender replaces its consumer and joins in the same place.)
+// The revoke and the fresh assignment keep the order of the state machine above: the contender
+// leads again only through the new assignment, and no other contender is given its partitions
+// meanwhile.
+//
+// An acknowledgement shows that the contender reaches the partition's leader, not that it reaches
+// the coordinator. A contender cut off from the coordinator alone keeps leading until librdkafka's
+// own session runs out, at about the moment the coordinator evicts it, and the two moments are
+// not ordered. Work that must never overlap is fenced where it lands as well: goharvest's
+// producers share one transactional ID per shard, so a successor's InitTransactions fences its
+// predecessor's producer at the broker, whatever the predecessor believes.
 //
 // What NELI cannot do is stop work the old leader had already started: a message handed to a
 // producer before the fence can still be delivered after it. Callers that need a hard guarantee

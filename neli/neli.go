@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -26,10 +27,10 @@ type State int
 const (
 	// Follower: no partition of the leader topic is assigned to this contender.
 	Follower State = iota
-	// Leader: at least one partition is assigned and the contender's own heartbeat came back
+	// Leader: at least one partition is assigned and a heartbeat of the contender's was acknowledged
 	// within the heartbeat timeout. It leads the partitions that Partitions returns.
 	Leader
-	// Fenced: partitions may still be assigned, but no heartbeat came back in time, so the
+	// Fenced: partitions may still be assigned, but no heartbeat was acknowledged in time, so the
 	// contender must assume that others may be given them and act as a follower.
 	Fenced
 )
@@ -56,7 +57,7 @@ type Event interface {
 // Acquired: this contender now leads these partitions (more may follow in later events).
 type Acquired struct{ Partitions []int32 }
 
-// SelfFenced: the contender stopped receiving its own heartbeats and stepped down from every
+// SelfFenced: Kafka stopped acknowledging the contender's heartbeats and it stepped down from every
 // partition it led; others may be given them at any moment. It rejoins the group and may be
 // given partitions again.
 type SelfFenced struct{ Partitions []int32 }
@@ -95,9 +96,10 @@ const maxEventsPerPulse = 100
 type Neli struct {
 	cfg      Config
 	log      *slog.Logger
-	consumer *kafka.Consumer // the group member: its assignment decides what this contender leads
-	beats    *kafka.Consumer // reads heartbeats back; assigned, not a group member (see sendHeartbeat)
-	producer *kafka.Producer
+	consumer *kafka.Consumer // the group member: its assignment decides what this contender leads; the loop's (see replaceConsumer)
+	instance string          // the consumer's group.instance.id (see Config.instanceID)
+	retired  *atomic.Bool    // set when the consumer is replaced: its rebalance callbacks then do nothing
+	producer *kafka.Producer // sends heartbeats; their delivery reports keep a leader unfenced (see sendHeartbeat)
 	events   *dispatch.Dispatcher[Event]
 
 	// loop serialises Pulse and Close; the fields below it belong to whoever holds it.
@@ -105,19 +107,20 @@ type Neli struct {
 	closed         bool
 	subscribed     bool
 	topicChecked   bool
-	tenure         string               // random, new when leadership begins; marks our heartbeats
-	seq            uint64               // heartbeat sequence within the tenure
-	sent           map[uint64]time.Time // heartbeats not yet read back, by sequence
+	tenure         string // random, new when leadership begins; marks our heartbeats
+	seq            uint64 // heartbeat sequence within the tenure
 	lastSent       time.Time
+	nextBeat       int // which of the led partitions the next round of heartbeats starts at
 	heartbeatEvery time.Duration
 	kafkaTrouble   *outage.Logger
 	fatal          error // a problem found inside a rebalance callback, returned by Pulse
+	fencedMember   bool  // librdkafka fenced the consumer's own static membership (see replaceConsumer)
 
 	// mu guards the leadership view read by IsLeader and Partitions.
 	mu            sync.Mutex
 	assigned      []int32 // sorted
 	fenced        bool
-	lastHeartbeat time.Time // when the newest heartbeat read back was sent (monotonic)
+	lastHeartbeat time.Time // when the newest acknowledged heartbeat was sent (monotonic)
 }
 
 // New validates the config and creates the Kafka clients. It does not contact Kafka: the first
@@ -127,46 +130,31 @@ func New(cfg Config) (*Neli, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("neli config: %w", err)
 	}
-	consumerConfig := cfg.consumerConfig()
+	instance := cfg.instanceID()
+	consumerConfig := cfg.consumerConfig(instance)
 	consumer, err := kafka.NewConsumer(&consumerConfig)
 	if err != nil {
 		return nil, fmt.Errorf("neli: create consumer: %w", err)
-	}
-	beatsConfig := cfg.heartbeatConsumerConfig()
-	beats, err := kafka.NewConsumer(&beatsConfig)
-	if err != nil {
-		consumer.Close()
-		return nil, fmt.Errorf("neli: create heartbeat consumer: %w", err)
 	}
 	producerConfig := cfg.producerConfig()
 	producer, err := kafka.NewProducer(&producerConfig)
 	if err != nil {
 		consumer.Close()
-		beats.Close()
 		return nil, fmt.Errorf("neli: create heartbeat producer: %w", err)
 	}
 	n := &Neli{
 		cfg:            cfg,
 		log:            cfg.Logger.With("group", cfg.LeaderGroupID, "member", cfg.Name),
 		consumer:       consumer,
-		beats:          beats,
+		instance:       instance,
+		retired:        new(atomic.Bool),
 		producer:       producer,
 		events:         dispatch.New(cfg.OnEvent),
 		heartbeatEvery: max(cfg.MinPollInterval, cfg.HeartbeatTimeout/10),
 		kafkaTrouble:   &outage.Logger{What: "Kafka", Repeat: outage.LogInterval},
 	}
 	rdlog.Forward(consumer.Logs(), n.log)
-	rdlog.Forward(beats.Logs(), n.log)
 	rdlog.Forward(producer.Logs(), n.log)
-	// Heartbeats need no delivery reports; the channel carries only client errors, which are
-	// drained so that it never fills.
-	go func() {
-		for ev := range producer.Events() {
-			if kerr, ok := ev.(kafka.Error); ok {
-				n.log.Debug("heartbeat producer error", "error", kerr)
-			}
-		}
-	}()
 	return n, nil
 }
 
@@ -256,15 +244,12 @@ func (n *Neli) Pulse(ctx context.Context) (bool, error) {
 			return false, n.fatal
 		}
 	}
-	for range maxEventsPerPulse {
-		ev := n.beats.Poll(0)
-		if ev == nil {
-			break
-		}
-		if err := n.handle(ev); err != nil {
+	if n.fencedMember {
+		if err := n.replaceConsumer(); err != nil {
 			return false, err
 		}
 	}
+	n.readDeliveries()
 	n.releaseIfLeft()
 	n.fenceIfSilent()
 	if n.State() == Leader && time.Since(n.lastSent) >= n.heartbeatEvery {
@@ -294,24 +279,24 @@ func (n *Neli) subscribe(ctx context.Context) error {
 			n.kafkaTrouble.Fail(n.log, "check the leader topic", err)
 			return nil
 		}
-		// A topic just created reaches each broker's metadata at its own moment. A consumer whose
-		// metadata lacks it acts on that until its next refresh: the group's leader assigns no
-		// partition of it, and the heartbeat consumer fetches nothing. So both wait until their
-		// own metadata shows every partition with a leader. The heartbeat consumer is outside
-		// the group, so it stays assigned through rejoins.
-		for _, c := range []*kafka.Consumer{n.consumer, n.beats} {
-			if err := n.topicShows(c); err != nil {
-				n.kafkaTrouble.Fail(n.log, "read the leader topic's metadata", err)
-				return nil
-			}
-		}
-		topic := n.cfg.LeaderTopic
-		if err := n.beats.Assign([]kafka.TopicPartition{{Topic: &topic, Partition: heartbeatPartition, Offset: kafka.OffsetEnd}}); err != nil {
-			return fmt.Errorf("neli: read heartbeats from %s: %w", topic, err)
+		// A topic just created reaches each broker's metadata at its own moment, and a consumer
+		// whose metadata lacks it acts on that until its next refresh: as the group's leader it
+		// would assign no partition of it. So the contender joins once its own metadata shows
+		// every partition with a leader.
+		if err := n.topicShows(n.consumer); err != nil {
+			n.kafkaTrouble.Fail(n.log, "read the leader topic's metadata", err)
+			return nil
 		}
 		n.topicChecked = true
 	}
-	if err := n.consumer.Subscribe(n.cfg.LeaderTopic, n.onRebalance); err != nil {
+	retired := n.retired
+	onRebalance := func(c *kafka.Consumer, ev kafka.Event) error {
+		if retired.Load() {
+			return nil // a replaced consumer's, closing off the loop (see replaceConsumer)
+		}
+		return n.onRebalance(c, ev)
+	}
+	if err := n.consumer.Subscribe(n.cfg.LeaderTopic, onRebalance); err != nil {
 		return fmt.Errorf("neli: subscribe to %s: %w", n.cfg.LeaderTopic, err)
 	}
 	n.subscribed = true
@@ -345,14 +330,19 @@ func (n *Neli) topicShows(c *kafka.Consumer) error {
 func (n *Neli) handle(ev kafka.Event) error {
 	switch e := ev.(type) {
 	case *kafka.Message:
-		n.onHeartbeat(e) // ignores all but our own heartbeats, from whichever consumer
+		// Heartbeats, fetched from the partitions this contender leads: their delivery reports
+		// have counted already (readDeliveries).
 	case kafka.Error:
+		if e.IsFatal() && e.Code() == kafka.ErrFencedInstanceID {
+			n.fencedMember = true
+			return nil
+		}
 		if e.IsFatal() {
 			return fmt.Errorf("neli: fatal Kafka error: %w", e)
 		}
 		// Permissions taken away while the election runs (checkPermissions found them at the
-		// start): retrying cannot help, and a contender that cannot join the group or read its
-		// heartbeats cannot lead.
+		// start): retrying cannot help, and a contender that cannot join the group or fetch the
+		// partitions it is assigned cannot lead.
 		switch e.Code() {
 		case kafka.ErrGroupAuthorizationFailed:
 			return n.permissionError("may not join the group", e, "READ on group "+n.cfg.LeaderGroupID)
@@ -417,7 +407,6 @@ func (n *Neli) acquire(ps []int32) {
 	if beginning {
 		n.tenure = newTenure()
 		n.seq = 0
-		n.sent = map[uint64]time.Time{}
 	}
 	n.kafkaTrouble.OK(n.log)
 	n.log.Info("acquired leadership", "partitions", partitionList(ps))
@@ -453,10 +442,10 @@ func (n *Neli) revoke(ps []int32) {
 	}
 }
 
-// fenceIfSilent fences a leader whose heartbeats have stopped coming back, then leaves and
-// rejoins the group: reading its own heartbeats proves only that the leader reaches the
-// partition, not that it is still a member, so leadership comes back only through a fresh
-// assignment from the coordinator.
+// fenceIfSilent fences a leader whose heartbeats have stopped being acknowledged, then leaves and
+// rejoins the group: an acknowledged heartbeat proves only that the leader reaches a broker, not
+// that it is still a member, so leadership comes back only through a fresh assignment from the
+// coordinator.
 func (n *Neli) fenceIfSilent() {
 	n.mu.Lock()
 	silent := len(n.assigned) > 0 && !n.fenced && time.Since(n.lastHeartbeat) >= n.cfg.HeartbeatTimeout
@@ -507,63 +496,180 @@ func (n *Neli) barrier(ps []int32) {
 	}
 }
 
-// heartbeatPartition is where every contender publishes its heartbeats.
-const heartbeatPartition = 0
+// heartbeatFanout is how many of its partitions a leader sends a heartbeat to in each round. Any one
+// acknowledged is enough (see sendHeartbeat); with the partitions' leaders spread over the
+// brokers, three usually reach three brokers, so that one broker's loss leaves heartbeats
+// acknowledged.
+const heartbeatFanout = 3
 
-// Heartbeats carry member name, tenure and sequence: "name|tenure|seq". Every contender publishes
-// them to partition 0 and reads its own back through a consumer of its own that is assigned the
-// partition, outside the group. Reading them through the group's consumer would not do: librdkafka
-// pauses its fetches while a rebalance is under way, and with cooperative rebalancing a contender
-// keeps leading partitions through rebalances that may wait on another member's Barrier for longer
-// than a heartbeat timeout. Reading one back proves that the loop still runs and Kafka answers,
-// which is all a heartbeat can prove: membership, and with it every partition, is lost at once
-// or not at all.
+// heartbeat travels with a heartbeat message to its delivery report (kafka.Message.Opaque).
+type heartbeat struct {
+	tenure string
+	sentAt time.Time
+}
+
+// sendHeartbeat sends a round of heartbeats, "name|tenure|seq", each to one of the partitions this
+// contender leads, taking them in turn, so that within a heartbeat timeout every partition led
+// (up to ten rounds of heartbeatFanout) is tried. The producer asks only the partition's leader to
+// acknowledge (acks=1), and its acknowledgement is the evidence: it shows that this contender
+// reached Kafka after the heartbeat was sent, which is all a heartbeat can prove (membership,
+// and with it every partition, is lost at once or not at all; see doc.go, Safety). Waiting for
+// every in-sync replica instead (acks=all), or reading the heartbeat back (which waits for the
+// high watermark, and so for every in-sync replica too), would tie every leader to every broker
+// that holds a replica: a crashed broker stays in sync until the controller fences it, 9s by
+// default, longer than the default heartbeat timeout.
 func (n *Neli) sendHeartbeat() {
-	n.seq++
+	n.mu.Lock()
+	led := slices.Clone(n.assigned)
+	n.mu.Unlock()
+	if len(led) == 0 {
+		return
+	}
 	now := time.Now()
-	n.sent[n.seq] = now
 	n.lastSent = now
 	topic := n.cfg.LeaderTopic
-	err := n.producer.Produce(&kafka.Message{
-		TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: heartbeatPartition},
+	for i := range min(heartbeatFanout, len(led)) {
+		partition := led[(n.nextBeat+i)%len(led)]
+		err := n.produceHeartbeat(topic, partition, now)
+		var kerr kafka.Error
+		if errors.As(err, &kerr) && kerr.Code() == kafka.ErrUnknownPartition && partition != 0 {
+			// The topic has grown and the producer's metadata does not show the new partitions
+			// yet (see producerConfig); partition 0 always exists.
+			err = n.produceHeartbeat(topic, 0, now)
+		}
+		if err != nil {
+			n.heartbeatFailed(err)
+		}
+	}
+	n.nextBeat = (n.nextBeat + heartbeatFanout) % len(led)
+}
+
+func (n *Neli) produceHeartbeat(topic string, partition int32, now time.Time) error {
+	n.seq++
+	return n.producer.Produce(&kafka.Message{
+		TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: partition},
 		Value:          []byte(n.cfg.Name + "|" + n.tenure + "|" + strconv.FormatUint(n.seq, 10)),
+		Opaque:         heartbeat{tenure: n.tenure, sentAt: now},
 	}, nil)
+}
+
+// heartbeatFailed handles a heartbeat that Kafka refused or that timed out.
+func (n *Neli) heartbeatFailed(err error) {
 	var kerr kafka.Error
 	if errors.As(err, &kerr) && kerr.Code() == kafka.ErrTopicAuthorizationFailed {
 		// As in handle: WRITE taken away while the election runs. Pulse returns it.
 		n.fatal = n.permissionError("may not write heartbeats to the leader topic", err, "WRITE on topic "+n.cfg.LeaderTopic)
 		return
 	}
-	if err != nil {
-		n.kafkaTrouble.Fail(n.log, "publish heartbeat", err)
+	n.kafkaTrouble.Fail(n.log, "publish heartbeat", err)
+}
+
+// readDeliveries takes the heartbeats' delivery reports. They are read here, on the loop, rather
+// than as they come: a leader whose loop stalls must read as fenced once the timeout passes (see
+// State), so only the loop may vouch that it still runs.
+func (n *Neli) readDeliveries() {
+	for range maxEventsPerPulse {
+		select {
+		case ev := <-n.producer.Events():
+			n.onDelivery(ev)
+		default:
+			return
+		}
 	}
 }
 
-func (n *Neli) onHeartbeat(m *kafka.Message) {
-	parts := strings.Split(string(m.Value), "|")
-	if len(parts) != 3 || parts[0] != n.cfg.Name || parts[1] != n.tenure {
-		return // another member's, or from an earlier tenure of ours
+func (n *Neli) onDelivery(ev kafka.Event) {
+	switch e := ev.(type) {
+	case *kafka.Message:
+		beat, ok := e.Opaque.(heartbeat)
+		if !ok || beat.tenure != n.tenure {
+			return // from an earlier tenure
+		}
+		if e.TopicPartition.Error != nil {
+			n.heartbeatFailed(e.TopicPartition.Error)
+			return
+		}
+		n.mu.Lock()
+		// Once fenced, only a fresh assignment restores leadership (see fenceIfSilent).
+		if len(n.assigned) > 0 && !n.fenced && beat.sentAt.After(n.lastHeartbeat) {
+			n.lastHeartbeat = beat.sentAt
+		}
+		n.mu.Unlock()
+		n.kafkaTrouble.OK(n.log)
+	case kafka.Error:
+		n.log.Debug("heartbeat producer error", "error", e)
 	}
-	seq, err := strconv.ParseUint(parts[2], 10, 64)
+}
+
+// replaceConsumer replaces a consumer whose static membership librdkafka fenced: it joins again
+// in the same membership's place. The identity is this contender's alone (Config.instanceID), so
+// what fenced it was its own newer membership: after librdkafka drops its membership (its session
+// ran out while the group's coordinator moved) it joins again under the same identity, and a
+// request of the old membership still under way is then answered FENCED_INSTANCE_ID, which
+// librdkafka takes for another process's and makes fatal (librdkafka issue 3437). Its partitions
+// were revoked when the session ran out; any still held are revoked here (Revoked, Barrier)
+// before the new consumer joins.
+func (n *Neli) replaceConsumer() error {
+	n.fencedMember = false
+	n.mu.Lock()
+	held := slices.Clone(n.assigned)
+	n.mu.Unlock()
+	if len(held) > 0 {
+		n.revoke(held)
+	}
+	n.log.Warn("librdkafka fenced the election consumer's own static membership; joining again in its place",
+		"instance", n.instance)
+	// The fenced consumer closes off the loop, its rebalance callbacks retired: librdkafka can
+	// leave a fatal consumer unable to finish the rebalance it was in, and its Close then never
+	// returns. A fatal consumer sends nothing more to the group.
+	old := n.consumer
+	n.retired.Store(true)
+	n.retired = new(atomic.Bool)
+	go old.Close()
+	cm := n.cfg.consumerConfig(n.instance)
+	consumer, err := kafka.NewConsumer(&cm)
 	if err != nil {
+		return fmt.Errorf("neli: create consumer: %w", err)
+	}
+	rdlog.Forward(consumer.Logs(), n.log)
+	n.consumer, n.subscribed = consumer, false
+	return nil
+}
+
+// leaveGrace is how long leave goes on serving the consumer once its assignment is released.
+// librdkafka sends the LeaveGroup as soon as the released partitions' fetchers have stopped,
+// within milliseconds, and says nothing when it has; should Close overtake it, the group holds the
+// partitions for a session before it hands them over, which costs time but not safety.
+const leaveGrace = 200 * time.Millisecond
+
+// leave leaves the group before the consumer closes. The membership is static (see
+// Config.instanceID), and librdkafka sends no LeaveGroup when a static member closes, only when it
+// unsubscribes: without one the group would wait a whole session before handing this contender's
+// partitions over. Unsubscribing revokes them first; Poll serves the revoke (Revoked, Barrier).
+func (n *Neli) leave() {
+	if !n.subscribed {
+		return // it never joined, or it left when it fenced itself
+	}
+	if err := n.consumer.Unsubscribe(); err != nil {
+		n.log.Warn("leave the group", "error", err)
 		return
 	}
-	sentAt, ok := n.sent[seq]
-	if !ok {
-		return
-	}
-	for s := range n.sent {
-		if s <= seq {
-			delete(n.sent, s)
+	n.subscribed = false
+	var released time.Time
+	for deadline := time.Now().Add(n.cfg.HeartbeatTimeout); time.Now().Before(deadline); {
+		if ev := n.consumer.Poll(10); ev != nil {
+			_ = n.handle(ev) // closing: a problem now changes nothing
+		}
+		switch parts, err := n.consumer.Assignment(); {
+		case err != nil:
+			return
+		case len(parts) > 0:
+		case released.IsZero():
+			released = time.Now()
+		case time.Since(released) >= leaveGrace:
+			return
 		}
 	}
-	n.mu.Lock()
-	// Once fenced, only a fresh assignment restores leadership (see fenceIfSilent).
-	if len(n.assigned) > 0 && !n.fenced && sentAt.After(n.lastHeartbeat) {
-		n.lastHeartbeat = sentAt
-	}
-	n.mu.Unlock()
-	n.kafkaTrouble.OK(n.log)
 }
 
 func newTenure() string {
@@ -586,9 +692,8 @@ func (n *Neli) Close(ctx context.Context) error {
 	done := make(chan error, 1)
 	go func() {
 		defer n.loop.Unlock()
-		// Closing the consumer runs the revoke callback and sends LeaveGroup.
+		n.leave()
 		err := n.consumer.Close()
-		n.beats.Close()
 		n.producer.Purge(kafka.PurgeQueue | kafka.PurgeInFlight | kafka.PurgeNonBlocking)
 		n.producer.Close()
 		n.events.Close()

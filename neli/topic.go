@@ -71,8 +71,8 @@ func (n *Neli) ensureTopic(ctx context.Context) error {
 }
 
 // checkPermissions makes sure this contender may read and write the leader topic, before it
-// joins the group: without READ it cannot read its heartbeats back, without WRITE it cannot send
-// them, and either way it would be given partitions, lead each for a heartbeat timeout, fence
+// joins the group: without READ it cannot fetch the partitions it is assigned, without WRITE it
+// cannot send heartbeats, and either way it would be given partitions, lead each for a heartbeat timeout, fence
 // itself and rejoin, for ever. Kafka tells a client which operations it may perform on a topic
 // (KIP-430); a broker that does not say is not checked.
 func (n *Neli) checkPermissions(ctx context.Context) error {
@@ -131,7 +131,9 @@ func (n *Neli) Ping(ctx context.Context) error {
 		timeout = min(timeout, time.Until(deadline))
 	}
 	topic := n.cfg.LeaderTopic
-	if _, err := n.consumer.GetMetadata(&topic, false, max(1, int(timeout.Milliseconds()))); err != nil {
+	// Through the producer, which lives as long as the contender, unlike the consumer (see
+	// replaceConsumer); Ping is called from other goroutines than the loop.
+	if _, err := n.producer.GetMetadata(&topic, false, max(1, int(timeout.Milliseconds()))); err != nil {
 		return fmt.Errorf("kafka metadata: %w", err)
 	}
 	return nil

@@ -226,8 +226,27 @@ func (c *confluentProducer) Produce(msg driver.Message) error {
 
 func (c *confluentProducer) Deliveries() <-chan driver.Delivery { return c.deliveries }
 
+// initRetryInterval is how often InitTransactions asks again while the transaction coordinator
+// refuses it, as it does (CONCURRENT_TRANSACTIONS) while it aborts a predecessor's transaction.
+const initRetryInterval = 100 * time.Millisecond
+
+// InitTransactions calls librdkafka's in slices of initRetryInterval: librdkafka retries a refused
+// InitProducerId only after 500ms of its own, while a call resumed after a timeout asks again at
+// once, so that a successor starts about as soon as its predecessor's transaction is aborted.
+// Without a deadline it makes one call, which librdkafka bounds.
 func (c *confluentProducer) InitTransactions(ctx context.Context) error {
-	return initError(c.txnID, c.p.InitTransactions(ctx))
+	if _, ok := ctx.Deadline(); !ok {
+		return initError(c.txnID, c.p.InitTransactions(ctx))
+	}
+	for {
+		slice, cancel := context.WithTimeout(ctx, initRetryInterval)
+		err := c.p.InitTransactions(slice)
+		cancel()
+		var kerr kafka.Error
+		if err == nil || ctx.Err() != nil || !errors.As(err, &kerr) || !(kerr.IsRetriable() || kerr.Code() == kafka.ErrTimedOut) {
+			return initError(c.txnID, err)
+		}
+	}
 }
 
 func (c *confluentProducer) BeginTransaction() error { return txnError(c.p.BeginTransaction()) }

@@ -183,7 +183,8 @@ func Start(tb testing.TB, opts ...Option) *Cluster {
 	if err != nil {
 		tb.Fatalf("kafkacluster: %v", err)
 	}
-	tb.Cleanup(func() { c.Close(tb.Failed()) })
+	// GOHARVEST_KAFKA_KEEP_LOGS keeps the logs of a test that passed too, to trace its timings.
+	tb.Cleanup(func() { c.Close(tb.Failed() || os.Getenv("GOHARVEST_KAFKA_KEEP_LOGS") != "") })
 	return c
 }
 

@@ -1,0 +1,389 @@
+package int
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/outbox"
+)
+
+// The cluster events an operator meets, at the settings README recommends: a 3-node cluster with
+// Kafka's default group and broker timings (6s minimum session, a broker fenced 9s after its last
+// heartbeat to the controller), three reapers on 8 shards, a 5s heartbeat timeout, goharvest's
+// default limits with the producer's reconnect.backoff.max.ms at 1s (recommendedYAML), 800
+// records a second. Each event reports the shard leaderships it cost, how long
+// each shard stopped publishing, when every shard published again, and the checker's verdict.
+// make test runs the crash of a broker that coordinates nothing of goharvest's; make chaos adds a
+// rolling restart and the crashes of the group's coordinator and of the busiest transaction
+// coordinator.
+
+// A broker that leads no partition of the leader topic and coordinates neither of goharvest's
+// groups crashes (SIGKILL): no leader may change.
+func TestBrokerCrashChangesNoLeader(t *testing.T) {
+	var bystander *kafkacluster.Node
+	p := startProduction(t, func(ro roles) *kafkacluster.Node { bystander = ro.bystander(); return bystander })
+	res := p.event(fmt.Sprintf("SIGKILL of node %d, which coordinates nothing (%s)", bystander.ID, p.roles.describe(bystander.ID)),
+		bystander, bystander.Kill)
+	if res.lost > 0 {
+		t.Errorf("the crash of node %d, which led no partition of the leader topic and coordinated neither group, cost %d shard leaderships (%d self-fences): %s",
+			bystander.ID, res.lost, res.fenced, res.changes)
+	}
+	p.finish("broker crash (coordinates nothing)")
+}
+
+// Each broker in turn stops as an operator stops it (SIGTERM: a controlled shutdown, which hands
+// its partitions' leadership and its coordinators over first) and starts again: no leader may
+// change.
+func TestRollingRestartChangesNoLeader(t *testing.T) {
+	if !long() {
+		t.Skip("make chaos")
+	}
+	p := startProduction(t, nil)
+	for _, n := range p.r.kafka.Nodes() {
+		res := p.event(fmt.Sprintf("SIGTERM of node %d (%s)", n.ID, p.roles.describe(n.ID)), n, func() { n.Terminate(2 * time.Minute) })
+		if res.lost > 0 {
+			t.Errorf("the controlled shutdown of node %d cost %d shard leaderships (%d self-fences): %s", n.ID, res.lost, res.fenced, res.changes)
+		}
+	}
+	p.finish("rolling restart")
+}
+
+// The broker that coordinates the election's group crashes (SIGKILL).
+func TestGroupCoordinatorCrash(t *testing.T) {
+	if !long() {
+		t.Skip("make chaos")
+	}
+	p := startProduction(t, nil)
+	group := coordinatorOf(t, p.r, kafkacluster.GroupCoordinator, p.r.group)
+	p.event(fmt.Sprintf("SIGKILL of node %d, the group coordinator (%s)", group.ID, p.roles.describe(group.ID)), group, group.Kill)
+	p.finish("group coordinator crash")
+}
+
+// The broker that coordinates the most shards' transactional IDs crashes (SIGKILL).
+func TestTransactionCoordinatorCrash(t *testing.T) {
+	if !long() {
+		t.Skip("make chaos")
+	}
+	p := startProduction(t, nil)
+	txn := p.roles.busiestTxn()
+	p.event(fmt.Sprintf("SIGKILL of node %d, the busiest transaction coordinator (%s)", txn.ID, p.roles.describe(txn.ID)), txn, txn.Kill)
+	p.finish("transaction coordinator crash")
+}
+
+const productionShards, productionHeartbeatTimeout = 8, 5 * time.Second
+
+// recommendedYAML is README's one recommendation beyond the defaults (Cluster events). A
+// producer whose transaction coordinator crashed learns of the new one only when a connection to
+// the old one fails again, and librdkafka spaces those attempts out to reconnect.backoff.max.ms,
+// 10s by default: the shards of that coordinator published again 14-20s after the crash, the
+// others after 9-12s. With 1s they all publish again within about a second of the controller
+// fencing the broker.
+const recommendedYAML = "  producerKafkaConfig:\n    reconnect.backoff.max.ms: 1000\n"
+
+// production is a rig at production settings with its three reapers leading every shard.
+type production struct {
+	t       *testing.T
+	r       *rig
+	watch   *shardWatch
+	reapers []*reaper
+	roles   roles
+	results []eventResult
+}
+
+// startProduction starts the rig, its reapers and its writers. With avoid, the leader topic is
+// created first, led by every node but the one avoid picks, so that that node holds nothing the
+// election needs (it still holds a replica of every partition).
+func startProduction(t *testing.T, avoid func(roles) *kafkacluster.Node) *production {
+	t.Helper()
+	r := newRig(t, rigOptions{kafka: defaultKafka, heartbeatTimeout: productionHeartbeatTimeout, shards: productionShards, defaultLimits: true, extraYAML: recommendedYAML})
+	p := &production{t: t, r: r, roles: coordinatorRoles(t, r, productionShards)}
+	if avoid != nil {
+		if err := r.kafka.CreateTopicLedByOthers(r.group+".leader", productionShards, avoid(p.roles).ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.watch = watchShards(t, r, productionShards)
+	p.reapers = []*reaper{r.startReaper("a"), r.startReaper("b"), r.startReaper("c")}
+	waitAllShardsLed(t, 2*time.Minute, productionShards, p.reapers...)
+	// The writers start once every shard is led, so that the latency figures are the events'
+	// and not the first election's.
+	r.startWriters(4, 1000, 800)
+	r.waitProgress(2000, time.Minute)
+	return p
+}
+
+// event runs do, measures what it cost, starts node again if do stopped it, and waits until the
+// cluster is whole (every replica in sync) and publishing.
+func (p *production) event(name string, node *kafkacluster.Node, do func()) eventResult {
+	t := p.t
+	t.Helper()
+	res := measureEvent(t, p.r, p.watch, p.reapers, productionHeartbeatTimeout, name, do)
+	p.results = append(p.results, res)
+	t.Log(res)
+	for _, rp := range p.reapers {
+		select {
+		case <-rp.done:
+			// A reaper stops only on an error retrying cannot cure; a cluster event is not one.
+			t.Fatalf("%s: reaper %s exited (code %d); its log's end follows", name, rp.name, rp.cmd.ProcessState.ExitCode())
+		default:
+		}
+	}
+	if !node.Running() {
+		if err := node.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.r.kafka.WaitReady(2 * time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.r.kafka.WaitInSync(3 * time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	p.r.waitProgress(1000, time.Minute)
+	return res
+}
+
+// finish checks every record and reports the scenario's figures.
+func (p *production) finish(scenario string) {
+	t := p.t
+	t.Helper()
+	report := p.r.finish(3 * time.Minute)
+	p.r.checkLossesLogged(p.reapers...)
+	var lines []string
+	for _, res := range p.results {
+		lines = append(lines, res.String())
+	}
+	figure(t, scenario, "3 nodes at Kafka's default timings, 3 reapers, 8 shards, heartbeatTimeout 5s, 800 records/s; %s; latency p99 %v; records %d, duplicates %d, lost %d, reversals %d",
+		strings.Join(lines, "; "), report.P99.Round(time.Millisecond), report.Expected, report.Duplicates, report.LostCount, len(report.Reversals))
+}
+
+// roles is what each node coordinates for a rig: its groups and its shards' transactional IDs.
+type roles struct {
+	groups map[int][]string // node ID -> the groups it coordinates
+	txns   map[int][]int    // node ID -> the shards whose transactional IDs it coordinates
+	nodes  []*kafkacluster.Node
+}
+
+func coordinatorRoles(t *testing.T, r *rig, shards int) roles {
+	t.Helper()
+	ro := roles{groups: map[int][]string{}, txns: map[int][]int{}, nodes: r.kafka.Nodes()}
+	for _, g := range []string{r.group, r.group + goharvest.NoteGroupSuffix} {
+		n := coordinatorOf(t, r, kafkacluster.GroupCoordinator, g)
+		ro.groups[n.ID] = append(ro.groups[n.ID], g)
+	}
+	for s := range shards {
+		n := coordinatorOf(t, r, kafkacluster.TransactionCoordinator, goharvest.TransactionalID(r.group, s, shards))
+		ro.txns[n.ID] = append(ro.txns[n.ID], s)
+	}
+	return ro
+}
+
+func coordinatorOf(t *testing.T, r *rig, kind int8, key string) *kafkacluster.Node {
+	t.Helper()
+	n, err := r.kafka.Coordinator(kind, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// bystander returns the node that coordinates neither group and the fewest transactional IDs.
+// With RF 3 on 3 nodes every node holds a replica of everything; what differs is what it leads.
+func (ro roles) bystander() *kafkacluster.Node {
+	var best *kafkacluster.Node
+	for _, n := range ro.nodes {
+		if len(ro.groups[n.ID]) > 0 {
+			continue
+		}
+		if best == nil || len(ro.txns[n.ID]) < len(ro.txns[best.ID]) {
+			best = n
+		}
+	}
+	return best
+}
+
+// busiestTxn returns the node that coordinates the most shards' transactional IDs.
+func (ro roles) busiestTxn() *kafkacluster.Node {
+	best := ro.nodes[0]
+	for _, n := range ro.nodes {
+		if len(ro.txns[n.ID]) > len(ro.txns[best.ID]) {
+			best = n
+		}
+	}
+	return best
+}
+
+func (ro roles) describe(id int) string {
+	return fmt.Sprintf("groups %v, transactional IDs of shards %v", ro.groups[id], ro.txns[id])
+}
+
+// eventResult is what one cluster event cost.
+type eventResult struct {
+	name    string
+	lost    int      // shard leaderships lost (revoked or fenced) by the reapers
+	fenced  int      // self-fences (no heartbeat back within the timeout)
+	changes []string // each loss, for the log
+	stalls  []time.Duration
+	allBack time.Duration // from the event to when the last shard published after its longest stall
+	took    time.Duration // how long the event itself took (a controlled shutdown takes seconds)
+}
+
+func (e eventResult) String() string {
+	return fmt.Sprintf("%s (took %v): shard leaderships lost %d (self-fences %d); publishing stalled per shard %v; every shard publishing again after %v",
+		e.name, e.took.Round(100*time.Millisecond), e.lost, e.fenced, roundAll(e.stalls), e.allBack.Round(time.Millisecond))
+}
+
+func roundAll(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(100 * time.Millisecond)
+	}
+	return out
+}
+
+// measureEvent runs do and measures what it cost, until every shard publishes again and, after
+// that, two heartbeat timeouts more: nothing announces that no further change is coming, and a
+// leader fences itself at most one timeout after its last heartbeat came back, its session ends at
+// most two after the coordinator last heard from it.
+func measureEvent(t *testing.T, r *rig, w *shardWatch, reapers []*reaper, heartbeatTimeout time.Duration, name string, do func()) eventResult {
+	t.Helper()
+	t0 := time.Now()
+	do()
+	took := time.Since(t0)
+	// Every transaction spans several partitions, so publishing resumes only once Kafka serves
+	// them all again; then each shard must have published since.
+	r.waitProgress(2000, 3*time.Minute)
+	back := time.Now()
+	if !testwait.Until(2*time.Minute, func() bool { return w.allPublishedSince(back) }) {
+		t.Fatalf("%s: some shard did not publish again within 2m: last publications %v", name, w.last())
+	}
+	end := time.Now().Add(2 * heartbeatTimeout)
+	time.Sleep(time.Until(end)) // see the comment above
+	res := eventResult{name: name, took: took}
+	for _, p := range reapers {
+		p.mu.Lock()
+		for _, e := range p.history {
+			if !e.acquired && e.at.After(t0) && e.at.Before(end) {
+				res.lost++
+				res.changes = append(res.changes, fmt.Sprintf("%s lost shard %d at +%v", p.name, e.shard, e.at.Sub(t0).Round(time.Millisecond)))
+			}
+		}
+		for _, f := range p.selfFenced {
+			if f.After(t0) && f.Before(end) {
+				res.fenced++
+				res.changes = append(res.changes, fmt.Sprintf("%s fenced itself at +%v", p.name, f.Sub(t0).Round(time.Millisecond)))
+			}
+		}
+		p.mu.Unlock()
+	}
+	res.stalls, res.allBack = w.stalls(t0, end)
+	return res
+}
+
+// waitAllShardsLed waits until the reapers between them lead every shard.
+func waitAllShardsLed(t *testing.T, within time.Duration, shards int, ps ...*reaper) {
+	t.Helper()
+	if !testwait.Until(within, func() bool {
+		n := 0
+		for _, p := range ps {
+			n += len(p.shards())
+		}
+		return n == shards
+	}) {
+		t.Fatalf("the reapers did not lead all %d shards within %v", shards, within)
+	}
+}
+
+// shardWatch records when each shard's records arrive, as a reader of committed records sees it.
+type shardWatch struct {
+	mu       sync.Mutex
+	arrivals [][]time.Time // per shard, the polls that brought records of it
+}
+
+func watchShards(t *testing.T, r *rig, shards int) *shardWatch {
+	t.Helper()
+	// The watch is itself a client of the faulted cluster: a partition's records reach it only
+	// once it knows the partition's new leader, and franz-go refreshes metadata at most every 5s by
+	// default, which would count as the shards' stall.
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(r.addr, ",")...), kgo.ConsumeTopics(r.topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.MetadataMinAge(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &shardWatch{arrivals: make([][]time.Time, shards)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer cl.Close()
+		for ctx.Err() == nil {
+			fetches := cl.PollFetches(ctx)
+			now := time.Now()
+			seen := make([]bool, shards)
+			fetches.EachRecord(func(rec *kgo.Record) { seen[outbox.Shard(rec.Key, shards)] = true })
+			w.mu.Lock()
+			for s, ok := range seen {
+				if ok {
+					w.arrivals[s] = append(w.arrivals[s], now)
+				}
+			}
+			w.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return w
+}
+
+func (w *shardWatch) allPublishedSince(at time.Time) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, a := range w.arrivals {
+		if len(a) == 0 || !a[len(a)-1].After(at) {
+			return false
+		}
+	}
+	return true
+}
+
+func (w *shardWatch) last() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for s, a := range w.arrivals {
+		if len(a) > 0 {
+			out = append(out, fmt.Sprintf("%d: %s", s, a[len(a)-1].Format("15:04:05.000")))
+		}
+	}
+	return out
+}
+
+// stalls returns each shard's longest gap between arrivals that ended after from and began before
+// to, and how long after from the last of those gaps ended.
+func (w *shardWatch) stalls(from, to time.Time) ([]time.Duration, time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var stalls []time.Duration
+	var allBack time.Duration
+	for _, a := range w.arrivals {
+		var longest time.Duration
+		var endedAt time.Time
+		for i := 1; i < len(a); i++ {
+			if a[i].After(from) && a[i-1].Before(to) && a[i].Sub(a[i-1]) > longest {
+				longest, endedAt = a[i].Sub(a[i-1]), a[i]
+			}
+		}
+		stalls = append(stalls, longest)
+		allBack = max(allBack, endedAt.Sub(from))
+	}
+	return stalls, allBack
+}
