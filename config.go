@@ -101,7 +101,8 @@ type Config struct {
 	BaseKafkaConfig KafkaConfigMap `yaml:"baseKafkaConfig"`
 
 	// ProducerKafkaConfig holds the default Kafka client's properties for the producer only, such
-	// as "compression.type" or "linger.ms" (default librdkafka.DefaultLinger); they override
+	// as "compression.type", "linger.ms" (default librdkafka.DefaultLinger) or
+	// "reconnect.backoff.max.ms" (default librdkafka.DefaultReconnectBackoffMax); they override
 	// BaseKafkaConfig. Idempotence is always on and cannot be disabled.
 	ProducerKafkaConfig KafkaConfigMap `yaml:"producerKafkaConfig"`
 

@@ -19,8 +19,7 @@ import (
 // The cluster events an operator meets, at the settings README recommends: a 3-node cluster with
 // Kafka's default group and broker timings (6s minimum session, a broker fenced 9s after its last
 // heartbeat to the controller), three reapers on 8 shards, a 5s heartbeat timeout, goharvest's
-// default limits with the producer's reconnect.backoff.max.ms at 1s (recommendedYAML), 800
-// records a second. Each event reports the shard leaderships it cost, how long
+// default limits, 800 records a second. Each event reports the shard leaderships it cost, how long
 // each shard stopped publishing, when every shard published again, and the checker's verdict.
 // make test runs the crash of a broker that coordinates nothing of goharvest's; make chaos adds a
 // rolling restart and the crashes of the group's coordinator and of the busiest transaction
@@ -81,14 +80,6 @@ func TestTransactionCoordinatorCrash(t *testing.T) {
 
 const productionShards, productionHeartbeatTimeout = 8, 5 * time.Second
 
-// recommendedYAML is README's one recommendation beyond the defaults (Cluster events). A
-// producer whose transaction coordinator crashed learns of the new one only when a connection to
-// the old one fails again, and librdkafka spaces those attempts out to reconnect.backoff.max.ms,
-// 10s by default: the shards of that coordinator published again 14-20s after the crash, the
-// others after 9-12s. With 1s they all publish again within about a second of the controller
-// fencing the broker.
-const recommendedYAML = "  producerKafkaConfig:\n    reconnect.backoff.max.ms: 1000\n"
-
 // production is a rig at production settings with its three reapers leading every shard.
 type production struct {
 	t       *testing.T
@@ -104,7 +95,7 @@ type production struct {
 // election needs (it still holds a replica of every partition).
 func startProduction(t *testing.T, avoid func(roles) *kafkacluster.Node) *production {
 	t.Helper()
-	r := newRig(t, rigOptions{kafka: defaultKafka, heartbeatTimeout: productionHeartbeatTimeout, shards: productionShards, defaultLimits: true, extraYAML: recommendedYAML})
+	r := newRig(t, rigOptions{kafka: defaultKafka, heartbeatTimeout: productionHeartbeatTimeout, shards: productionShards, defaultLimits: true})
 	p := &production{t: t, r: r, roles: coordinatorRoles(t, r, productionShards)}
 	if avoid != nil {
 		if err := r.kafka.CreateTopicLedByOthers(r.group+".leader", productionShards, avoid(p.roles).ID); err != nil {

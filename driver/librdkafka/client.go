@@ -38,6 +38,14 @@ const (
 	// goharvest co-partition with those of Java producers, Kafka Streams and ksqlDB. librdkafka's
 	// own default is "consistent_random" (CRC32).
 	DefaultPartitioner = "murmur2_random"
+	// DefaultReconnectBackoffMax is the producer's "reconnect.backoff.max.ms" unless the
+	// properties set it; librdkafka's own default is 10s. A producer whose transaction
+	// coordinator crashed asks for the new one only when a connection to the old one fails
+	// again, and librdkafka spaces those attempts out up to this: at 10s the shards of that
+	// coordinator published again 14-20s after the crash, at 1s with every other shard, about a
+	// second after Kafka fenced the broker (README, Cluster events). The cost is a connection
+	// attempt a second to a broker that stays down.
+	DefaultReconnectBackoffMax = time.Second
 )
 
 // Config is the client's settings: librdkafka properties.
@@ -151,6 +159,9 @@ func (c *Client) ProducerSettings(p driver.ProducerConfig) map[string]any {
 	}
 	if _, set := settings["partitioner"]; !set {
 		settings["partitioner"] = DefaultPartitioner
+	}
+	if _, set := settings["reconnect.backoff.max.ms"]; !set {
+		settings["reconnect.backoff.max.ms"] = int(DefaultReconnectBackoffMax.Milliseconds())
 	}
 	maps.Copy(settings, map[string]any{
 		"enable.idempotence":  true,

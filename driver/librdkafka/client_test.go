@@ -97,6 +97,26 @@ func TestProducerPartitionerDefault(t *testing.T) {
 	}
 }
 
+// The producer looks for a moved transaction coordinator at least every DefaultReconnectBackoffMax
+// unless the configuration says otherwise, in either map.
+func TestProducerReconnectBackoffDefault(t *testing.T) {
+	for _, c := range []struct {
+		name           string
+		base, producer map[string]any
+		want           any
+	}{
+		{"default", nil, nil, 1000},
+		{"producer", nil, map[string]any{"reconnect.backoff.max.ms": 10000}, 10000},
+		{"base", map[string]any{"reconnect.backoff.max.ms": 5000}, nil, 5000},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got := settings(c.base, c.producer, time.Minute)["reconnect.backoff.max.ms"]; got != c.want {
+				t.Errorf("reconnect.backoff.max.ms = %v, want %v", got, c.want)
+			}
+		})
+	}
+}
+
 // goharvest's own checks say so, and are not worded as Kafka's refusals.
 func TestOwnChecksAreNotWordedAsKafkas(t *testing.T) {
 	c := &confluentProducer{topics: map[string]topicState{}}
