@@ -70,14 +70,17 @@ chaos:
 	GOHARVEST_CHAOS=1 $(GO) test -count=1 -v -timeout 30m -run '^TestLongTransactionDelaysOnlyItsOwnRows$$' .
 	@echo; echo "figures:"; cat chaos-figures.txt
 
-## soak: the randomized soak (int/TestSoak): 3 reapers on 8 shards under load, every kind of fault
-## chosen at random on a schedule it prints first, then the checker and a figures summary.
-## SOAK bounds it (default 30m); SOAK_SEED=n replays a run's schedule; raise SOAK_TIMEOUT past SOAK + 5m.
+## soak: the randomized soaks, SOAK each (default 30m): int/TestSoak, 3 reapers on 8 shards under load,
+## every kind of fault chosen at random on a schedule it prints first; then int/TestSoakProduction,
+## the production settings' rig (3 nodes at Kafka's default timings, heartbeatTimeout 5s) with
+## random nodes restarted (SIGTERM) or crashed (SIGKILL) one after another. Each ends with the
+## checker and a figures summary. SOAK_SEED=n replays a run's choices; raise SOAK_TIMEOUT past
+## twice SOAK plus 10m.
 SOAK ?= 30m
 SOAK_SEED ?=
 SOAK_TIMEOUT ?= 3h
 soak:
-	GOHARVEST_SOAK=$(SOAK) SOAK_SEED=$(SOAK_SEED) $(GO) test -count=1 -v -run '^TestSoak$$' -timeout $(SOAK_TIMEOUT) ./int
+	GOHARVEST_SOAK=$(SOAK) SOAK_SEED=$(SOAK_SEED) $(GO) test -count=1 -v -run '^TestSoak(Production)?$$' -timeout $(SOAK_TIMEOUT) ./int
 
 ## monitoring: write monitoring/goharvest-rules.yaml (reaper rules for the default settings) and
 ## examples/kubernetes/prometheusrule.yaml (for its ConfigMap's settings) anew, after changing the rules

@@ -3,6 +3,8 @@ package int
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -377,4 +379,32 @@ func (w *shardWatch) stalls(from, to time.Time) ([]time.Duration, time.Duration)
 		allBack = max(allBack, endedAt.Sub(from))
 	}
 	return stalls, allBack
+}
+
+// TestSoakProduction is make soak's second half: the production rig above under broker faults
+// for the soak's duration, each a node chosen at random (SOAK_SEED replays the choices) that is
+// stopped as an operator stops it (SIGTERM) or crashes (SIGKILL), then started again once every
+// shard publishes. Every record must arrive, in order per key; the figures say what each event
+// cost, as the scenarios above do for one.
+func TestSoakProduction(t *testing.T) {
+	if os.Getenv("GOHARVEST_SOAK") == "" {
+		t.Skip("make soak")
+	}
+	duration, seed := soakSettings(t)
+	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
+	t.Logf("production soak for %v, SOAK_SEED=%d", duration, seed)
+	p := startProduction(t, nil)
+	end := time.Now().Add(duration)
+	for i := 0; time.Now().Before(end); i++ {
+		nodes := p.r.kafka.Nodes()
+		n := nodes[rng.IntN(len(nodes))]
+		// Coordinators move as nodes stop, so each event names what its node holds now.
+		roles := coordinatorRoles(t, p.r, productionShards).describe(n.ID)
+		if rng.IntN(2) == 0 {
+			p.event(fmt.Sprintf("%d: SIGTERM of node %d (%s)", i, n.ID, roles), n, func() { n.Terminate(2 * time.Minute) })
+		} else {
+			p.event(fmt.Sprintf("%d: SIGKILL of node %d (%s)", i, n.ID, roles), n, n.Kill)
+		}
+	}
+	p.finish(fmt.Sprintf("production soak (SOAK_SEED=%d, %v)", seed, duration))
 }
