@@ -213,8 +213,8 @@ type Limits struct {
 	// Default: HeartbeatTimeout / 2. Range: MinPollInterval to HeartbeatTimeout / 2.
 	MaxPollInterval time.Duration `yaml:"maxPollInterval"`
 
-	// HeartbeatTimeout is how long a leader may go without receiving its own heartbeat before it
-	// assumes it has lost its partitions and fences itself. The Kafka session timeout is derived
+	// HeartbeatTimeout is how long a leader may go without Kafka acknowledging one of its
+	// heartbeats before it assumes it has lost its partitions and fences itself. The Kafka session timeout is derived
 	// from it (twice this value), so that a leader always fences itself before the group can
 	// hand its partitions to another member; the broker's group.min.session.timeout.ms (6s by
 	// default in Kafka) therefore requires at least 3s against a default broker.

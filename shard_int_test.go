@@ -161,10 +161,10 @@ func TestShardedHarvestersShareTheOutboxAndHandOver(t *testing.T) {
 	dups := checkDelivered(t, v, expected)
 	t.Logf("%d records over %d shards, %d duplicates", keys*perKey, shards, dups)
 	if n := sr.events.count("LeaderFenced"); n > 0 {
-		// A harvester fences itself when its own heartbeat does not come back within the
+		// A harvester fences itself when Kafka acknowledges none of its heartbeats within the
 		// heartbeat timeout (1s here): a fault, or a machine too starved to run its loop.
 		load, _ := os.ReadFile("/proc/loadavg")
-		t.Errorf("harvesters fenced themselves %d times in a run without faults: each missed its heartbeat for the 1s timeout; with no fault injected, that is the election's loop starved of CPU (load average %s) or a fault in the election",
+		t.Errorf("harvesters fenced themselves %d times in a run without faults: each had no heartbeat acknowledged for the 1s timeout; with no fault injected, that is the election's loop starved of CPU (load average %s) or a fault in the election",
 			n, strings.TrimSpace(string(load)))
 	}
 }

@@ -511,7 +511,7 @@ func (p *reaper) scan(out io.Reader) {
 			}
 		case "remark requested":
 			p.remarks++
-		case "no heartbeat came back within the timeout; stepping down and rejoining the group":
+		case "no heartbeat acknowledged within the timeout; stepping down and rejoining the group":
 			p.fencedAt = line.Time
 			p.selfFenced = append(p.selfFenced, line.Time)
 		}

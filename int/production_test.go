@@ -245,7 +245,7 @@ func roundAll(ds []time.Duration) []time.Duration {
 
 // measureEvent runs do and measures what it cost, until every shard publishes again and, after
 // that, two heartbeat timeouts more: nothing announces that no further change is coming, and a
-// leader fences itself at most one timeout after its last heartbeat came back, its session ends at
+// leader fences itself at most one timeout after its last heartbeat was acknowledged, its session ends at
 // most two after the coordinator last heard from it.
 func measureEvent(t *testing.T, r *rig, w *shardWatch, reapers []*reaper, heartbeatTimeout time.Duration, name string, do func()) eventResult {
 	t.Helper()

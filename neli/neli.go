@@ -457,7 +457,7 @@ func (n *Neli) fenceIfSilent() {
 	if !silent {
 		return
 	}
-	n.log.Warn("no heartbeat came back within the timeout; stepping down and rejoining the group",
+	n.log.Warn("no heartbeat acknowledged within the timeout; stepping down and rejoining the group",
 		"heartbeatTimeout", n.cfg.HeartbeatTimeout)
 	n.events.Emit(SelfFenced{Partitions: led})
 	n.barrier(led)

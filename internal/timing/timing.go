@@ -50,8 +50,8 @@ func (e Election) WithDefaults() Election {
 }
 
 // MaxMinPollInterval is the longest MinPollInterval a heartbeat timeout allows: below half of it
-// (by a millisecond, librdkafka's unit), so that a leader publishes and reads back several
-// heartbeats within each timeout.
+// (by a millisecond, librdkafka's unit), so that a leader publishes, and has acknowledged,
+// several heartbeats within each timeout.
 func MaxMinPollInterval(heartbeatTimeout time.Duration) time.Duration {
 	return heartbeatTimeout/2 - time.Millisecond
 }
