@@ -465,6 +465,13 @@ const probeTopic = "kafkacluster.probe"
 // CreateTopic creates a topic with the broker's default replication and waits until every
 // partition has a leader.
 func (c *Cluster) CreateTopic(name string, partitions int) error {
+	return c.createTopic(kafka.TopicSpecification{Topic: name, NumPartitions: partitions, ReplicationFactor: -1}, allLed)
+}
+
+// createTopic creates spec's topic, unless it exists, and waits until its metadata shows all its
+// partitions and ready accepts them.
+func (c *Cluster) createTopic(spec kafka.TopicSpecification, ready func([]kafka.PartitionMetadata) bool) error {
+	name := spec.Topic
 	cm := kafka.ConfigMap{"bootstrap.servers": c.internalAddr(), "log_level": 0}
 	admin, err := kafka.NewAdminClient(&cm)
 	if err != nil {
@@ -473,7 +480,7 @@ func (c *Cluster) CreateTopic(name string, partitions int) error {
 	defer admin.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := admin.CreateTopics(ctx, []kafka.TopicSpecification{{Topic: name, NumPartitions: partitions, ReplicationFactor: -1}})
+	res, err := admin.CreateTopics(ctx, []kafka.TopicSpecification{spec})
 	if err != nil {
 		return fmt.Errorf("kafkacluster: create topic %s: %w", name, err)
 	}
@@ -485,13 +492,13 @@ func (c *Cluster) CreateTopic(name string, partitions int) error {
 	for ctx.Err() == nil {
 		md, err := admin.GetMetadata(&name, false, 5000)
 		if err == nil {
-			if t, ok := md.Topics[name]; ok && len(t.Partitions) == partitions && allLed(t.Partitions) {
+			if t, ok := md.Topics[name]; ok && len(t.Partitions) == spec.NumPartitions && ready(t.Partitions) {
 				return nil
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // the controller electing the new partitions' leaders
 	}
-	return fmt.Errorf("kafkacluster: topic %s: partitions without a leader after 30s", name)
+	return fmt.Errorf("kafkacluster: topic %s: partitions not led as wanted after 30s", name)
 }
 
 func allLed(ps []kafka.PartitionMetadata) bool {

@@ -3,8 +3,8 @@ package kafkacluster
 // Who leads what: for tests that fault one chosen broker and must know what it held.
 
 import (
-	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -34,23 +34,6 @@ func (c *Cluster) metadata(topic string) (*kafka.Metadata, error) {
 	return admin.GetMetadata(&topic, false, 10000)
 }
 
-// Leaders returns the node ID that leads each partition of topic.
-func (c *Cluster) Leaders(topic string) (map[int32]int, error) {
-	md, err := c.metadata(topic)
-	if err != nil {
-		return nil, fmt.Errorf("kafkacluster: leaders of %s: %w", topic, err)
-	}
-	t, ok := md.Topics[topic]
-	if !ok || t.Error.Code() != kafka.ErrNoError {
-		return nil, fmt.Errorf("kafkacluster: leaders of %s: %v", topic, t.Error)
-	}
-	leaders := map[int32]int{}
-	for _, p := range t.Partitions {
-		leaders[p.ID] = int(p.Leader)
-	}
-	return leaders, nil
-}
-
 // CreateTopicLedByOthers creates a topic whose partitions are replicated on every node and led
 // (preferred leader) by every node but avoid, in turn: a test can then fault avoid knowing it
 // leads none of them.
@@ -78,36 +61,10 @@ func (c *Cluster) CreateTopicLedByOthers(name string, partitions, avoid int) err
 		}
 		assignment[p] = replicas
 	}
-	cm := kafka.ConfigMap{"bootstrap.servers": c.internalAddr(), "log_level": 0}
-	admin, err := kafka.NewAdminClient(&cm)
-	if err != nil {
-		return err
-	}
-	defer admin.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := admin.CreateTopics(ctx, []kafka.TopicSpecification{{Topic: name, NumPartitions: partitions, ReplicaAssignment: assignment}})
-	if err != nil {
-		return fmt.Errorf("kafkacluster: create topic %s: %w", name, err)
-	}
-	for _, r := range res {
-		if r.Error.Code() != kafka.ErrNoError {
-			return fmt.Errorf("kafkacluster: create topic %s: %w", name, r.Error)
-		}
-	}
-	for ctx.Err() == nil {
-		if leaders, err := c.Leaders(name); err == nil && len(leaders) == partitions {
-			led := true
-			for _, l := range leaders {
-				led = led && l >= 0 && l != avoid
-			}
-			if led {
-				return nil
-			}
-		}
-		time.Sleep(50 * time.Millisecond) // the controller electing the new partitions' leaders
-	}
-	return fmt.Errorf("kafkacluster: topic %s: partitions without a leader after 30s", name)
+	return c.createTopic(kafka.TopicSpecification{Topic: name, NumPartitions: partitions, ReplicaAssignment: assignment},
+		func(ps []kafka.PartitionMetadata) bool {
+			return allLed(ps) && !slices.ContainsFunc(ps, func(p kafka.PartitionMetadata) bool { return p.Leader == int32(avoid) })
+		})
 }
 
 // WaitInSync waits until every partition of every topic has all its replicas in sync: after a
