@@ -99,7 +99,7 @@ demo:
 ## image: the reaper's container image, with podman (or docker when podman is missing):
 ## FROM scratch, a static binary built here with musl (Debian: musl-tools), CA certificates,
 ## user 65532. `make image IMAGE=registry.example.com/reaper:v1 VERSION=v1` names it.
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+VERSION ?= $(shell sed -n 's/^const Version = "\(.*\)"$$/\1/p' version.go)
 IMAGE ?= goharvest/reaper:$(VERSION)
 CONTAINER_ENGINE ?= $(shell command -v podman || command -v docker)
 CA_CERTS ?= /etc/ssl/certs/ca-certificates.crt
