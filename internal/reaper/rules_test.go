@@ -110,10 +110,10 @@ func alertNames(rules RuleGroups) []string {
 	return names
 }
 
-// Each alert's runbook_url leads to README's section of that name, and README has a runbook for
-// no alert that does not exist.
-func TestRunbooksAreREADMESections(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+// Each alert's runbook_url leads to docs/monitoring.md's section of that name, and that page has
+// a runbook for no alert that does not exist.
+func TestRunbooksAreDocsSections(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "docs", "monitoring.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,14 +134,14 @@ func TestRunbooksAreREADMESections(t *testing.T) {
 			url := r.Annotations["runbook_url"]
 			anchor, ok := strings.CutPrefix(url, RunbookBase)
 			if !ok || !anchors[anchor] {
-				t.Errorf("%s: runbook_url %s leads to no README section", r.Alert, url)
+				t.Errorf("%s: runbook_url %s leads to no section of docs/monitoring.md", r.Alert, url)
 			}
 		}
 	}
 	names := alertNames(rules)
 	for _, heading := range runbooks {
 		if !slices.Contains(names, heading) {
-			t.Errorf("README has a runbook for %s, which is no alert", heading)
+			t.Errorf("docs/monitoring.md has a runbook for %s, which is no alert", heading)
 		}
 	}
 }
