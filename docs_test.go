@@ -1,12 +1,13 @@
 package goharvest
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/goharvest/goharvest/internal/mdanchor"
 )
 
 // The pages a reader follows from README: what the tests below hold to the code and to each other.
@@ -78,7 +79,6 @@ var (
 	fencedBlock = regexp.MustCompile("(?ms)^```.*?^```[ \t]*$")
 	codeSpan    = regexp.MustCompile("`[^`\n]*`")
 	linkTarget  = regexp.MustCompile(`\]\(([^)\s]+)\)`)
-	heading     = regexp.MustCompile(`(?m)^#{1,6} (.+?)[ \t]*$`)
 )
 
 // Every relative link of README, CHANGELOG and docs/ leads to a file that exists, and every
@@ -106,38 +106,11 @@ func TestDocsLinksResolve(t *testing.T) {
 			}
 			if !strings.HasSuffix(dest, ".md") {
 				t.Errorf("%s: link %s: an anchor into a file that is not Markdown", page, target)
-			} else if !pageAnchors(t, dest)[anchor] {
+			} else if _, ok := mdanchor.Anchors(readPage(t, dest))[anchor]; !ok {
 				t.Errorf("%s: link %s: %s has no heading with that anchor", page, target, dest)
 			}
 		}
 	}
-}
-
-// pageAnchors returns the fragments GitHub gives the headings of a Markdown file: lower case,
-// spaces to hyphens, punctuation dropped, and -1, -2 ... after repeats.
-func pageAnchors(t *testing.T, path string) map[string]bool {
-	t.Helper()
-	anchors := map[string]bool{}
-	seen := map[string]int{}
-	for _, m := range heading.FindAllStringSubmatch(fencedBlock.ReplaceAllString(readPage(t, path), ""), -1) {
-		var b strings.Builder
-		for _, r := range strings.ToLower(m[1]) {
-			switch {
-			case r == ' ':
-				b.WriteRune('-')
-			case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9':
-				b.WriteRune(r)
-			}
-		}
-		a := b.String()
-		if n := seen[a]; n > 0 {
-			anchors[fmt.Sprintf("%s-%d", a, n)] = true
-		} else {
-			anchors[a] = true
-		}
-		seen[a]++
-	}
-	return anchors
 }
 
 func readPage(t *testing.T, path string) string {
