@@ -35,7 +35,7 @@ kafka:
 	$(GO) run ./internal/kafkacluster/fetchjars
 
 ## kafka-versions: the tests of Kafka's semantics (the election, the harvester on Kafka, the
-## fixture) on each Kafka version README lists as tested: the oldest and the newest 4.x served
+## fixture) on each Kafka version docs/operations.md lists as tested: the oldest and the newest 4.x served
 KAFKA_VERSIONS ?= 4.0.1 4.4.0
 kafka-versions:
 	$(GO) run ./internal/kafkacluster/fetchjars $(KAFKA_VERSIONS)
@@ -63,7 +63,7 @@ bench: kafka
 		| $(GO) run ./internal/benchtable
 
 ## chaos: the long variants of the fault-tolerance suite (int/), and a writing transaction held open
-## for ten minutes; prints the figures README reports
+## for ten minutes; prints the figures docs/reliability.md reports
 chaos:
 	rm -f chaos-figures.txt
 	GOHARVEST_CHAOS=1 GOHARVEST_CHAOS_FIGURES=$(CURDIR)/chaos-figures.txt $(GO) test -count=1 -v -timeout 60m ./int
@@ -89,7 +89,7 @@ monitoring:
 	cd examples/kubernetes && GOHARVEST_UPDATE_MONITORING=1 $(GO) test -count=1 -run '^TestPrometheusRuleFollowsTheReaperConfig$$' .
 
 ## status-page-screenshot: run the status page's browser test and keep its screenshot as
-## docs/status-page.png, which README shows (needs chromium, Postgres and Kafka like make test)
+## docs/status-page.png, which docs/monitoring.md shows (needs chromium, Postgres and Kafka like make test)
 status-page-screenshot: kafka
 	GOHARVEST_STATUS_SCREENSHOT=$(CURDIR)/docs/status-page.png $(GO) test -count=1 -run '^TestStatusPageInABrowser$$' ./internal/reaper
 
@@ -102,7 +102,7 @@ demo:
 ## image: the reaper's container image, with podman (or docker when podman is missing):
 ## FROM scratch, a static binary built here with musl (Debian: musl-tools), CA certificates,
 ## user 65532. `make image IMAGE=registry.example.com/reaper:v1 VERSION=v1` names it.
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+VERSION ?= $(shell sed -n 's/^const Version = "\(.*\)"$$/\1/p' version.go)
 IMAGE ?= goharvest/reaper:$(VERSION)
 CONTAINER_ENGINE ?= $(shell command -v podman || command -v docker)
 CA_CERTS ?= /etc/ssl/certs/ca-certificates.crt

@@ -33,8 +33,8 @@ import (
 	"github.com/goharvest/goharvest/stasher"
 )
 
-// The benchmarks share one setup, which README's figures name: a throwaway Postgres with its
-// default durability (fsync and synchronous commit on), a Kafka-protocol broker (kfake) in a
+// The benchmarks share one setup, which docs/performance.md's figures name: a throwaway Postgres
+// with its default durability (fsync and synchronous commit on), a Kafka-protocol broker (kfake) in a
 // child process, so that the CPU this process uses is the harvester's (plus the benchmark's own
 // writers and consumer, where it has them), a topic of 16 partitions, values of 256 bytes, and
 // one harvester with its default limits (heartbeat timeout 1s so that it leads sooner).

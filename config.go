@@ -140,14 +140,14 @@ type Config struct {
 	// once) carries the same id, so consumers can drop repeats. Default: "" (no such header).
 	IDHeader string `yaml:"idHeader"`
 
-	// ClaimStrategy is how an epoch claims the rows it publishes (see README, How rows are
-	// claimed). ClaimRead reads them and writes nothing to a row but its purge; ClaimMark, the
+	// ClaimStrategy is how an epoch claims the rows it publishes (see docs/how-it-works.md, How
+	// rows are claimed). ClaimRead reads them and writes nothing to a row but its purge; ClaimMark, the
 	// original goharvest's mark-and-purge, sets each row's leader_id first, an UPDATE per record.
 	// Either keeps every guarantee. Default: DefaultClaimStrategy.
 	ClaimStrategy ClaimStrategy `yaml:"claimStrategy"`
 
 	// Shards splits the outbox by key into this many shards, each published by one harvester at a
-	// time, so that several harvesters publish at once (see README, Scaling out). A record's shard
+	// time, so that several harvesters publish at once (see docs/operations.md, Scaling out). A record's shard
 	// is outbox.Shard of its key; the leader topic gets one partition per shard, and each shard has
 	// a transactional ID of its own. Every harvester of the group must have the same value. With
 	// more than one, the outbox needs the index outbox.ShardIndexDDL makes. Default 1 (range 1 to
@@ -173,7 +173,7 @@ type Config struct {
 	// no default.
 	Kafka driver.Kafka `yaml:"-"`
 
-	// MetricsRegisterer receives the harvester's Prometheus metrics (see README for the list).
+	// MetricsRegisterer receives the harvester's Prometheus metrics (see docs/monitoring.md for the list).
 	// Default: prometheus.DefaultRegisterer.
 	MetricsRegisterer prometheus.Registerer `yaml:"-"`
 

@@ -38,5 +38,5 @@
 // package neli; the default in a build with cgo). Config.DatabaseBindingProvider and
 // Config.Kafka take others, and the root package itself builds without cgo.
 //
-// README.md has the guarantees in full, the table's schema, operations and the figures.
+// README.md and docs/ have the guarantees in full, the table's schema, operations and the figures.
 package goharvest

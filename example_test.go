@@ -156,9 +156,8 @@ func ExampleHarvest_Run() {
 	// published
 }
 
-// publishOutbox is what a Go service runs to publish its outbox, word for word what README shows
-// under "Running the harvester in a Go service" (TestReadmeEmbeddingExampleCompiles holds them
-// equal).
+// publishOutbox is what a Go service runs to publish its outbox, word for word what README.md and
+// docs/getting-started.md show (TestDocsQuoteTheExamples holds them equal).
 func publishOutbox(ctx context.Context, bootstrapServers, dataSource string) error {
 	h, err := goharvest.New(goharvest.Config{
 		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": bootstrapServers},

@@ -363,7 +363,7 @@ func TestIDHeaderIsTheSameOnEveryPublish(t *testing.T) {
 	t.Logf("%d messages for %d records", len(got), n)
 }
 
-// debeziumOutboxSQL is the README's recipe: a Debezium-style outbox table, given the three
+// debeziumOutboxSQL is docs/messages.md's recipe: a Debezium-style outbox table, given the three
 // columns goharvest needs (a bigint sequence to order by, a creation time, leader_id), and a
 // view that shows it to goharvest under its own column names. The notification trigger goes on
 // the table, where rows are inserted, and notifies the view's channel.

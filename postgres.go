@@ -85,7 +85,7 @@ func DeadLetterNow(ctx context.Context, dataSource, outboxTable string, id int64
 
 // Requeue moves the row with the given id from the dead-letter table back into the outbox, and
 // returns its new id: it goes to the tail, behind every record written meanwhile, so it is
-// published after its key's later records (see README, "When a row cannot be published").
+// published after its key's later records (see docs/monitoring.md, "When a row cannot be published").
 func Requeue(ctx context.Context, dataSource, outboxTable string, id int64) (int64, error) {
 	return postgres.Requeue(ctx, dataSource, outboxTable, id)
 }

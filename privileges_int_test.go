@@ -15,8 +15,8 @@ import (
 	"github.com/goharvest/goharvest/stasher"
 )
 
-// The privileges README lists are enough, with no superuser anywhere: an owner role with only
-// CREATE on the schema runs what reaper init runs, a writer role with INSERT on the table and
+// The privileges docs/operations.md lists are enough, with no superuser anywhere: an owner role
+// with only CREATE on the schema runs what reaper init runs, a writer role with INSERT on the table and
 // USAGE on its sequence stashes, and a harvester role with SELECT, UPDATE (leader_id) and DELETE
 // publishes everything and hears the notifications.
 func TestHarvestWithLeastPrivileges(t *testing.T) {

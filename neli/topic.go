@@ -41,7 +41,7 @@ func (n *Neli) ensureTopic(ctx context.Context) error {
 			return nil
 		case have > want:
 			return &fatalError{fmt.Errorf("neli: leader topic %s has %d partitions, more than the %d configured: "+
-				"Kafka cannot remove partitions, so use a new leader topic for fewer (see README, Scaling out)", topic, have, want)}
+				"Kafka cannot remove partitions, so use a new leader topic for fewer (see docs/operations.md, Scaling out)", topic, have, want)}
 		}
 		results, err = admin.CreatePartitions(createCtx, []kafka.PartitionsSpecification{{Topic: topic, IncreaseTo: want}})
 		if err != nil {

@@ -36,7 +36,7 @@ type TableOptions struct {
 	// Bytea makes kafka_key and kafka_value BYTEA and kafka_header_values BYTEA[], for binary
 	// payloads (Avro, Protobuf, Schema Registry framing), published byte for byte. The default
 	// is text: VARCHAR key and value, TEXT[] header values. (The harvester reads either, and
-	// json/jsonb values too; see README, Messages.)
+	// json/jsonb values too; see docs/messages.md.)
 	Bytea bool
 	// Shards, when 2 or more, adds the index that each shard's mark walks (see ShardIndexDDL).
 	// The default, 0, and 1 add none: one harvester walks the primary key.

@@ -19,30 +19,7 @@ func Example() {
 	}
 	defer db.Close()
 
-	st, err := stasher.New("outbox")
-	if err != nil {
-		panic(err)
-	}
-
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		panic(err)
-	}
-	defer tx.Rollback()
-
-	if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, status) VALUES (42, 'placed')"); err != nil {
-		panic(err)
-	}
-	err = st.Stash(ctx, tx, outbox.Record{
-		KafkaTopic:   "orders",
-		KafkaKey:     "42",
-		KafkaValue:   outbox.String(`{"status":"placed"}`),
-		KafkaHeaders: outbox.Headers{{Key: "source", Value: "order-service"}},
-	})
-	if err != nil {
-		panic(err)
-	}
-	if err := tx.Commit(); err != nil {
+	if err := placeOrder(ctx, db); err != nil {
 		panic(err)
 	}
 
@@ -53,4 +30,34 @@ func Example() {
 	}
 	fmt.Println(topic, key, value)
 	// Output: orders 42 {"status":"placed"}
+}
+
+// placeOrder writes an order and the message that announces it in one transaction, word for word
+// what docs/getting-started.md shows (TestDocsQuoteTheExamples, in the root package, holds them
+// equal).
+func placeOrder(ctx context.Context, db *sql.DB) error {
+	st, err := stasher.New("outbox")
+	if err != nil {
+		return err
+	}
+
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+
+	if _, err := tx.ExecContext(ctx, "INSERT INTO orders (id, status) VALUES (42, 'placed')"); err != nil {
+		return err
+	}
+	err = st.Stash(ctx, tx, outbox.Record{
+		KafkaTopic:   "orders",
+		KafkaKey:     "42",
+		KafkaValue:   outbox.String(`{"status":"placed"}`),
+		KafkaHeaders: outbox.Headers{{Key: "source", Value: "order-service"}},
+	})
+	if err != nil {
+		return err
+	}
+	return tx.Commit()
 }

@@ -1,5 +1,5 @@
 // Command reaper publishes a Postgres transactional outbox to Kafka, as a sidecar to services
-// written in any language. See README.md and examples/.
+// written in any language. See README.md, docs/ and examples/.
 package main
 
 import (

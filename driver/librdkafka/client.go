@@ -43,7 +43,7 @@ const (
 	// coordinator crashed asks for the new one only when a connection to the old one fails
 	// again, and librdkafka spaces those attempts out up to this: at 10s the shards of that
 	// coordinator published again 14-20s after the crash, at 1s with every other shard, about a
-	// second after Kafka fenced the broker (README, Cluster events). The cost is a connection
+	// second after Kafka fenced the broker (docs/operations.md, Cluster events). The cost is a connection
 	// attempt a second to a broker that stays down.
 	DefaultReconnectBackoffMax = time.Second
 )

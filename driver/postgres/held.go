@@ -24,7 +24,7 @@ func newHeldSQL(outboxTable string) heldSQL {
 	dead, _ := pgname.QuoteTable(outbox.DeadLetterTable(outboxTable))
 	// A row's version is a hash of what would be published: an operator's fix changes it, a
 	// harvester's mark (leader_id) does not, and it can be read through a view (which has no
-	// xmin), such as the one README's recipe for Debezium-style tables makes.
+	// xmin), such as the one docs/messages.md's recipe for Debezium-style tables makes.
 	const version = `md5(row(kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)::text)`
 	return heldSQL{
 		markExcept: markStatement(table, ` AND kafka_key <> ALL($3)`, "id"),
@@ -135,7 +135,7 @@ func DeadLetterNow(ctx context.Context, dataSource, outboxTable string, id int64
 
 // Requeue moves the row with the given id from the dead-letter table back into the outbox, and
 // returns its new id: it goes to the tail, behind every record written meanwhile, so it is
-// published after its key's later records (see README, "When a row cannot be published").
+// published after its key's later records (see docs/monitoring.md, "When a row cannot be published").
 func Requeue(ctx context.Context, dataSource, outboxTable string, id int64) (int64, error) {
 	var newID int64
 	err := withHeldSQL(ctx, dataSource, outboxTable, func(conn *pgx.Conn, q heldSQL) error {

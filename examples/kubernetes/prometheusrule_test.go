@@ -61,7 +61,7 @@ func writePrometheusRule(t *testing.T, group string, rules reaper.RuleGroups) {
 	t.Helper()
 	var b bytes.Buffer
 	b.WriteString(`# goharvest's alerting rules for the reapers of billing-api, for the Prometheus Operator: the
-# rules of reaper rules -f reaper.yaml (see README, "Watching it run"), with thresholds derived
+# rules of reaper rules -f reaper.yaml (see docs/monitoring.md), with thresholds derived
 # from the ConfigMap's settings. The Prometheus resource's ruleSelector must match its labels.
 # Made by examples/kubernetes's test (GOHARVEST_UPDATE_MONITORING=1), which checks it stays so.
 `)

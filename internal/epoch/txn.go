@@ -29,8 +29,8 @@ const txnGather = time.Millisecond
 // as a lone one. Measured (DrainShards, one process, 8 shards against 1, 2-core machine): with 10
 // ms for each epoch a transaction carried 255 records against one shard's 800, and the relay
 // spent 25 to 32% more CPU per record; spaced by busy epochs, 560 to 650 records per purge
-// against 520 to 660, and 3% more over six runs (README, Performance). Counting the transactions
-// open at the moment instead came to 2 or 3 of the 8 busy epochs, since an epoch's transaction
+// against 520 to 660, and 3% more over six runs (make bench BENCH='Drain$|DrainShards' on a 2-core
+// VM). Counting the transactions open at the moment instead came to 2 or 3 of the 8 busy epochs, since an epoch's transaction
 // stays empty from its commit until the purges free its keys' next records. What it costs: under
 // a backlog of many keys a key's next record waits up to the linger for its commit (see
 // MaxKeyRun); a transaction that cannot grow still commits at once (when the marked records' keys

@@ -12,7 +12,7 @@ import (
 )
 
 // DefaultVersion is the Kafka version tests run unless GOHARVEST_KAFKA_VERSION names another.
-// README lists the versions tested; `make kafka-versions` runs the Kafka tests on each.
+// docs/operations.md lists the versions tested; `make kafka-versions` runs the Kafka tests on each.
 const DefaultVersion = "4.4.0"
 
 // EnvVersion picks the Kafka version; EnvCache the directory the jars are kept in.

@@ -387,7 +387,7 @@ func (a ACL) pattern() kafka.ResourcePatternType {
 	return a.Pattern
 }
 
-// String reads as README lists ACLs: "WRITE on TransactionalId goharvest.g (PREFIXED)".
+// String reads as docs/operations.md lists ACLs: "WRITE on TransactionalId goharvest.g (PREFIXED)".
 func (a ACL) String() string {
 	s := fmt.Sprintf("%s on %s %s", a.Operation, resourceName(a.Resource), a.Name)
 	if a.pattern() == kafka.ResourcePatternTypePrefixed {

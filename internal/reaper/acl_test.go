@@ -41,7 +41,7 @@ func (r *aclRig) newCase(t *testing.T, shards int) aclCase {
 	return c
 }
 
-// aclNeed is one ACL README lists, and what the reaper does without it: stop with an error
+// aclNeed is one ACL docs/operations.md lists, and what the reaper does without it: stop with an error
 // that says what to grant, or keep running (holding back the records it cannot publish) and log it.
 type aclNeed struct {
 	acl   kafkacluster.ACL
@@ -49,9 +49,9 @@ type aclNeed struct {
 	says  string
 }
 
-// readmeACLs are the ACLs README's table lists for case c (see TestREADMEListsTheTestedACLs),
+// docsACLs are the ACLs docs/operations.md's table lists for case c (see TestDocsListTheTestedACLs),
 // with the leader topic created by the reaper.
-func (c aclCase) readmeACLs() []aclNeed {
+func (c aclCase) docsACLs() []aclNeed {
 	allow := func(op kafka.ACLOperation, rt kafka.ResourceType, name string) kafkacluster.ACL {
 		return kafkacluster.ACL{User: c.user, Operation: op, Resource: rt, Name: name}
 	}
@@ -234,7 +234,7 @@ func (r *aclRig) written(t *testing.T, topic string) int64 {
 	return sum
 }
 
-// The reaper publishes with exactly the ACLs README lists, one harvester or shards, runs of keys
+// The reaper publishes with exactly the ACLs docs/operations.md lists, one harvester or shards, runs of keys
 // and notes included; without any one of them it publishes nothing and loses nothing, and says
 // what to grant: it stops, or, for a target topic it may not write, holds back that topic's
 // records and logs it.
@@ -243,15 +243,15 @@ func TestReaperACLs(t *testing.T) {
 	const records = 20
 	for _, shards := range []int{1, 4} {
 		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
-			t.Run("README's ACLs", func(t *testing.T) {
+			t.Run("the documented ACLs", func(t *testing.T) {
 				c := rig.newCase(t, shards)
 				dsn, pool := prepareOutbox(t, c, records)
-				rig.grant(t, c.readmeACLs())
+				rig.grant(t, c.docsACLs())
 				rig.startReaper(t, c, dsn).drains(t, "the outbox drained", pool)
 			})
-			for i := range len(aclCase{shards: shards}.readmeACLs()) {
+			for i := range len(aclCase{shards: shards}.docsACLs()) {
 				c := rig.newCase(t, shards)
-				needs := c.readmeACLs()
+				needs := c.docsACLs()
 				missing := needs[i]
 				t.Run("without "+strings.ReplaceAll(missing.acl.String(), c.group, "<group>"), func(t *testing.T) {
 					dsn, pool := prepareOutbox(t, c, records)
@@ -277,7 +277,7 @@ func TestReaperACLs(t *testing.T) {
 			t.Run("another principal without the transactional ID", func(t *testing.T) {
 				c := rig.newCase(t, shards)
 				dsn, pool := prepareOutbox(t, c, records)
-				rig.grant(t, c.readmeACLs())
+				rig.grant(t, c.docsACLs())
 				run := rig.startReaper(t, c, dsn)
 				eventually(t, "the outbox drained", 60*time.Second, func() (bool, string) {
 					return outboxRows(t, pool) == 0, run.logs.String()
@@ -285,7 +285,7 @@ func TestReaperACLs(t *testing.T) {
 				intruder := c
 				intruder.user = c.user + "-other"
 				rig.kafka.NewUser(t, intruder.user)
-				needs := intruder.readmeACLs()
+				needs := intruder.docsACLs()
 				rig.grant(t, needs[1:])
 				other := rig.startReaper(t, intruder, dsn)
 				eventually(t, "the other principal's reaper in the election", 30*time.Second, func() (bool, string) {
@@ -311,7 +311,7 @@ func TestReaperACLs(t *testing.T) {
 		c := rig.newCase(t, 4)
 		rig.kafka.Topic(t, c.leaderTopic, 1)
 		dsn, pool := prepareOutbox(t, c, records)
-		rig.grant(t, c.readmeACLs())
+		rig.grant(t, c.docsACLs())
 		run := rig.startReaper(t, c, dsn)
 		run.stops(t, "grant CREATE and ALTER on it")
 		checkNothingPublished(t, rig, c, pool, records, run)
@@ -332,17 +332,17 @@ func checkNothingPublished(t *testing.T, rig *aclRig, c aclCase, pool *pgxpool.P
 	}
 }
 
-// README's table of ACLs is what TestReaperACLs grants, for one leader and for shards, and ALTER
+// docs/operations.md's table of ACLs is what TestReaperACLs grants, for one leader and for shards, and ALTER
 // on the leader topic, which growing it needs: no more, no fewer.
-func TestREADMEListsTheTestedACLs(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+func TestDocsListTheTestedACLs(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	const header = "| Operation | Resource | Name | Pattern | Why |"
 	_, table, ok := strings.Cut(string(readme), header+"\n|---|---|---|---|---|\n")
 	if !ok {
-		t.Fatalf("README.md has no table headed %q", header)
+		t.Fatalf("docs/operations.md has no table headed %q", header)
 	}
 	var listed []string
 	for line := range strings.Lines(table) {
@@ -351,7 +351,7 @@ func TestREADMEListsTheTestedACLs(t *testing.T) {
 		}
 		cells := strings.Split(strings.Trim(strings.TrimSpace(line), "|"), " | ")
 		if len(cells) != 5 {
-			t.Fatalf("README's ACL row %q has %d cells, want 5", line, len(cells))
+			t.Fatalf("docs/operations.md's ACL row %q has %d cells, want 5", line, len(cells))
 		}
 		row := fmt.Sprintf("%s on %s %s", strings.TrimSpace(cells[0]), cells[1], strings.Trim(cells[2], "`"))
 		if cells[3] == "PREFIXED" {
@@ -363,7 +363,7 @@ func TestREADMEListsTheTestedACLs(t *testing.T) {
 	for _, shards := range []int{1, 4} {
 		c := aclCase{user: "u", group: "GROUP", leaderTopic: "LEADER", topic: "TOPIC", shards: shards}
 		placeholders := strings.NewReplacer("LEADER", "<leaderTopic>", "TOPIC", "<topic>", "GROUP", "<leaderGroupID>")
-		for _, need := range c.readmeACLs() {
+		for _, need := range c.docsACLs() {
 			tested = append(tested, placeholders.Replace(need.acl.String()))
 		}
 		if shards > 1 {
@@ -374,6 +374,6 @@ func TestREADMEListsTheTestedACLs(t *testing.T) {
 	tested = slices.Compact(tested)
 	slices.Sort(listed)
 	if !slices.Equal(listed, tested) {
-		t.Fatalf("README lists the ACLs\n\t%s\nthe tests grant\n\t%s", strings.Join(listed, "\n\t"), strings.Join(tested, "\n\t"))
+		t.Fatalf("docs/operations.md lists the ACLs\n\t%s\nthe tests grant\n\t%s", strings.Join(listed, "\n\t"), strings.Join(tested, "\n\t"))
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
-	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -172,20 +171,18 @@ func (l Logging) Logger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// version is stamped at link time by builds that know it: make image passes
+// version is stamped at link time by builds that name their own: make image passes
 // -ldflags "-X github.com/goharvest/goharvest/internal/reaper.version=...".
 var version string
 
-// Version is the reaper's version: the one stamped at link time, else the module's version from
-// the build information (as go install ...@v1.2.3 records it), else "dev".
+// Version is the reaper's version: the one stamped at link time, else goharvest.Version, the
+// release this source is (CHANGELOG.md's newest). The module version Go records in a build is
+// not used: for a build in a clone it is a pseudo-version that no changelog names.
 func Version() string {
 	if version != "" {
 		return version
 	}
-	if info, ok := debug.ReadBuildInfo(); ok && info.Main.Version != "" && info.Main.Version != "(devel)" {
-		return info.Main.Version
-	}
-	return "dev"
+	return goharvest.Version
 }
 
 const usage = `usage:

@@ -5,9 +5,13 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/goharvest/goharvest"
 )
 
 func env(vars map[string]string) func(string) (string, bool) {
@@ -142,14 +146,50 @@ func TestMainMissingFile(t *testing.T) {
 }
 
 func TestMainVersionAndHelp(t *testing.T) {
+	// Unstamped, as go build and go install make it, the reaper reports the release its source
+	// is, which TestVersionIsChangelogsNewestRelease holds to CHANGELOG.md.
 	for _, args := range [][]string{{"--version"}, {"version"}} {
 		var stdout bytes.Buffer
-		if code := Main(args, Env{Stdout: &stdout, Stderr: &stdout, Context: context.Background()}); code != ExitOK || !strings.HasPrefix(stdout.String(), "reaper ") {
-			t.Fatalf("%v: exit %d, %q", args, code, stdout.String())
+		if code := Main(args, Env{Stdout: &stdout, Stderr: &stdout, Context: context.Background()}); code != ExitOK || stdout.String() != "reaper "+goharvest.Version+"\n" {
+			t.Fatalf("%v: exit %d, %q, want %q", args, code, stdout.String(), "reaper "+goharvest.Version+"\n")
 		}
 	}
 	var stdout bytes.Buffer
 	if code := Main([]string{"-h"}, Env{Stdout: &stdout, Stderr: &stdout, Context: context.Background()}); code != ExitOK || !strings.Contains(stdout.String(), "reaper init") {
 		t.Fatalf("help: exit %d, %q", code, stdout.String())
+	}
+}
+
+// docs/configuration.md lists every key of reaper.yaml outside harvest: (whose keys
+// TestDocsConfigTableMatchesConfig holds to goharvest.Config), and no key the file does not have.
+func TestDocsListTheReaperSections(t *testing.T) {
+	page, err := os.ReadFile(filepath.Join("..", "..", "docs", "configuration.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const header = "| Key | Default | Meaning |\n|---|---|---|\n"
+	_, table, ok := strings.Cut(string(page), header)
+	if !ok {
+		t.Fatalf("docs/configuration.md has no table headed %q", strings.TrimSpace(header))
+	}
+	table, _, _ = strings.Cut(table, "\n\n")
+	var listed []string
+	for _, row := range strings.Split(table, "\n") {
+		key, _, _ := strings.Cut(strings.TrimPrefix(row, "| "), " |")
+		listed = append(listed, strings.Trim(key, "`"))
+	}
+	var want []string
+	for section, v := range map[string]any{"admin": Admin{}, "logging": Logging{}} {
+		typ := reflect.TypeOf(v)
+		for i := range typ.NumField() {
+			if tag := typ.Field(i).Tag.Get("yaml"); tag != "" && tag != "-" {
+				want = append(want, section+"."+strings.Split(tag, ",")[0])
+			}
+		}
+	}
+	slices.Sort(listed)
+	slices.Sort(want)
+	if !slices.Equal(listed, want) {
+		t.Errorf("docs/configuration.md lists the reaper's keys %v; reaper.yaml has %v", listed, want)
 	}
 }

@@ -11,9 +11,9 @@ import (
 	"github.com/goharvest/goharvest"
 )
 
-// RunbookBase is where each alert's runbook_url points: README's section for that alert, whose
-// heading is the alert's name.
-const RunbookBase = "https://github.com/goharvest/goharvest/blob/main/README.md#"
+// RunbookBase is where each alert's runbook_url points: the section of docs/monitoring.md for
+// that alert, whose heading is the alert's name.
+const RunbookBase = "https://github.com/goharvest/goharvest/blob/main/docs/monitoring.md#"
 
 // DefaultSustained is how long trouble that may pass by itself (errors, failing readiness) must
 // last before an alert fires, unless reaper rules -sustained says otherwise.
@@ -144,7 +144,7 @@ func AlertRules(h goharvest.Config, sustained time.Duration) RuleGroups {
 func RulesFile(h goharvest.Config, sustained time.Duration) []byte {
 	var b bytes.Buffer
 	l := h.Limits
-	fmt.Fprintf(&b, `# goharvest's alerting rules, made by reaper rules (see README, "Watching it run").
+	fmt.Fprintf(&b, `# goharvest's alerting rules, made by reaper rules (see docs/monitoring.md).
 # Thresholds that depend on the reapers' timing are derived from these settings; for others,
 # regenerate: reaper rules -f reaper.yaml [-sustained 2m] > goharvest-rules.yaml
 #   heartbeatTimeout: %s   heldCheckInterval: %s   backlogSampleInterval: %s   queueTimeout: %s

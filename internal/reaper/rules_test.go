@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/mdanchor"
 )
 
 // monitoringDir holds what operators install: the rule file, its unit tests, the dashboard.
@@ -110,19 +110,18 @@ func alertNames(rules RuleGroups) []string {
 	return names
 }
 
-// Each alert's runbook_url leads to README's section of that name, and README has a runbook for
-// no alert that does not exist.
-func TestRunbooksAreREADMESections(t *testing.T) {
-	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+// Each alert's runbook_url leads to docs/monitoring.md's section of that name, and that page has
+// a runbook for no alert that does not exist.
+func TestRunbooksAreDocsSections(t *testing.T) {
+	page, err := os.ReadFile(filepath.Join("..", "..", "docs", "monitoring.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	anchors := map[string]bool{}
+	anchors := mdanchor.Anchors(string(page))
 	var runbooks []string
-	for _, m := range regexp.MustCompile(`(?m)^#+ (.+)$`).FindAllStringSubmatch(string(readme), -1) {
-		anchors[githubAnchor(m[1])] = true
-		if strings.HasPrefix(m[1], "Goharvest") {
-			runbooks = append(runbooks, m[1])
+	for _, h := range anchors {
+		if strings.HasPrefix(h, "Goharvest") {
+			runbooks = append(runbooks, h)
 		}
 	}
 	rules := AlertRules(defaultSettings(), DefaultSustained)
@@ -133,32 +132,17 @@ func TestRunbooksAreREADMESections(t *testing.T) {
 			}
 			url := r.Annotations["runbook_url"]
 			anchor, ok := strings.CutPrefix(url, RunbookBase)
-			if !ok || !anchors[anchor] {
-				t.Errorf("%s: runbook_url %s leads to no README section", r.Alert, url)
+			if _, found := anchors[anchor]; !ok || !found {
+				t.Errorf("%s: runbook_url %s leads to no section of docs/monitoring.md", r.Alert, url)
 			}
 		}
 	}
 	names := alertNames(rules)
 	for _, heading := range runbooks {
 		if !slices.Contains(names, heading) {
-			t.Errorf("README has a runbook for %s, which is no alert", heading)
+			t.Errorf("docs/monitoring.md has a runbook for %s, which is no alert", heading)
 		}
 	}
-}
-
-// githubAnchor is the fragment GitHub gives a heading: lower case, spaces to hyphens,
-// punctuation dropped.
-func githubAnchor(heading string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
-		switch {
-		case r == ' ':
-			b.WriteRune('-')
-		case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9':
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
 }
 
 // tool returns the path of a program the test needs; make test runs where .ci/run installed it,

@@ -27,7 +27,7 @@ import (
 // key and error, the throughput chart, the log's last errors, the version and the settings
 // without their secrets. It loads nothing and reloads itself. With admin.hideKeys the held
 // row's key is shown nowhere on the admin port. GOHARVEST_STATUS_SCREENSHOT names where to save
-// the screenshot (make status-page-screenshot: docs/status-page.png, which README shows).
+// the screenshot (make status-page-screenshot: docs/status-page.png, which docs/monitoring.md shows).
 func TestStatusPageInABrowser(t *testing.T) {
 	chromium, err := exec.LookPath("chromium")
 	if err != nil {
@@ -156,7 +156,7 @@ admin:
 		return strings.Count(page.points, ",") >= 5 && !strings.Contains(page.text, "peak 0/s"), page.text
 	})
 	if os.Getenv("GOHARVEST_STATUS_SCREENSHOT") != "" {
-		// For README's picture, a chart with some history: another load, and half a minute.
+		// For the docs' picture, a chart with some history: another load, and half a minute.
 		insert(6000)
 		eventually(t, "half a minute of chart", time.Minute, func() (bool, string) {
 			err := read()

@@ -257,8 +257,8 @@ type Message struct {
 	ID    string
 }
 
-// Dedup is what a consumer that skips every message whose id header it has seen before (README's
-// recipe) makes of the messages it consumed.
+// Dedup is what a consumer that skips every message whose id header it has seen before
+// (docs/messages.md's recipe) makes of the messages it consumed.
 type Dedup struct {
 	Removed int // repeats of a record under its id, skipped as they should be
 	// Passed counts records processed twice under two ids: the same row published twice with

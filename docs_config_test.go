@@ -19,16 +19,19 @@ import (
 	"time"
 )
 
-// README's configuration tables are what users read; these tests hold them to the code: every
+// docs/configuration.md's tables are what users read; these tests hold them to the code: every
 // field of Config and Limits is listed under its YAML key, each default is what WithDefaults
 // gives, and each range is what Validate accepts (checked at both bounds and just outside) and
 // what the field's doc comment states.
 
-// readmeTable returns the cells of the rows of the Markdown table in README.md whose header row
+// configPage is where users read the configuration.
+const configPage = "docs/configuration.md"
+
+// configTable returns the cells of the rows of the Markdown table in docs/configuration.md whose header row
 // is header, each row's cells trimmed.
-func readmeTable(t *testing.T, header string) [][]string {
+func configTable(t *testing.T, header string) [][]string {
 	t.Helper()
-	f, err := os.Open("README.md")
+	f, err := os.Open(configPage)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,16 +55,16 @@ func readmeTable(t *testing.T, header string) [][]string {
 		}
 	}
 	if !in {
-		t.Fatalf("README.md has no table headed %q", header)
+		t.Fatalf("%s has no table headed %q", configPage, header)
 	}
 	return rows
 }
 
 var backticked = regexp.MustCompile("`([^`]*)`")
 
-// readmeFields reads a table's first cell, "`Field` (`yamlKey`)" or "`A`, `B` (Go only)", and
+// configFields reads a table's first cell, "`Field` (`yamlKey`)" or "`A`, `B` (Go only)", and
 // returns the fields it names, each with its YAML key ("-" for Go only).
-func readmeFields(t *testing.T, cell string) map[string]string {
+func configFields(t *testing.T, cell string) map[string]string {
 	t.Helper()
 	names, paren, ok := strings.Cut(cell, " (")
 	if !ok {
@@ -95,23 +98,23 @@ func compareFields(t *testing.T, table string, documented, declared map[string]s
 	t.Helper()
 	for name, key := range declared {
 		if got, ok := documented[name]; !ok {
-			t.Errorf("%s: field %s (%s) is missing from README", table, name, key)
+			t.Errorf("%s: field %s (%s) is missing from the configuration page", table, name, key)
 		} else if got != key {
-			t.Errorf("%s: README gives %s the YAML key %q; its tag says %q", table, name, got, key)
+			t.Errorf("%s: the configuration page gives %s the YAML key %q; its tag says %q", table, name, got, key)
 		}
 	}
 	for name := range documented {
 		if _, ok := declared[name]; !ok {
-			t.Errorf("%s: README lists %s, which the struct does not have", table, name)
+			t.Errorf("%s: the configuration page lists %s, which the struct does not have", table, name)
 		}
 	}
 }
 
-func TestReadmeConfigTableMatchesConfig(t *testing.T) {
+func TestDocsConfigTableMatchesConfig(t *testing.T) {
 	documented := map[string]string{}
 	defaults := map[string]string{}
-	for _, row := range readmeTable(t, "| Field (YAML key) | Default | Meaning |") {
-		for name, key := range readmeFields(t, row[0]) {
+	for _, row := range configTable(t, "| Field (YAML key) | Default | Meaning |") {
+		for name, key := range configFields(t, row[0]) {
 			documented[name] = key
 			defaults[name] = row[1]
 		}
@@ -139,19 +142,19 @@ func TestReadmeConfigTableMatchesConfig(t *testing.T) {
 			want = v.FieldByName(other).String()
 		}
 		if got := f.String(); got != want {
-			t.Errorf("Config.%s: README says the default is %s; WithDefaults gives %q", name, def, got)
+			t.Errorf("Config.%s: the configuration page says the default is %s; WithDefaults gives %q", name, def, got)
 		}
 	}
 }
 
-func TestReadmeLimitsTableMatchesLimits(t *testing.T) {
-	rows := readmeTable(t, "| Field (YAML key) | Default | Range | Meaning |")
+func TestDocsLimitsTableMatchesLimits(t *testing.T) {
+	rows := configTable(t, "| Field (YAML key) | Default | Range | Meaning |")
 	documented := map[string]string{}
 	for _, row := range rows {
 		if len(row) != 4 {
 			t.Fatalf("Limits row %q: want 4 cells", row)
 		}
-		for name, key := range readmeFields(t, row[0]) {
+		for name, key := range configFields(t, row[0]) {
 			documented[name] = key
 		}
 	}
@@ -161,7 +164,7 @@ func TestReadmeLimitsTableMatchesLimits(t *testing.T) {
 	docRanges := limitsDocRanges(t)
 	defaults := Limits{}.WithDefaults()
 	for _, row := range rows {
-		for name := range readmeFields(t, row[0]) {
+		for name := range configFields(t, row[0]) {
 			key, ok := declared[name]
 			if !ok {
 				continue
@@ -170,25 +173,25 @@ func TestReadmeLimitsTableMatchesLimits(t *testing.T) {
 			t.Run(name, func(t *testing.T) {
 				e.t = t
 				if want, got := e.eval(strings.TrimSuffix(row[1], " (off)")), e.get(defaults, name); got != want {
-					t.Errorf("README says the default is %s (%s); WithDefaults gives %s", row[1], e.format(want), e.format(got))
+					t.Errorf("the configuration page says the default is %s (%s); WithDefaults gives %s", row[1], e.format(want), e.format(got))
 				}
 				checkRange(t, e, name, key, row[2])
 				doc, ok := docRanges[name]
 				if !ok {
 					t.Fatalf("Limits.%s's doc comment states no range", name)
 				}
-				// Evaluated on the defaults, the doc comment's bounds must be README's.
+				// Evaluated on the defaults, the doc comment's bounds must be the page's.
 				dlo, dhi, dzero := e.bounds(doc, " to ")
 				rlo, rhi, rzero := e.bounds(row[2], "–")
 				if dlo != rlo || dhi != rhi || dzero != rzero {
-					t.Errorf("the doc comment gives the range %q, README %q", doc, row[2])
+					t.Errorf("the doc comment gives the range %q, the configuration page %q", doc, row[2])
 				}
 			})
 		}
 	}
 }
 
-// checkRange checks a README range, "lo–hi", "0, or lo–hi", or with "below X" as its upper bound,
+// checkRange checks a documented range, "lo–hi", "0, or lo–hi", or with "below X" as its upper bound,
 // against Validate: a value at each bound is accepted, one just outside is refused. A bound that
 // names another field is a rule between the two, which Validate may report on either.
 func checkRange(t *testing.T, e limitsExpr, name, key, cell string) {
@@ -210,9 +213,9 @@ func checkRange(t *testing.T, e limitsExpr, name, key, cell string) {
 		mine := slices.ContainsFunc(err, func(err error) bool { return strings.Contains(err.Error(), "(limits."+key+")") })
 		switch {
 		case accept && mine:
-			t.Errorf("%s (README bound %s) refused: %v", e.format(v), bound, errors.Join(err...))
+			t.Errorf("%s (documented bound %s) refused: %v", e.format(v), bound, errors.Join(err...))
 		case !accept && !blamed:
-			t.Errorf("%s, outside README's range %s, accepted", e.format(v), cell)
+			t.Errorf("%s, outside the page's range %s, accepted", e.format(v), cell)
 		}
 	}
 	check(lo, true, loExpr)
@@ -276,7 +279,7 @@ func limitsDocRanges(t *testing.T) map[string]string {
 	return ranges
 }
 
-// limitsExpr evaluates the expressions README's Limits table uses for defaults and bounds:
+// limitsExpr evaluates the expressions the Limits table uses for defaults and bounds:
 // literals ("500ms", "1,000,000"), another field by YAML key ("`heartbeatTimeout`"), halves
 // ("`heartbeatTimeout`/2") and min(a, b), over the values of l.
 type limitsExpr struct {
@@ -341,36 +344,4 @@ func (e limitsExpr) format(v int64) string {
 		return time.Duration(v).String()
 	}
 	return fmt.Sprint(v)
-}
-
-// README's embedding example is example_test.go's publishOutbox word for word, which
-// ExampleHarvest_Run runs against Postgres and Kafka: what README shows compiles and works.
-func TestReadmeEmbeddingExampleCompiles(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const section = "## Running the harvester in a Go service\n"
-	_, after, ok := strings.Cut(string(readme), section)
-	if !ok {
-		t.Fatalf("README has no section %q", strings.TrimSpace(section))
-	}
-	_, block, ok := strings.Cut(after, "```go\n")
-	block, _, closed := strings.Cut(block, "```\n")
-	if !ok || !closed {
-		t.Fatal("README's embedding section has no Go block")
-	}
-	source, err := os.ReadFile("example_test.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const decl = "func publishOutbox("
-	i := strings.Index(string(source), decl)
-	if i < 0 {
-		t.Fatalf("example_test.go has no %s", decl)
-	}
-	fn, _, _ := strings.Cut(string(source[i:]), "\n}\n")
-	if want := fn + "\n}\n"; block != want {
-		t.Errorf("README's embedding example differs from example_test.go's publishOutbox; copy it over.\nREADME:\n%s\nexample_test.go:\n%s", block, want)
-	}
 }
