@@ -56,7 +56,7 @@ type Config struct {
 	// transactional ID, client ID, acks, idempotence, partitioner, linger, delivery and
 	// transaction timeouts, buffer limit and logger.
 	Opts []kgo.Opt
-	// Linger is kgo.ProducerLinger; 0 means DefaultLinger.
+	// Linger is kgo.ProducerLinger, at most a minute (kgo's limit); 0 means DefaultLinger.
 	Linger time.Duration
 	// TransactionTimeout is kgo.TransactionTimeout (the broker's transaction.timeout.ms for this
 	// producer); 0 means DefaultTransactionTimeout. It is raised to the producer's delivery

@@ -151,7 +151,7 @@ func (p *producer) BeginTransaction() error {
 func (p *producer) refuse(inTxn bool) error {
 	switch {
 	case p.fatal != nil:
-		return &driver.TxnError{Err: p.fatal, Fatal: true}
+		return &driver.TxnError{Err: fmt.Errorf("the producer is unusable: %w", p.fatal), Fatal: true}
 	case p.end != nil:
 		return &driver.TxnError{Err: errors.New("the transaction's end is under way"), Retriable: true}
 	case inTxn && !p.inTxn:

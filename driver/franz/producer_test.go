@@ -1,0 +1,182 @@
+package franz_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/driver/franz"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
+)
+
+// The rules of the franz producer beyond the shared contract: what it refuses, and how it ends a
+// transaction that ran out of time or lost a message.
+
+// NewProducer refuses a config it cannot work with, and calls made out of order are refused
+// without contacting a broker, each as the engine expects: Produce outside a transaction may try
+// again shortly, a commit with no transaction may not.
+func TestCallsOutOfOrderAreRefused(t *testing.T) {
+	cfg := driver.ProducerConfig{TransactionalID: "t", Logger: slog.New(slog.DiscardHandler)}
+	if _, err := franz.New(franz.Config{}).NewProducer(cfg); err == nil || !strings.Contains(err.Error(), "SeedBrokers") {
+		t.Errorf("a client without seed brokers made a producer (error %v)", err)
+	}
+	// Nothing listens on port 1: none of the calls below may need a broker.
+	client := franz.New(franz.Config{SeedBrokers: []string{"127.0.0.1:1"}})
+	if _, err := client.NewProducer(driver.ProducerConfig{}); err == nil || !strings.Contains(err.Error(), "TransactionalID") {
+		t.Errorf("a producer without a transactional ID was made (error %v)", err)
+	}
+	p, err := client.NewProducer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		p.Close()
+		if _, open := <-p.Deliveries(); open {
+			t.Error("Close left Deliveries open")
+		}
+	}()
+
+	var txnErr *driver.TxnError
+	err = p.Produce(driver.Message{Topic: "t", Value: []byte("v")})
+	if !errors.As(err, &txnErr) || !txnErr.Retriable {
+		t.Errorf("Produce outside a transaction returned %v, want a retriable TxnError", err)
+	}
+	err = p.CommitTransaction(t.Context())
+	if !errors.As(err, &txnErr) || txnErr.Retriable || txnErr.Fatal {
+		t.Errorf("CommitTransaction with no transaction returned %v, want a TxnError neither retriable nor fatal", err)
+	}
+	if err := p.WriteNote(t.Context(), driver.NotePlace{Group: "g", Topic: "t"}, "n"); err == nil {
+		t.Error("WriteNote with no transaction succeeded")
+	}
+	var rejected *driver.RejectedError
+	if err := p.Produce(driver.Message{Topic: "no such topic!"}); !errors.As(err, &rejected) || !rejected.ByGoharvest {
+		t.Errorf("Produce to an invalid topic name returned %v, want a RejectedError by goharvest", err)
+	}
+}
+
+// A commit whose call runs out of time goes on, and the next call returns its outcome; meanwhile
+// neither Produce nor an abort can cut in.
+func TestCommitOutOfTimeGoesOn(t *testing.T) {
+	c := kafkacluster.Shared(t)
+	topic := c.Topic(t, fmt.Sprintf("franz-resume-%d", time.Now().UnixNano()), 1)
+	p := open(t, newProducer(t, c.Addr(), fmt.Sprintf("franz-resume-%d", time.Now().UnixNano())))
+	if err := p.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Produce(driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("v")}); err != nil {
+		t.Fatal(err)
+	}
+	p.await(t, 1)
+
+	expired, cancel := context.WithCancel(t.Context())
+	cancel()
+	var txnErr *driver.TxnError
+	if err := p.CommitTransaction(expired); !errors.As(err, &txnErr) || !txnErr.Retriable {
+		t.Fatalf("a commit given no time returned %v, want a retriable TxnError", err)
+	}
+	if err := p.Produce(driver.Message{Topic: topic, Value: []byte("late")}); !errors.As(err, &txnErr) || !txnErr.Retriable {
+		t.Errorf("Produce while the commit is under way returned %v, want a retriable TxnError", err)
+	}
+	if err := p.AbortTransaction(timeout(t, 30*time.Second)); !errors.As(err, &txnErr) || !txnErr.Retriable {
+		t.Errorf("an abort while the commit is under way returned %v, want a retriable TxnError", err)
+	}
+	if err := p.CommitTransaction(timeout(t, 30*time.Second)); err != nil {
+		t.Fatalf("the commit resumed with time returned %v", err)
+	}
+	if got := readCommitted(t, c.Addr(), topic, 1, 10*time.Second); len(got) != 1 || string(got[0].Value) != "v" {
+		t.Fatalf("a consumer received %v, want the committed message", got)
+	}
+}
+
+// A transaction in which a message failed does not commit (kgo alone would commit the others):
+// the commit is abortable, and after the abort the next transaction commits.
+func TestFailedMessageForbidsCommit(t *testing.T) {
+	c := kafkacluster.Shared(t)
+	topic := c.Topic(t, fmt.Sprintf("franz-failed-%d", time.Now().UnixNano()), 1)
+	p := open(t, newProducer(t, c.Addr(), fmt.Sprintf("franz-failed-%d", time.Now().UnixNano())))
+	if err := p.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []driver.Message{
+		{Topic: topic, Key: []byte("k"), Value: []byte("fine"), Opaque: "fine"},
+		// Larger than a produce request may carry (kgo's ProducerBatchMaxBytes, 1000012 by default):
+		// kgo fails it without sending it.
+		{Topic: topic, Key: []byte("k"), Value: make([]byte, 2<<20), Opaque: "huge"},
+	} {
+		if err := p.Produce(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[any]error{}
+	for range 2 {
+		select {
+		case d := <-p.reports:
+			got[d.Opaque] = d.Err
+		case <-time.After(30 * time.Second):
+			t.Fatal("deliveries not reported within 30s")
+		}
+	}
+	var rejected *driver.RejectedError
+	if got["fine"] != nil || !errors.As(got["huge"], &rejected) {
+		t.Fatalf("deliveries %v, want the small message delivered and the huge one rejected", got)
+	}
+	var txnErr *driver.TxnError
+	if err := p.CommitTransaction(timeout(t, 30*time.Second)); !errors.As(err, &txnErr) || !txnErr.Abortable || txnErr.Fatal {
+		t.Fatalf("the commit of a transaction with a failed message returned %v, want an abortable TxnError", err)
+	}
+	if err := p.AbortTransaction(timeout(t, 30*time.Second)); err != nil {
+		t.Fatalf("AbortTransaction: %v", err)
+	}
+	p.publish(t, driver.NotePlace{}, "", driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("next")})
+	if got := readCommitted(t, c.Addr(), topic, 2, 5*time.Second); len(got) != 1 || string(got[0].Value) != "next" {
+		t.Fatalf("a consumer received %v, want only the next transaction's message", got)
+	}
+}
+
+// Produce refuses a message once MaxQueued are waiting for delivery, without blocking; a commit
+// flushes what lingers and makes room again; an abort fails what lingers.
+func TestFullQueueRefusesAtOnce(t *testing.T) {
+	c := kafkacluster.Shared(t)
+	topic := c.Topic(t, fmt.Sprintf("franz-full-%d", time.Now().UnixNano()), 1)
+	// A linger of a minute (kgo's longest) keeps the first message queued until the commit
+	// flushes it.
+	client := franz.New(franz.Config{SeedBrokers: []string{c.Addr()}, MaxQueued: 1, Linger: time.Minute})
+	kp, err := client.NewProducer(driver.ProducerConfig{TransactionalID: fmt.Sprintf("franz-full-%d", time.Now().UnixNano()),
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := open(t, kp)
+	if err := p.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	msg := driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("v")}
+	if err := p.Produce(msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Produce(msg); !errors.Is(err, driver.ErrQueueFull) {
+		t.Fatalf("Produce with the queue full returned %v, want ErrQueueFull", err)
+	}
+	if err := p.CommitTransaction(timeout(t, 30*time.Second)); err != nil {
+		t.Fatalf("CommitTransaction: %v", err)
+	}
+	p.await(t, 1)
+	if err := p.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Produce(msg); err != nil {
+		t.Fatalf("Produce once the commit made room returned %v", err)
+	}
+	// The abort fails the lingering message, and reports it.
+	if err := p.AbortTransaction(timeout(t, 30*time.Second)); err != nil {
+		t.Fatalf("AbortTransaction: %v", err)
+	}
+	if d := <-p.reports; d.Err == nil {
+		t.Error("a message aborted before it was sent was reported delivered")
+	}
+}
