@@ -180,3 +180,39 @@ func TestFullQueueRefusesAtOnce(t *testing.T) {
 		t.Error("a message aborted before it was sent was reported delivered")
 	}
 }
+
+// A note written in a transaction whose every message failed goes with its abort. kgo sends the
+// abort's EndTxn only for a transaction that produced, and knows nothing of the note, which
+// WriteNote sends itself: were the note left in the broker's transaction, the next transaction of
+// the same producer epoch would commit it.
+func TestNoteOfAFailedTransactionNeverCommits(t *testing.T) {
+	c := kafkacluster.Shared(t)
+	run := time.Now().UnixNano()
+	topic := c.Topic(t, fmt.Sprintf("franz-failed-note-%d", run), 1)
+	place := driver.NotePlace{Group: fmt.Sprintf("franz-failed-note-%d", run), Topic: topic}
+	txnID := fmt.Sprintf("franz-failed-note-%d", run)
+	p := open(t, newProducer(t, c.Addr(), txnID))
+	if err := p.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Produce(driver.Message{Topic: topic, Key: []byte("k"), Value: make([]byte, 2<<20)}); err != nil {
+		t.Fatal(err)
+	}
+	if d := <-p.reports; d.Err == nil {
+		t.Fatal("a message too large to send was reported delivered")
+	}
+	if err := p.WriteNote(timeout(t, 30*time.Second), place, "goharvest/2:aborted"); err != nil {
+		t.Fatalf("WriteNote: %v", err)
+	}
+	var txnErr *driver.TxnError
+	if err := p.CommitTransaction(timeout(t, 30*time.Second)); !errors.As(err, &txnErr) || !txnErr.Abortable {
+		t.Fatalf("the commit of a transaction whose message failed returned %v, want an abortable TxnError", err)
+	}
+	if err := p.AbortTransaction(timeout(t, 30*time.Second)); err != nil {
+		t.Fatalf("AbortTransaction: %v", err)
+	}
+	p.publish(t, place, "", driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("next")})
+	if got := open(t, newProducer(t, c.Addr(), txnID)).readNote(t, place); got != "" {
+		t.Fatalf("ReadNote = %q after the note's transaction aborted, want \"\"", got)
+	}
+}
