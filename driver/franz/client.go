@@ -54,7 +54,7 @@ type Config struct {
 	// Opts are further kgo options, such as kgo.DialTLSConfig, kgo.SASL or kgo.Dialer. They are
 	// applied before the options the producer sets itself, which therefore win: the
 	// transactional ID, client ID, acks, idempotence, partitioner, linger, delivery and
-	// transaction timeouts, buffer limit and logger.
+	// transaction timeouts, buffer limit, topic creation on demand and logger.
 	Opts []kgo.Opt
 	// Linger is kgo.ProducerLinger, at most a minute (kgo's limit); 0 means DefaultLinger.
 	Linger time.Duration
@@ -105,6 +105,9 @@ func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, err
 		// Produce counts what it has queued against maxQueued itself, so that it can refuse at
 		// once; kgo's own limit, never lower, is then never reached (see producer.Produce).
 		kgo.MaxBufferedRecords(maxQueued),
+		// A broker that creates topics on demand creates a message's topic, as it does for
+		// librdkafka's producer (see producer.checkTopic).
+		kgo.AllowAutoTopicCreation(),
 		kgo.WithLogger(slogLogger{logger}),
 	)
 	if p.ClientID != "" {

@@ -27,10 +27,14 @@ type producer struct {
 	txnTimeout time.Duration
 	maxQueued  int
 
-	// ctx bounds the endings; Close cancels it before it closes the client.
-	ctx  context.Context
-	stop context.CancelFunc
-	ends sync.WaitGroup // endings under way; Close waits for them
+	// ctx bounds the endings and topic lookups; Close cancels it before it closes the client.
+	ctx     context.Context
+	stop    context.CancelFunc
+	ends    sync.WaitGroup // endings under way; Close waits for them
+	lookups sync.WaitGroup // topic lookups under way; Close waits for them
+
+	topicsMu sync.Mutex
+	topics   map[string]topicState // what the producer last learnt of each topic; guarded by topicsMu
 
 	reports    *mailbox
 	deliveries chan driver.Delivery
@@ -64,7 +68,7 @@ type ending struct {
 func newProducer(cl *kgo.Client, txnID string, txnTimeout time.Duration, maxQueued int) *producer {
 	ctx, stop := context.WithCancel(context.Background())
 	p := &producer{cl: cl, txnID: txnID, txnTimeout: txnTimeout, maxQueued: maxQueued, ctx: ctx, stop: stop,
-		reports: newMailbox(), deliveries: make(chan driver.Delivery, 1024)}
+		reports: newMailbox(), deliveries: make(chan driver.Delivery, 1024), topics: map[string]topicState{}}
 	p.idle = sync.NewCond(&p.mu)
 	go p.forward()
 	return p
@@ -176,6 +180,16 @@ func (p *producer) Produce(msg driver.Message) error {
 	if err := outbox.CheckName(msg.Topic); err != nil {
 		return &driver.RejectedError{Err: fmt.Errorf("topic %q is not a valid Kafka topic name: %w", msg.Topic, err), ByGoharvest: true}
 	}
+	// The producer's state first: a message refused for it starts no topic lookup.
+	p.mu.Lock()
+	err := p.refuse(true)
+	p.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := p.checkTopic(msg.Topic); err != nil {
+		return err
+	}
 	p.mu.Lock()
 	if err := p.refuse(true); err != nil {
 		p.mu.Unlock()
@@ -201,6 +215,106 @@ func (p *producer) Produce(msg driver.Message) error {
 	// counts down only once kgo has counted a message out, stays below the same limit.
 	p.cl.TryProduce(context.Background(), rec, func(r *kgo.Record, err error) { p.delivered(r.Topic, opaque, err) })
 	return nil
+}
+
+// topicState is what the producer last learnt of a topic: usable (err nil) or not, and when;
+// or that a lookup is under way.
+type topicState struct {
+	err     error
+	at      time.Time
+	pending bool
+}
+
+const (
+	// topicRecheck is how long a topic found missing stays rejected before metadata is asked again.
+	topicRecheck = time.Second
+	// metadataTimeout bounds one metadata request.
+	metadataTimeout = 5 * time.Second
+	// topicCreateWait is how long a lookup keeps asking about a topic that Kafka's metadata says
+	// is missing before it is rejected. A broker that creates topics on demand (Apache Kafka's
+	// default) answers the request that makes it create one "unknown topic", and lists the topic
+	// a moment later.
+	topicCreateWait = 2 * time.Second
+)
+
+// checkTopic rejects a message for a topic that does not exist, as the librdkafka driver does
+// (Produce has already refused a name that cannot exist): kgo would hold such a message while it asks for the topic's metadata again and
+// again, and fail it only after several tries, so the transaction could not commit meanwhile and
+// would then have to abort, taking every other key's records with it. Asking for the topic's
+// metadata also lets the broker create it where that is allowed. A topic found usable is not
+// asked about again.
+//
+// The lookup runs in the background and Produce returns ErrTopicPending meanwhile: Produce must
+// not block, and a metadata request can take seconds on a slow broker.
+func (p *producer) checkTopic(topic string) error {
+	p.topicsMu.Lock()
+	defer p.topicsMu.Unlock()
+	st, known := p.topics[topic]
+	switch {
+	case known && st.pending:
+		return driver.ErrTopicPending
+	case known && (st.err == nil || time.Since(st.at) < topicRecheck):
+		return st.err
+	}
+	p.topics[topic] = topicState{pending: true}
+	p.lookups.Go(func() { p.lookUp(topic) })
+	return driver.ErrTopicPending
+}
+
+// lookUp asks for a topic's metadata and records what it learnt. A topic found missing is asked
+// about again, at growing intervals, until topicCreateWait has passed or the producer closes.
+func (p *producer) lookUp(topic string) {
+	st := p.describe(topic)
+	giveUp := time.Now().Add(topicCreateWait)
+	for wait := 100 * time.Millisecond; st.err != nil && time.Now().Add(wait).Before(giveUp); wait *= 2 {
+		select {
+		case <-p.ctx.Done():
+			giveUp = time.Time{} // keep what was learnt; the producer is going away
+		case <-time.After(wait):
+			st = p.describe(topic)
+		}
+	}
+	p.topicsMu.Lock()
+	p.topics[topic] = st
+	p.topicsMu.Unlock()
+}
+
+// describe asks Kafka for a topic's metadata once, letting it create the topic where it may:
+// usable, missing (a RejectedError), or usable as far as it can tell when Kafka did not answer
+// (the produce itself will show what is wrong).
+func (p *producer) describe(topic string) topicState {
+	ctx, cancel := context.WithTimeout(p.ctx, metadataTimeout)
+	defer cancel()
+	req := kmsg.NewPtrMetadataRequest()
+	req.AllowAutoTopicCreation = true
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, p.cl)
+	st := topicState{at: time.Now()}
+	if err != nil {
+		return st
+	}
+	var found *kmsg.MetadataResponseTopic
+	for i, t := range resp.Topics {
+		if t.Topic != nil && *t.Topic == topic {
+			found = &resp.Topics[i]
+		}
+	}
+	switch {
+	case found != nil && found.ErrorCode == kerr.TopicAuthorizationFailed.Code:
+		// Kafka hides from a client without DESCRIBE whether the topic exists; WRITE implies it.
+		st.err = &driver.RejectedError{Err: fmt.Errorf("topic %q: this client may not see or write to it (Kafka's metadata: %w): grant WRITE on topic %s",
+			topic, kerr.TopicAuthorizationFailed, topic), ByGoharvest: true}
+	case found == nil || found.ErrorCode != 0 || len(found.Partitions) == 0:
+		reason := error(errors.New("missing"))
+		if found != nil && found.ErrorCode != 0 {
+			reason = kerr.ErrorForCode(found.ErrorCode)
+		}
+		st.err = &driver.RejectedError{Err: fmt.Errorf("topic %q does not exist and was not created (Kafka's metadata: %w)", topic, reason),
+			ByGoharvest: true}
+	}
+	return st
 }
 
 // delivered is kgo's promise for a message of topic: it must not block.
@@ -576,12 +690,13 @@ func noteError(place driver.NotePlace, err error) error {
 // leave wrong are never used again.
 func (p *producer) Abandon() { p.cl.UnsafeAbortBufferedRecords() }
 
-// Close stops the endings under way, closes the client (which fails whatever it still holds,
+// Close stops the endings and lookups under way, closes the client (which fails whatever it still holds,
 // reporting each), waits for every message to be reported, and then lets forward close
 // Deliveries once it has handed on the last report.
 func (p *producer) Close() {
 	p.stop()
 	p.ends.Wait()
+	p.lookups.Wait()
 	p.cl.Close()
 	p.mu.Lock()
 	for p.queued > 0 {

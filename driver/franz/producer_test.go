@@ -68,7 +68,7 @@ func TestCommitOutOfTimeGoesOn(t *testing.T) {
 	if err := p.BeginTransaction(); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Produce(driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("v")}); err != nil {
+	if err := p.send(driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("v")}); err != nil {
 		t.Fatal(err)
 	}
 	p.await(t, 1)
@@ -108,7 +108,7 @@ func TestFailedMessageForbidsCommit(t *testing.T) {
 		// kgo fails it without sending it.
 		{Topic: topic, Key: []byte("k"), Value: make([]byte, 2<<20), Opaque: "huge"},
 	} {
-		if err := p.Produce(m); err != nil {
+		if err := p.send(m); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -156,7 +156,7 @@ func TestFullQueueRefusesAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	msg := driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("v")}
-	if err := p.Produce(msg); err != nil {
+	if err := p.send(msg); err != nil {
 		t.Fatal(err)
 	}
 	if err := p.Produce(msg); !errors.Is(err, driver.ErrQueueFull) {
@@ -195,7 +195,7 @@ func TestNoteOfAFailedTransactionNeverCommits(t *testing.T) {
 	if err := p.BeginTransaction(); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Produce(driver.Message{Topic: topic, Key: []byte("k"), Value: make([]byte, 2<<20)}); err != nil {
+	if err := p.send(driver.Message{Topic: topic, Key: []byte("k"), Value: make([]byte, 2<<20)}); err != nil {
 		t.Fatal(err)
 	}
 	if d := <-p.reports; d.Err == nil {
@@ -214,5 +214,44 @@ func TestNoteOfAFailedTransactionNeverCommits(t *testing.T) {
 	p.publish(t, place, "", driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("next")})
 	if got := open(t, newProducer(t, c.Addr(), txnID)).readNote(t, place); got != "" {
 		t.Fatalf("ReadNote = %q after the note's transaction aborted, want \"\"", got)
+	}
+}
+
+// A message for a topic that does not exist waits (ErrTopicPending) while the producer asks for
+// the topic's metadata, which lets the broker create it; a topic the broker will not create is
+// then refused by goharvest, before any message is queued, as the librdkafka driver refuses it.
+func TestMissingTopicIsCreatedOrRefused(t *testing.T) {
+	c := kafkacluster.Shared(t)
+	run := time.Now().UnixNano()
+	p := open(t, newProducer(t, c.Addr(), fmt.Sprintf("franz-missing-%d", run)))
+
+	created := fmt.Sprintf("franz-created-%d", run) // auto.create.topics.enable is Kafka's default
+	p.publish(t, driver.NotePlace{}, "", driver.Message{Topic: created, Key: []byte("k"), Value: []byte("v")})
+	if got := readCommitted(t, c.Addr(), created, 1, 10*time.Second); len(got) != 1 {
+		t.Fatalf("a consumer of the created topic received %d messages, want 1", len(got))
+	}
+
+	// Kafka creates no topic whose name differs from an existing one's only in '.' against '_'.
+	c.Topic(t, fmt.Sprintf("franz_collides_%d", run), 1)
+	colliding := fmt.Sprintf("franz.collides.%d", run)
+	if err := p.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := p.Produce(driver.Message{Topic: colliding, Key: []byte("k"), Value: []byte("v")})
+		var rejected *driver.RejectedError
+		if errors.As(err, &rejected) && rejected.ByGoharvest {
+			t.Logf("refused: %v", err)
+			break
+		}
+		if !errors.Is(err, driver.ErrTopicPending) || time.Now().After(deadline) {
+			t.Fatalf("Produce to a topic Kafka will not create returned %v, want ErrTopicPending and then a RejectedError by goharvest", err)
+		}
+		// The lookup gives no signal when it is done; ask again shortly, as the engine does.
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := p.AbortTransaction(timeout(t, 30*time.Second)); err != nil {
+		t.Fatalf("AbortTransaction: %v", err)
 	}
 }
