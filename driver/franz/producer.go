@@ -191,7 +191,7 @@ func (p *producer) Produce(msg driver.Message) error {
 		return err
 	}
 	p.mu.Lock()
-	if err := p.refuse(true); err != nil {
+	if err := p.refuse(true); err != nil { // again: mu was let go for the topic check
 		p.mu.Unlock()
 		return err
 	}

@@ -1,3 +1,5 @@
+//go:build cgo
+
 package franz_test
 
 import (
@@ -5,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"testing"
 	"time"
 
@@ -16,48 +17,6 @@ import (
 
 // The rules of the franz producer beyond the shared contract: what it refuses, and how it ends a
 // transaction that ran out of time or lost a message.
-
-// NewProducer refuses a config it cannot work with, and calls made out of order are refused
-// without contacting a broker, each as the engine expects: Produce outside a transaction may try
-// again shortly, a commit with no transaction may not.
-func TestCallsOutOfOrderAreRefused(t *testing.T) {
-	cfg := driver.ProducerConfig{TransactionalID: "t", Logger: slog.New(slog.DiscardHandler)}
-	if _, err := franz.New(franz.Config{}).NewProducer(cfg); err == nil || !strings.Contains(err.Error(), "SeedBrokers") {
-		t.Errorf("a client without seed brokers made a producer (error %v)", err)
-	}
-	// Nothing listens on port 1: none of the calls below may need a broker.
-	client := franz.New(franz.Config{SeedBrokers: []string{"127.0.0.1:1"}})
-	if _, err := client.NewProducer(driver.ProducerConfig{}); err == nil || !strings.Contains(err.Error(), "TransactionalID") {
-		t.Errorf("a producer without a transactional ID was made (error %v)", err)
-	}
-	p, err := client.NewProducer(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		p.Close()
-		if _, open := <-p.Deliveries(); open {
-			t.Error("Close left Deliveries open")
-		}
-	}()
-
-	var txnErr *driver.TxnError
-	err = p.Produce(driver.Message{Topic: "t", Value: []byte("v")})
-	if !errors.As(err, &txnErr) || !txnErr.Retriable {
-		t.Errorf("Produce outside a transaction returned %v, want a retriable TxnError", err)
-	}
-	err = p.CommitTransaction(t.Context())
-	if !errors.As(err, &txnErr) || txnErr.Retriable || txnErr.Fatal {
-		t.Errorf("CommitTransaction with no transaction returned %v, want a TxnError neither retriable nor fatal", err)
-	}
-	if err := p.WriteNote(t.Context(), driver.NotePlace{Group: "g", Topic: "t"}, "n"); err == nil {
-		t.Error("WriteNote with no transaction succeeded")
-	}
-	var rejected *driver.RejectedError
-	if err := p.Produce(driver.Message{Topic: "no such topic!"}); !errors.As(err, &rejected) || !rejected.ByGoharvest {
-		t.Errorf("Produce to an invalid topic name returned %v, want a RejectedError by goharvest", err)
-	}
-}
 
 // A commit whose call runs out of time goes on, and the next call returns its outcome; meanwhile
 // neither Produce nor an abort can cut in.
