@@ -103,8 +103,10 @@ func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, err
 		// as librdkafka's goes to a random one.
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
 		// Produce counts what it has queued against maxQueued itself, so that it can refuse at
-		// once; kgo's own limit, never lower, is then never reached (see producer.Produce).
-		kgo.MaxBufferedRecords(maxQueued),
+		// once. kgo's own limit must then never be reached, or kgo would fail the message that
+		// reaches it; kgo counts a message a moment longer than Produce does (until just after
+		// its promise), so its limit has room to spare.
+		kgo.MaxBufferedRecords(2*maxQueued),
 		// A broker that creates topics on demand creates a message's topic, as it does for
 		// librdkafka's producer (see producer.checkTopic).
 		kgo.AllowAutoTopicCreation(),

@@ -121,10 +121,9 @@ func initError(txnID string, err error) error {
 	case errors.Is(err, kerr.TransactionalIDAuthorizationFailed):
 		return &driver.KafkaConfigError{Err: fmt.Errorf("this client may not use transactional ID %q: grant WRITE on TransactionalId %s: %w",
 			txnID, txnID, err)}
-	case errors.Is(err, kerr.ClusterAuthorizationFailed), errors.Is(err, kerr.InvalidTransactionTimeout),
-		errors.Is(err, kerr.UnsupportedVersion), errors.Is(err, kerr.UnsupportedForMessageFormat):
-		return &driver.KafkaConfigError{Err: fmt.Errorf("register transactional ID %q: %w", txnID, err)}
 	}
+	// Kafka's other refusals (CLUSTER_AUTHORIZATION_FAILED, INVALID_TRANSACTION_TIMEOUT, a broker
+	// without transactions) are for good too: kgo keeps the error, and the producer is unusable.
 	var ke *kerr.Error
 	if errors.As(err, &ke) && !ke.Retriable && !errors.Is(err, kerr.ConcurrentTransactions) {
 		return &driver.KafkaConfigError{Err: fmt.Errorf("register transactional ID %q: %w", txnID, err)}
@@ -211,8 +210,9 @@ func (p *producer) Produce(msg driver.Message) error {
 		}
 	}
 	opaque := msg.Opaque
-	// TryProduce never blocks. It never finds kgo's buffer full either, since queued, which
-	// counts down only once kgo has counted a message out, stays below the same limit.
+	// TryProduce never blocks. Nor does it find kgo's buffer full (see NewProducer): kgo's limit
+	// is twice maxQueued, and kgo counts a message out only just after its promise, where queued
+	// counts it out.
 	p.cl.TryProduce(context.Background(), rec, func(r *kgo.Record, err error) { p.delivered(r.Topic, opaque, err) })
 	return nil
 }
@@ -238,11 +238,11 @@ const (
 )
 
 // checkTopic rejects a message for a topic that does not exist, as the librdkafka driver does
-// (Produce has already refused a name that cannot exist): kgo would hold such a message while it asks for the topic's metadata again and
-// again, and fail it only after several tries, so the transaction could not commit meanwhile and
-// would then have to abort, taking every other key's records with it. Asking for the topic's
-// metadata also lets the broker create it where that is allowed. A topic found usable is not
-// asked about again.
+// (Produce has already refused a name that cannot exist): kgo would hold such a message while it
+// asks for the topic's metadata again and again, and fail it only after several tries, so the
+// transaction could not commit meanwhile and would then have to abort, taking every other key's
+// records with it. Asking for the topic's metadata also lets the broker create it where that is
+// allowed. A topic found usable is not asked about again.
 //
 // The lookup runs in the background and Produce returns ErrTopicPending meanwhile: Produce must
 // not block, and a metadata request can take seconds on a slow broker.
@@ -381,6 +381,11 @@ func (p *producer) endTxn(ctx context.Context, commit bool) error {
 	what := map[bool]string{true: "commit", false: "abort"}
 	p.mu.Lock()
 	e := p.end
+	if e != nil && e.commit != commit && closed(e.done) {
+		// The other kind of end finished, and its caller gave up waiting; its outcome is in the
+		// producer's state now, which this call goes by.
+		p.end, e = nil, nil
+	}
 	switch {
 	case e != nil && e.commit != commit:
 		p.mu.Unlock()
@@ -411,6 +416,16 @@ func (p *producer) endTxn(ctx context.Context, commit bool) error {
 	}
 	p.mu.Unlock()
 	return e.err
+}
+
+// closed reports whether ch is closed, without waiting.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // finish ends the transaction for e, and records the outcome.
