@@ -3,20 +3,16 @@
 package franz_test
 
 import (
-	"context"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/drivertest"
 	"github.com/goharvest/goharvest/driver/franz"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
-	"github.com/goharvest/goharvest/outbox"
 )
 
 var contractTopics atomic.Int32
@@ -52,29 +48,4 @@ func newProducer(t *testing.T, addr, txnID string) driver.KafkaProducer {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// readCommitted reads topic from the start as a read_committed consumer until it has want
-// messages or within has passed.
-func readCommitted(t *testing.T, addr, topic string, want int, within time.Duration) []drivertest.Message {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), within)
-	defer cancel()
-	var got []drivertest.Message
-	for len(got) < want && ctx.Err() == nil {
-		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
-			m := drivertest.Message{Key: r.Key, Value: r.Value}
-			for _, h := range r.Headers {
-				m.Headers = append(m.Headers, outbox.Header{Key: h.Key, Value: string(h.Value)})
-			}
-			got = append(got, m)
-		})
-	}
-	return got
 }
