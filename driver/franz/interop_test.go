@@ -238,3 +238,38 @@ func TestKeysPartitionAsLibrdkafkaDoes(t *testing.T) {
 	}
 	t.Logf("the empty key: partition %d with librdkafka, %d with franz", rd[""], fr[""])
 }
+
+// A producer of either driver fences one of the other with the same transactional ID: the fenced
+// one's commit fails fatally, and its message never reaches a consumer.
+func TestFencingAcrossDrivers(t *testing.T) {
+	c := kafkacluster.Shared(t)
+	run := time.Now().UnixNano()
+	for i, d := range []struct {
+		name     string
+		old, new func(t *testing.T, addr, txnID string) driver.KafkaProducer
+	}{
+		{"franz fences librdkafka", newLibrdkafkaProducer, newProducer},
+		{"librdkafka fences franz", newProducer, newLibrdkafkaProducer},
+	} {
+		t.Run(d.name, func(t *testing.T) {
+			topic := c.Topic(t, fmt.Sprintf("franz-interop-fence-%d-%d", run, i), 1)
+			txnID := fmt.Sprintf("franz-interop-fence-%d-%d", run, i)
+			old := open(t, d.old(t, c.Addr(), txnID))
+			if err := old.BeginTransaction(); err != nil {
+				t.Fatal(err)
+			}
+			if err := old.send(driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("deposed")}); err != nil {
+				t.Fatal(err)
+			}
+			old.await(t, 1)
+			open(t, d.new(t, c.Addr(), txnID))
+			var txnErr *driver.TxnError
+			if err := old.CommitTransaction(timeout(t, 30*time.Second)); !errors.As(err, &txnErr) || !txnErr.Fatal {
+				t.Errorf("the fenced producer's commit returned %v, want a fatal TxnError", err)
+			}
+			if got := readCommitted(t, c.Addr(), topic, 1, 5*time.Second); len(got) != 0 {
+				t.Errorf("a consumer received %d messages of the fenced producer", len(got))
+			}
+		})
+	}
+}

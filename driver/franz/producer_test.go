@@ -214,3 +214,33 @@ func TestMissingTopicIsCreatedOrRefused(t *testing.T) {
 		t.Fatalf("AbortTransaction: %v", err)
 	}
 }
+
+// A producer fenced before it sends anything learns it from its message's delivery, which fails,
+// and its commit then fails fatally.
+func TestFencedBeforeProducingFailsTheCommit(t *testing.T) {
+	c := kafkacluster.Shared(t)
+	run := time.Now().UnixNano()
+	topic := c.Topic(t, fmt.Sprintf("franz-fenced-early-%d", run), 1)
+	txnID := fmt.Sprintf("franz-fenced-early-%d", run)
+	old := open(t, newProducer(t, c.Addr(), txnID))
+	open(t, newProducer(t, c.Addr(), txnID))
+	if err := old.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.send(driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("deposed")}); err != nil {
+		t.Fatal(err)
+	}
+	if d := <-old.reports; d.Err == nil {
+		t.Fatal("the fenced producer's message was reported delivered")
+	} else {
+		t.Logf("delivery: %v", d.Err)
+	}
+	var txnErr *driver.TxnError
+	err := old.CommitTransaction(timeout(t, 30*time.Second))
+	if !errors.As(err, &txnErr) || !txnErr.Fatal {
+		t.Fatalf("the fenced producer's commit returned %v, want a fatal TxnError", err)
+	}
+	if err := old.BeginTransaction(); !errors.As(err, &txnErr) || !txnErr.Fatal {
+		t.Errorf("BeginTransaction after the fatal commit returned %v, want a fatal TxnError", err)
+	}
+}
