@@ -1,8 +1,9 @@
 // Package franz is a Kafka producer for goharvest on franz-go (package kgo), in pure Go: no cgo,
 // no librdkafka. Its producers implement driver.KafkaProducer and keep the same contract as those
 // of package driver/librdkafka (drivertest.RunProducer): transactions, fencing by transactional
-// ID, notes in the transaction's committed offsets, and keys partitioned as the Java client and
-// the librdkafka driver partition them.
+// ID, notes in the transaction's committed offsets, and keys (the empty key included)
+// partitioned as the Java client and the librdkafka driver partition them. Either driver reads
+// the other's notes and fences the other's producers.
 //
 //	client := franz.New(franz.Config{SeedBrokers: []string{"localhost:9092"}})
 //	p, err := client.NewProducer(driver.ProducerConfig{TransactionalID: "orders-0", ...})
@@ -11,8 +12,8 @@
 // driver.Kafka, and neither goharvest.Config nor the reaper can select it.
 //
 // It needs a cluster whose transaction.version is 2 or more (KIP-890 part 2: the default of
-// clusters created by Kafka 4.0 and later): notes are written with TxnOffsetCommit v5, which adds
-// the notes group to the transaction itself. InitTransactions refuses an older cluster with a
+// clusters created by Kafka 4.0 and later): notes are written with TxnOffsetCommit v5 or later,
+// which adds the notes group to the transaction itself. InitTransactions refuses an older cluster with a
 // KafkaConfigError.
 package franz
 
@@ -53,8 +54,9 @@ type Config struct {
 	SeedBrokers []string
 	// Opts are further kgo options, such as kgo.DialTLSConfig, kgo.SASL or kgo.Dialer. They are
 	// applied before the options the producer sets itself, which therefore win: the
-	// transactional ID, client ID, acks, idempotence, partitioner, linger, delivery and
-	// transaction timeouts, buffer limit, topic creation on demand and logger.
+	// transactional ID, acks, partitioner, linger, transaction timeout, buffer limit, topic
+	// creation on demand and logger, and the client ID and delivery timeout when
+	// driver.ProducerConfig gives them. (Idempotence comes with the transactional ID.)
 	Opts []kgo.Opt
 	// Linger is kgo.ProducerLinger, at most a minute (kgo's limit); 0 means DefaultLinger.
 	Linger time.Duration
