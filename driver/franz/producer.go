@@ -194,6 +194,13 @@ func (p *producer) Produce(msg driver.Message) error {
 		p.mu.Unlock()
 		return err
 	}
+	if p.failure != nil {
+		// The transaction cannot commit (see CommitTransaction); as librdkafka does, take no more
+		// messages into it, which would only be published again after its abort.
+		err := fmt.Errorf("the transaction must abort: a message of it failed: %w", p.failure)
+		p.mu.Unlock()
+		return &driver.TxnError{Err: err, Retriable: !fatal(err), Fatal: fatal(err)}
+	}
 	if p.queued >= p.maxQueued {
 		p.mu.Unlock()
 		return driver.ErrQueueFull

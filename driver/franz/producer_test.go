@@ -52,8 +52,9 @@ func TestCommitOutOfTimeGoesOn(t *testing.T) {
 	}
 }
 
-// A transaction in which a message failed does not commit (kgo alone would commit the others):
-// the commit is abortable, and after the abort the next transaction commits.
+// A transaction in which a message failed takes no more messages and does not commit (kgo alone
+// would commit the others): the commit is abortable, and after the abort the next transaction
+// commits.
 func TestFailedMessageForbidsCommit(t *testing.T) {
 	c := kafkacluster.Shared(t)
 	topic := c.Topic(t, fmt.Sprintf("franz-failed-%d", time.Now().UnixNano()), 1)
@@ -85,6 +86,9 @@ func TestFailedMessageForbidsCommit(t *testing.T) {
 		t.Fatalf("deliveries %v, want the small message delivered and the huge one rejected", got)
 	}
 	var txnErr *driver.TxnError
+	if err := p.Produce(driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("doomed")}); !errors.As(err, &txnErr) || !txnErr.Retriable {
+		t.Errorf("Produce into a transaction that must abort returned %v, want a retriable TxnError", err)
+	}
 	if err := p.CommitTransaction(timeout(t, 30*time.Second)); !errors.As(err, &txnErr) || !txnErr.Abortable || txnErr.Fatal {
 		t.Fatalf("the commit of a transaction with a failed message returned %v, want an abortable TxnError", err)
 	}
@@ -215,8 +219,8 @@ func TestMissingTopicIsCreatedOrRefused(t *testing.T) {
 	}
 }
 
-// A producer fenced before it sends anything learns it from its message's delivery, which fails,
-// and its commit then fails fatally.
+// A producer fenced before it sends anything learns it from its message's delivery, which fails;
+// its next Produce and its commit then fail fatally.
 func TestFencedBeforeProducingFailsTheCommit(t *testing.T) {
 	c := kafkacluster.Shared(t)
 	run := time.Now().UnixNano()
@@ -236,6 +240,9 @@ func TestFencedBeforeProducingFailsTheCommit(t *testing.T) {
 		t.Logf("delivery: %v", d.Err)
 	}
 	var txnErr *driver.TxnError
+	if err := old.Produce(driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("deposed")}); !errors.As(err, &txnErr) || !txnErr.Fatal {
+		t.Errorf("Produce after the fenced delivery returned %v, want a fatal TxnError", err)
+	}
 	err := old.CommitTransaction(timeout(t, 30*time.Second))
 	if !errors.As(err, &txnErr) || !txnErr.Fatal {
 		t.Fatalf("the fenced producer's commit returned %v, want a fatal TxnError", err)
