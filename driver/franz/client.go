@@ -1,0 +1,145 @@
+// Package franz is a Kafka producer for goharvest on franz-go (package kgo), in pure Go: no cgo,
+// no librdkafka. Its producers implement driver.KafkaProducer and keep the same contract as those
+// of package driver/librdkafka (drivertest.RunProducer): transactions, fencing by transactional
+// ID, notes in the transaction's committed offsets, and keys (the empty key included)
+// partitioned as the Java client and the librdkafka driver partition them. Either driver reads
+// the other's notes and fences the other's producers.
+//
+//	client := franz.New(franz.Config{SeedBrokers: []string{"localhost:9092"}})
+//	p, err := client.NewProducer(driver.ProducerConfig{TransactionalID: "orders-0", ...})
+//
+// Today the package offers the producer only. It has no leader election, so it is not yet a
+// driver.Kafka, and neither goharvest.Config nor the reaper can select it.
+//
+// It needs a cluster whose transaction.version is 2 or more (KIP-890 part 2: the default of
+// clusters created by Kafka 4.0 and later): notes are written with TxnOffsetCommit v5 or later,
+// which adds the notes group to the transaction itself. InitTransactions refuses an older cluster with a
+// KafkaConfigError.
+package franz
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/goharvest/goharvest/driver"
+)
+
+// Defaults the client gives its producers where Config sets none.
+const (
+	// DefaultLinger is kgo.ProducerLinger; kgo's own default is 10ms. The transaction loop already
+	// gathers records between commits, and a commit flushes what is queued at once; a longer wait
+	// would only delay each delivery report, and with it the commit that releases a key's next
+	// record. (The librdkafka driver's DefaultLinger is the same.)
+	DefaultLinger = time.Millisecond
+	// DefaultTransactionTimeout is kgo.TransactionTimeout, raised to the delivery timeout when
+	// that is longer, since a transaction must be allowed as long as its messages; kgo's own
+	// default is 40s. The same as the librdkafka driver's.
+	DefaultTransactionTimeout = time.Minute
+	// DefaultMaxQueued is how many messages a producer holds, queued or in flight, before Produce
+	// returns driver.ErrQueueFull: librdkafka's queue.buffering.max.messages default.
+	DefaultMaxQueued = 100_000
+)
+
+// Config is the client's settings. The zero value of each field but SeedBrokers means its
+// default.
+type Config struct {
+	// SeedBrokers are the brokers to bootstrap from (kgo.SeedBrokers). Required.
+	SeedBrokers []string
+	// Opts are further kgo options, such as kgo.DialTLSConfig, kgo.SASL or kgo.Dialer. They are
+	// applied before the options the producer sets itself, which therefore win: the
+	// transactional ID, acks, partitioner, linger, transaction timeout, buffer limit, topic
+	// creation on demand and logger, and the client ID and delivery timeout when
+	// driver.ProducerConfig gives them. (Idempotence comes with the transactional ID.)
+	Opts []kgo.Opt
+	// Linger is kgo.ProducerLinger, at most a minute (kgo's limit); 0 means DefaultLinger.
+	Linger time.Duration
+	// TransactionTimeout is kgo.TransactionTimeout (the broker's transaction.timeout.ms for this
+	// producer); 0 means DefaultTransactionTimeout. It is raised to the producer's delivery
+	// timeout when that is longer.
+	TransactionTimeout time.Duration
+	// MaxQueued is how many messages a producer holds, queued or in flight, before Produce
+	// returns driver.ErrQueueFull; 0 means DefaultMaxQueued.
+	MaxQueued int
+}
+
+// Client makes franz-go producers. It holds no connection of its own.
+type Client struct{ cfg Config }
+
+// New returns a client with cfg's settings (copied). It contacts no broker.
+func New(cfg Config) *Client {
+	cfg.SeedBrokers = slices.Clone(cfg.SeedBrokers)
+	cfg.Opts = slices.Clone(cfg.Opts)
+	return &Client{cfg: cfg}
+}
+
+// NewProducer creates a transactional producer. It contacts no broker: InitTransactions does.
+func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, error) {
+	if len(c.cfg.SeedBrokers) == 0 {
+		return nil, errors.New("franz: Config.SeedBrokers is empty")
+	}
+	if p.TransactionalID == "" {
+		return nil, errors.New("franz: ProducerConfig.TransactionalID is empty")
+	}
+	logger := p.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	txnTimeout := cmp.Or(c.cfg.TransactionTimeout, DefaultTransactionTimeout)
+	txnTimeout = max(txnTimeout, p.DeliveryTimeout)
+	maxQueued := cmp.Or(c.cfg.MaxQueued, DefaultMaxQueued)
+	opts := append(slices.Clone(c.cfg.Opts),
+		kgo.SeedBrokers(c.cfg.SeedBrokers...),
+		kgo.TransactionalID(p.TransactionalID),
+		kgo.TransactionTimeout(txnTimeout),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerLinger(cmp.Or(c.cfg.Linger, DefaultLinger)),
+		// Keys hash with murmur2 as the Java client's and librdkafka's "murmur2_random"
+		// partitioners do, the empty key included; a nil key goes to a partition of kgo's choice,
+		// as librdkafka's goes to a random one.
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		// Produce counts what it has queued against maxQueued itself, so that it can refuse at
+		// once. kgo's own limit must then never be reached, or kgo would fail the message that
+		// reaches it; kgo counts a message a moment longer than Produce does (until just after
+		// its promise), so its limit has room to spare.
+		kgo.MaxBufferedRecords(2*maxQueued),
+		// A broker that creates topics on demand creates a message's topic, as it does for
+		// librdkafka's producer (see producer.checkTopic).
+		kgo.AllowAutoTopicCreation(),
+		kgo.WithLogger(slogLogger{logger}),
+	)
+	if p.ClientID != "" {
+		opts = append(opts, kgo.ClientID(p.ClientID))
+	}
+	if p.DeliveryTimeout > 0 {
+		opts = append(opts, kgo.RecordDeliveryTimeout(p.DeliveryTimeout))
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("franz: create client: %w", err)
+	}
+	return newProducer(cl, p.TransactionalID, txnTimeout, maxQueued), nil
+}
+
+// slogLogger forwards kgo's logs to a slog.Logger. kgo logs every transaction's begin and end at
+// its info level, so that level becomes slog's debug; its debug logs are not asked for.
+type slogLogger struct{ l *slog.Logger }
+
+func (s slogLogger) Level() kgo.LogLevel { return kgo.LogLevelInfo }
+
+func (s slogLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	l := slog.LevelDebug
+	switch level {
+	case kgo.LogLevelError:
+		l = slog.LevelError
+	case kgo.LogLevelWarn:
+		l = slog.LevelWarn
+	}
+	s.l.Log(context.Background(), l, msg, keyvals...)
+}

@@ -1,0 +1,15 @@
+//go:build cgo
+
+package franz_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/goharvest/goharvest/internal/kafkacluster"
+	"github.com/goharvest/goharvest/internal/leakcheck"
+)
+
+// The contract tests run on the package's shared Apache Kafka cluster, started at the first
+// test that asks for it.
+func TestMain(m *testing.M) { os.Exit(leakcheck.After(kafkacluster.Run(m))) }

@@ -1,0 +1,777 @@
+package franz
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/outbox"
+)
+
+// producer is a transactional kgo client as a driver.KafkaProducer.
+//
+// kgo calls each message's promise on a goroutine of its own; the promise posts the Delivery to
+// reports, a mailbox that never blocks, and forward hands it on to Deliveries. A transaction's end
+// (flush, then EndTxn) runs on a goroutine of its own too, an ending: a call that runs out of time
+// leaves it going, and the next call waits for it again, as the contract asks of a commit.
+type producer struct {
+	cl         *kgo.Client
+	txnID      string
+	txnTimeout time.Duration
+	maxQueued  int
+
+	// ctx bounds the endings and topic lookups; Close cancels it before it closes the client.
+	ctx     context.Context
+	stop    context.CancelFunc
+	ends    sync.WaitGroup // endings under way; Close waits for them
+	lookups sync.WaitGroup // topic lookups under way; Close waits for them
+
+	topicsMu sync.Mutex
+	topics   map[string]topicState // what the producer last learnt of each topic; guarded by topicsMu
+
+	reports    *mailbox
+	deliveries chan driver.Delivery
+
+	// mu guards the fields below, which Produce, the transactional calls and kgo's promises
+	// share.
+	mu sync.Mutex
+	// queued counts the messages Produce accepted and kgo has not reported yet; idle is signalled
+	// when it drops to zero, which Close waits for.
+	queued int
+	idle   *sync.Cond
+	// inTxn says a transaction is open: begun, and its end not yet succeeded.
+	inTxn bool
+	// produced counts the messages Produce accepted in the open transaction.
+	produced int
+	// failure is the first failed delivery of the open transaction; it cannot commit then.
+	failure error
+	// end is the transaction's end under way, or finished and not yet returned to a caller.
+	end *ending
+	// fatal, once set, is why the producer is unusable (fenced, say).
+	fatal error
+}
+
+// ending is a transaction's end, commit or abort, under way on a goroutine of its own.
+type ending struct {
+	commit bool
+	done   chan struct{}
+	err    error // written before done is closed
+}
+
+func newProducer(cl *kgo.Client, txnID string, txnTimeout time.Duration, maxQueued int) *producer {
+	ctx, stop := context.WithCancel(context.Background())
+	p := &producer{cl: cl, txnID: txnID, txnTimeout: txnTimeout, maxQueued: maxQueued, ctx: ctx, stop: stop,
+		reports: newMailbox(), deliveries: make(chan driver.Delivery, 1024), topics: map[string]topicState{}}
+	p.idle = sync.NewCond(&p.mu)
+	go p.forward()
+	return p
+}
+
+// InitTransactions checks that the cluster runs transactions as the producer needs (see the
+// package doc), then registers the transactional ID: kgo's InitProducerID, which fences every
+// earlier producer of the ID and returns once the coordinator has ended their transactions.
+func (p *producer) InitTransactions(ctx context.Context) error {
+	if err := p.checkTransactionVersion(ctx); err != nil {
+		return err
+	}
+	if _, _, err := p.cl.ProducerID(ctx); err != nil {
+		return initError(p.txnID, err)
+	}
+	return nil
+}
+
+// minTransactionVersion is the cluster's transaction.version that the producer needs: 2, KIP-890
+// part 2, under which kgo adds partitions to a transaction by producing to them, and
+// TxnOffsetCommit v5 adds the notes group. On an older cluster kgo would send AddOffsetsToTxn
+// itself for a group it consumes, and WriteNote would have to; it does not yet.
+const minTransactionVersion = 2
+
+func (p *producer) checkTransactionVersion(ctx context.Context) error {
+	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, p.cl)
+	if err == nil {
+		err = kerr.ErrorForCode(resp.ErrorCode)
+	}
+	if err != nil {
+		return &driver.TxnError{Err: fmt.Errorf("ask the cluster's transaction.version: %w", err), Retriable: true}
+	}
+	var level int16
+	for _, f := range resp.FinalizedFeatures {
+		if f.Name == "transaction.version" {
+			level = f.MaxVersionLevel
+		}
+	}
+	if level < minTransactionVersion {
+		return &driver.KafkaConfigError{Err: fmt.Errorf("the cluster's transaction.version is %d; the franz driver needs %d or more (KIP-890 part 2, Kafka 4.0+): "+
+			"kafka-features.sh upgrade --feature transaction.version=2", level, minTransactionVersion)}
+	}
+	return nil
+}
+
+// initError classifies a failed InitTransactions of the producer with transactional ID txnID:
+// the refusals of KafkaConfigError, or a retriable TxnError (a timeout, a broker away).
+func initError(txnID string, err error) error {
+	switch {
+	case errors.Is(err, kerr.TransactionalIDAuthorizationFailed):
+		return &driver.KafkaConfigError{Err: fmt.Errorf("this client may not use transactional ID %q: grant WRITE on TransactionalId %s: %w",
+			txnID, txnID, err)}
+	}
+	// Kafka's other refusals (CLUSTER_AUTHORIZATION_FAILED, INVALID_TRANSACTION_TIMEOUT, a broker
+	// without transactions) are for good too: kgo keeps the error, and the producer is unusable.
+	var ke *kerr.Error
+	if errors.As(err, &ke) && !ke.Retriable && !errors.Is(err, kerr.ConcurrentTransactions) {
+		return &driver.KafkaConfigError{Err: fmt.Errorf("register transactional ID %q: %w", txnID, err)}
+	}
+	return &driver.TxnError{Err: fmt.Errorf("register transactional ID %q: %w", txnID, err), Retriable: true}
+}
+
+func (p *producer) BeginTransaction() error {
+	p.mu.Lock()
+	err := p.refuse(false)
+	p.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := p.cl.BeginTransaction(); err != nil {
+		// kgo refuses only a producer whose ID failed for good (we never call it in a transaction).
+		return p.setFatal(fmt.Errorf("begin transaction: %w", err))
+	}
+	p.mu.Lock()
+	p.inTxn, p.produced, p.failure = true, 0, nil
+	p.mu.Unlock()
+	return nil
+}
+
+// refuse returns why a call cannot go ahead now, if it cannot: the producer is unusable, a
+// transaction's end is under way, or a transaction is open (inTxn false: the call begins one)
+// or not (inTxn true: the call needs one). Called with mu held.
+func (p *producer) refuse(inTxn bool) error {
+	switch {
+	case p.fatal != nil:
+		return &driver.TxnError{Err: fmt.Errorf("the producer is unusable: %w", p.fatal), Fatal: true}
+	case p.end != nil:
+		return &driver.TxnError{Err: errors.New("the transaction's end is under way"), Retriable: true}
+	case inTxn && !p.inTxn:
+		return &driver.TxnError{Err: errors.New("no transaction is open"), Retriable: true}
+	case !inTxn && p.inTxn:
+		return &driver.TxnError{Err: errors.New("a transaction is already open")}
+	}
+	return nil
+}
+
+// setFatal records that the producer is unusable for err, and returns it as a fatal TxnError.
+func (p *producer) setFatal(err error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.fatal == nil {
+		p.fatal = err
+	}
+	return &driver.TxnError{Err: err, Fatal: true}
+}
+
+func (p *producer) Produce(msg driver.Message) error {
+	if err := outbox.CheckName(msg.Topic); err != nil {
+		return &driver.RejectedError{Err: fmt.Errorf("topic %q is not a valid Kafka topic name: %w", msg.Topic, err), ByGoharvest: true}
+	}
+	// The producer's state first: a message refused for it starts no topic lookup.
+	p.mu.Lock()
+	err := p.refuse(true)
+	p.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := p.checkTopic(msg.Topic); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	if err := p.refuse(true); err != nil { // again: mu was let go for the topic check
+		p.mu.Unlock()
+		return err
+	}
+	if p.failure != nil {
+		// The transaction cannot commit (see CommitTransaction); as librdkafka does, take no more
+		// messages into it, which would only be published again after its abort.
+		err := fmt.Errorf("the transaction must abort: a message of it failed: %w", p.failure)
+		p.mu.Unlock()
+		return &driver.TxnError{Err: err, Retriable: !fatal(err), Fatal: fatal(err)}
+	}
+	if p.queued >= p.maxQueued {
+		p.mu.Unlock()
+		return driver.ErrQueueFull
+	}
+	p.queued++
+	p.produced++
+	p.mu.Unlock()
+
+	rec := &kgo.Record{Topic: msg.Topic, Key: msg.Key, Value: msg.Value}
+	if len(msg.Headers) > 0 {
+		rec.Headers = make([]kgo.RecordHeader, len(msg.Headers))
+		for i, h := range msg.Headers {
+			rec.Headers[i] = kgo.RecordHeader{Key: h.Key, Value: []byte(h.Value)}
+		}
+	}
+	opaque := msg.Opaque
+	// TryProduce never blocks. Nor does it find kgo's buffer full (see NewProducer): kgo's limit
+	// is twice maxQueued, and kgo counts a message out only just after its promise, where queued
+	// counts it out.
+	p.cl.TryProduce(context.Background(), rec, func(r *kgo.Record, err error) { p.delivered(r.Topic, opaque, err) })
+	return nil
+}
+
+// topicState is what the producer last learnt of a topic: usable (err nil) or not, and when;
+// or that a lookup is under way.
+type topicState struct {
+	err     error
+	at      time.Time
+	pending bool
+}
+
+const (
+	// topicRecheck is how long a topic found missing stays rejected before metadata is asked again.
+	topicRecheck = time.Second
+	// metadataTimeout bounds one metadata request.
+	metadataTimeout = 5 * time.Second
+	// topicCreateWait is how long a lookup keeps asking about a topic that Kafka's metadata says
+	// is missing before it is rejected. A broker that creates topics on demand (Apache Kafka's
+	// default) answers the request that makes it create one "unknown topic", and lists the topic
+	// a moment later.
+	topicCreateWait = 2 * time.Second
+)
+
+// checkTopic rejects a message for a topic that does not exist, as the librdkafka driver does
+// (Produce has already refused a name that cannot exist): kgo would hold such a message while it
+// asks for the topic's metadata again and again, and fail it only after several tries, so the
+// transaction could not commit meanwhile and would then have to abort, taking every other key's
+// records with it. Asking for the topic's metadata also lets the broker create it where that is
+// allowed. A topic found usable is not asked about again.
+//
+// The lookup runs in the background and Produce returns ErrTopicPending meanwhile: Produce must
+// not block, and a metadata request can take seconds on a slow broker.
+func (p *producer) checkTopic(topic string) error {
+	p.topicsMu.Lock()
+	defer p.topicsMu.Unlock()
+	st, known := p.topics[topic]
+	switch {
+	case known && st.pending:
+		return driver.ErrTopicPending
+	case known && (st.err == nil || time.Since(st.at) < topicRecheck):
+		return st.err
+	}
+	p.topics[topic] = topicState{pending: true}
+	p.lookups.Go(func() { p.lookUp(topic) })
+	return driver.ErrTopicPending
+}
+
+// lookUp asks for a topic's metadata and records what it learnt. A topic found missing is asked
+// about again, at growing intervals, until topicCreateWait has passed or the producer closes.
+func (p *producer) lookUp(topic string) {
+	st := p.describe(topic)
+	giveUp := time.Now().Add(topicCreateWait)
+	for wait := 100 * time.Millisecond; st.err != nil && time.Now().Add(wait).Before(giveUp); wait *= 2 {
+		select {
+		case <-p.ctx.Done():
+			giveUp = time.Time{} // keep what was learnt; the producer is going away
+		case <-time.After(wait):
+			st = p.describe(topic)
+		}
+	}
+	p.topicsMu.Lock()
+	p.topics[topic] = st
+	p.topicsMu.Unlock()
+}
+
+// describe asks Kafka for a topic's metadata once, letting it create the topic where it may:
+// usable, missing (a RejectedError), or usable as far as it can tell when Kafka did not answer
+// (the produce itself will show what is wrong).
+func (p *producer) describe(topic string) topicState {
+	ctx, cancel := context.WithTimeout(p.ctx, metadataTimeout)
+	defer cancel()
+	req := kmsg.NewPtrMetadataRequest()
+	req.AllowAutoTopicCreation = true
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(ctx, p.cl)
+	st := topicState{at: time.Now()}
+	if err != nil {
+		return st
+	}
+	var found *kmsg.MetadataResponseTopic
+	for i, t := range resp.Topics {
+		if t.Topic != nil && *t.Topic == topic {
+			found = &resp.Topics[i]
+		}
+	}
+	switch {
+	case found != nil && found.ErrorCode == kerr.TopicAuthorizationFailed.Code:
+		// Kafka hides from a client without DESCRIBE whether the topic exists; WRITE implies it.
+		st.err = &driver.RejectedError{Err: fmt.Errorf("topic %q: this client may not see or write to it (Kafka's metadata: %w): grant WRITE on topic %s",
+			topic, kerr.TopicAuthorizationFailed, topic), ByGoharvest: true}
+	case found == nil || found.ErrorCode != 0 || len(found.Partitions) == 0:
+		reason := error(errors.New("missing"))
+		if found != nil && found.ErrorCode != 0 {
+			reason = kerr.ErrorForCode(found.ErrorCode)
+		}
+		st.err = &driver.RejectedError{Err: fmt.Errorf("topic %q does not exist and was not created (Kafka's metadata: %w)", topic, reason),
+			ByGoharvest: true}
+	}
+	return st
+}
+
+// delivered is kgo's promise for a message of topic: it must not block.
+func (p *producer) delivered(topic string, opaque any, err error) {
+	err = deliveryError(topic, err)
+	p.mu.Lock()
+	p.queued--
+	if p.queued == 0 {
+		p.idle.Broadcast()
+	}
+	if err != nil && p.failure == nil && p.inTxn {
+		p.failure = err
+	}
+	p.mu.Unlock()
+	p.reports.post(driver.Delivery{Opaque: opaque, Err: err})
+}
+
+// deliveryError marks errors that retrying the same message will not cure.
+func deliveryError(topic string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, kerr.TopicAuthorizationFailed):
+		// kgo's message names neither the topic nor the ACL.
+		return &driver.RejectedError{Err: fmt.Errorf("this client may not write to topic %q: grant WRITE on topic %s: %w", topic, topic, err)}
+	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge), errors.Is(err, kerr.InvalidRecord),
+		errors.Is(err, kerr.CorruptMessage), errors.Is(err, kerr.UnknownTopicOrPartition), errors.Is(err, kerr.InvalidTopicException),
+		errors.Is(err, kerr.PolicyViolation):
+		return &driver.RejectedError{Err: err}
+	}
+	return err
+}
+
+func (p *producer) Deliveries() <-chan driver.Delivery { return p.deliveries }
+
+// forward hands reports on to Deliveries, in order, until Close has closed the mailbox and every
+// report is handed on.
+func (p *producer) forward() {
+	defer close(p.deliveries)
+	for {
+		batch, closed := p.reports.take()
+		for _, d := range batch {
+			p.deliveries <- d
+		}
+		if closed {
+			return
+		}
+	}
+}
+
+// CommitTransaction flushes the transaction's messages and commits it. A transaction in which a
+// message failed is not committed (kgo would commit the others): the call returns an abortable
+// TxnError, as librdkafka does. Should the commit's outcome be unknown (EndTxn sent and not
+// answered), kgo allows only an abort next, so the error is abortable too: the transaction may
+// have committed, and the harvester publishes its records again.
+func (p *producer) CommitTransaction(ctx context.Context) error { return p.endTxn(ctx, true) }
+
+// AbortTransaction fails the messages not yet sent, waits for those in flight, and aborts.
+func (p *producer) AbortTransaction(ctx context.Context) error { return p.endTxn(ctx, false) }
+
+// endTxn starts the transaction's end, or finds the one under way, and waits for it until ctx
+// ends; the end goes on meanwhile, and the next call waits for it again.
+func (p *producer) endTxn(ctx context.Context, commit bool) error {
+	what := map[bool]string{true: "commit", false: "abort"}
+	p.mu.Lock()
+	e := p.end
+	if e != nil && e.commit != commit && closed(e.done) {
+		// The other kind of end finished, and its caller gave up waiting; its outcome is in the
+		// producer's state now, which this call goes by.
+		p.end, e = nil, nil
+	}
+	switch {
+	case e != nil && e.commit != commit:
+		p.mu.Unlock()
+		return &driver.TxnError{Err: fmt.Errorf("%s transaction: a %s is under way; call again to wait for it", what[commit], what[e.commit]),
+			Retriable: true}
+	case e == nil && p.fatal == nil && !p.inTxn:
+		p.mu.Unlock()
+		// Not retriable, unlike Produce's refusal: no transaction will be open until one begins.
+		return &driver.TxnError{Err: fmt.Errorf("%s transaction: no transaction is open", what[commit])}
+	case e == nil:
+		if err := p.refuse(true); err != nil {
+			p.mu.Unlock()
+			return fmt.Errorf("%s transaction: %w", what[commit], err)
+		}
+		e = &ending{commit: commit, done: make(chan struct{})}
+		p.end = e
+		p.ends.Go(func() { p.finish(e) })
+	}
+	p.mu.Unlock()
+	select {
+	case <-e.done:
+	case <-ctx.Done():
+		return &driver.TxnError{Err: fmt.Errorf("%s transaction: %w (it goes on; call again to wait for it)", what[commit], ctx.Err()), Retriable: true}
+	}
+	p.mu.Lock()
+	if p.end == e {
+		p.end = nil
+	}
+	p.mu.Unlock()
+	return e.err
+}
+
+// closed reports whether ch is closed, without waiting.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// finish ends the transaction for e, and records the outcome.
+func (p *producer) finish(e *ending) {
+	// The broker aborts a transaction older than its timeout, so waiting longer is pointless.
+	ctx, cancel := context.WithTimeout(p.ctx, p.txnTimeout)
+	defer cancel()
+	var err error
+	if e.commit {
+		err = p.commit(ctx)
+	} else {
+		err = p.abort(ctx)
+	}
+	p.mu.Lock()
+	var txnErr *driver.TxnError
+	switch {
+	case err == nil:
+		p.inTxn, p.produced, p.failure = false, 0, nil
+	case errors.As(err, &txnErr) && txnErr.Fatal && p.fatal == nil:
+		p.fatal = txnErr.Err
+	}
+	e.err = err
+	p.mu.Unlock()
+	close(e.done)
+}
+
+func (p *producer) commit(ctx context.Context) error {
+	if err := p.cl.Flush(ctx); err != nil {
+		return &driver.TxnError{Err: fmt.Errorf("commit transaction: flush: %w", err), Retriable: true}
+	}
+	p.mu.Lock()
+	failure := p.failure
+	p.mu.Unlock()
+	if failure != nil {
+		err := fmt.Errorf("commit transaction: a message failed, so the transaction must abort: %w", failure)
+		return &driver.TxnError{Err: err, Abortable: !fatal(failure), Fatal: fatal(failure)}
+	}
+	if err := p.cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		return &driver.TxnError{Err: fmt.Errorf("commit transaction: %w", err), Abortable: !fatal(err), Fatal: fatal(err)}
+	}
+	return nil
+}
+
+func (p *producer) abort(ctx context.Context) error {
+	if err := p.cl.AbortBufferedRecords(ctx); err != nil {
+		return &driver.TxnError{Err: fmt.Errorf("abort transaction: fail queued messages: %w", err), Retriable: true}
+	}
+	if err := p.cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
+		// kgo heals an abort whose outcome is unknown on the next try (see EndTransaction).
+		return &driver.TxnError{Err: fmt.Errorf("abort transaction: %w", err), Retriable: !fatal(err), Fatal: fatal(err)}
+	}
+	return nil
+}
+
+// fatal reports whether err leaves the producer unusable: fenced by a newer producer of its
+// transactional ID, or refused for good. Under KIP-890 part 2, kgo recovers from none of these.
+func fatal(err error) bool {
+	for _, code := range []error{kerr.ProducerFenced, kerr.InvalidProducerEpoch, kerr.InvalidProducerIDMapping,
+		kerr.TransactionalIDAuthorizationFailed, kerr.ClusterAuthorizationFailed, kerr.InvalidTxnState,
+		kerr.UnsupportedVersion, kerr.UnsupportedForMessageFormat} {
+		if errors.Is(err, code) {
+			return true
+		}
+	}
+	return errors.Is(err, kgo.ErrClientClosed)
+}
+
+// WriteNote sends a TxnOffsetCommit for place with the producer's ID and epoch, by hand: kgo
+// commits offsets in a transaction only for a group it consumes as a member, and the notes group
+// has no members. Under KIP-890 part 2 (see checkTransactionVersion) TxnOffsetCommit v5 adds the
+// group to the transaction, so the note commits or aborts with it; kgo's EndTransaction ends the
+// transaction because its messages added their partitions. A transaction without a message would
+// leave the note pending at the broker, since kgo ends only a transaction that produced; so
+// WriteNote refuses one.
+//
+// The note is the metadata of offset 0 of the partition, as the librdkafka driver writes it, so
+// that either driver reads the other's notes.
+func (p *producer) WriteNote(ctx context.Context, place driver.NotePlace, note string) error {
+	p.mu.Lock()
+	err := p.refuse(true)
+	if err == nil && p.produced == 0 {
+		err = &driver.TxnError{Err: errors.New("a note needs a message in its transaction")}
+	}
+	p.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("write note: %w", err)
+	}
+	id, epoch, err := p.cl.ProducerID(ctx)
+	if err != nil {
+		return &driver.TxnError{Err: fmt.Errorf("write note: producer ID: %w", err), Abortable: !fatal(err), Fatal: fatal(err)}
+	}
+	topicID, err := p.topicID(ctx, place.Topic)
+	if err != nil {
+		return &driver.TxnError{Err: fmt.Errorf("write note to group %q: %w", place.Group, err), Abortable: true}
+	}
+	req := kmsg.NewPtrTxnOffsetCommitRequest()
+	req.TransactionalID = p.txnID
+	req.Group = place.Group
+	req.ProducerID, req.ProducerEpoch = id, epoch
+	// Generation -1 and no member ID: a group without members accepts offsets from a producer
+	// that is none of its consumers.
+	req.Generation, req.MemberID = -1, ""
+	topic := kmsg.NewTxnOffsetCommitRequestTopic()
+	// Both name and ID, so that the request reads right at any version the broker picks
+	// (v6 names topics by ID).
+	topic.Topic, topic.TopicID = place.Topic, topicID
+	part := kmsg.NewTxnOffsetCommitRequestTopicPartition()
+	part.Partition, part.Offset, part.Metadata = place.Partition, 0, &note
+	topic.Partitions = append(topic.Partitions, part)
+	req.Topics = append(req.Topics, topic)
+
+	err = retryConcurrent(ctx, func() error {
+		resp, err := req.RequestWith(ctx, p.cl)
+		if err != nil {
+			return err
+		}
+		for _, t := range resp.Topics {
+			for _, pt := range t.Partitions {
+				if err := kerr.ErrorForCode(pt.ErrorCode); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, kerr.GroupAuthorizationFailed):
+		err = fmt.Errorf("this client may not write the notes of group %q: grant READ on group %s: %w", place.Group, place.Group, err)
+	default:
+		err = fmt.Errorf("write note to group %q: %w", place.Group, err)
+	}
+	return &driver.TxnError{Err: err, Abortable: !fatal(err), Fatal: fatal(err)}
+}
+
+// concurrentBackoff is how long WriteNote waits before asking again while the transaction
+// coordinator answers CONCURRENT_TRANSACTIONS (it is still ending the previous transaction);
+// kgo's own ConcurrentTransactionsBackoff default.
+const concurrentBackoff = 20 * time.Millisecond
+
+// retryConcurrent calls f until it returns something other than CONCURRENT_TRANSACTIONS, or ctx
+// ends.
+func retryConcurrent(ctx context.Context, f func() error) error {
+	for {
+		err := f()
+		if !errors.Is(err, kerr.ConcurrentTransactions) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(concurrentBackoff):
+		}
+	}
+}
+
+// topicID returns the ID of topic, from kgo's cached metadata.
+func (p *producer) topicID(ctx context.Context, topic string) ([16]byte, error) {
+	req := kmsg.NewPtrMetadataRequest()
+	rt := kmsg.NewMetadataRequestTopic()
+	rt.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, rt)
+	resp, err := p.cl.RequestCachedMetadata(ctx, req, 0)
+	if err != nil {
+		return [16]byte{}, fmt.Errorf("metadata of topic %q: %w", topic, err)
+	}
+	for _, t := range resp.Topics {
+		if t.Topic != nil && *t.Topic == topic {
+			if err := kerr.ErrorForCode(t.ErrorCode); err != nil {
+				return [16]byte{}, fmt.Errorf("metadata of topic %q: %w", topic, err)
+			}
+			return t.TopicID, nil
+		}
+	}
+	return [16]byte{}, fmt.Errorf("metadata of topic %q: not in the answer", topic)
+}
+
+// unstableBackoff is how long ReadNote waits before asking again while the group has offsets of
+// a transaction not yet ended.
+const unstableBackoff = 50 * time.Millisecond
+
+// ReadNote fetches the committed offset of place with RequireStable (KIP-447): while a
+// transaction that wrote offsets to the group is still ending, the broker answers
+// UNSTABLE_OFFSET_COMMIT, and ReadNote asks again, so that it sees the outcome of every
+// transaction InitTransactions settled.
+func (p *producer) ReadNote(ctx context.Context, place driver.NotePlace) (string, error) {
+	req := kmsg.NewPtrOffsetFetchRequest()
+	req.Group = place.Group
+	req.RequireStable = true
+	topic := kmsg.NewOffsetFetchRequestTopic()
+	topic.Topic = place.Topic
+	topic.Partitions = []int32{place.Partition}
+	req.Topics = append(req.Topics, topic)
+	for {
+		resp, err := req.RequestWith(ctx, p.cl)
+		var note string
+		if err == nil {
+			note, err = noteOf(resp, place)
+		}
+		switch {
+		case err == nil:
+			return note, nil
+		case errors.Is(err, kerr.GroupIDNotFound):
+			return "", nil // no transaction has written a note yet
+		case !errors.Is(err, kerr.UnstableOffsetCommit):
+			return "", noteError(place, err)
+		}
+		select {
+		case <-ctx.Done():
+			return "", noteError(place, err)
+		case <-time.After(unstableBackoff):
+		}
+	}
+}
+
+// noteOf returns the note of place in resp: the metadata of a committed offset, or "" if none is.
+func noteOf(resp *kmsg.OffsetFetchResponse, place driver.NotePlace) (string, error) {
+	code, topics := resp.ErrorCode, resp.Topics
+	if len(resp.Groups) > 0 {
+		// kgo sends one group per request as a group of the batched form (v8+), and may answer in it.
+		g := resp.Groups[0]
+		if err := kerr.ErrorForCode(g.ErrorCode); err != nil {
+			return "", err
+		}
+		for _, t := range g.Topics {
+			for _, pt := range t.Partitions {
+				if pt.Partition != place.Partition {
+					continue
+				}
+				if err := kerr.ErrorForCode(pt.ErrorCode); err != nil {
+					return "", err
+				}
+				if pt.Offset >= 0 && pt.Metadata != nil {
+					return *pt.Metadata, nil
+				}
+			}
+		}
+		return "", nil
+	}
+	if err := kerr.ErrorForCode(code); err != nil {
+		return "", err
+	}
+	for _, t := range topics {
+		for _, pt := range t.Partitions {
+			if pt.Partition != place.Partition {
+				continue
+			}
+			if err := kerr.ErrorForCode(pt.ErrorCode); err != nil {
+				return "", err
+			}
+			if pt.Offset >= 0 && pt.Metadata != nil {
+				return *pt.Metadata, nil
+			}
+		}
+	}
+	return "", nil
+}
+
+// noteError wraps a failure to read a note. A refusal for lack of permission is a
+// KafkaConfigError, with the ACL that would allow it: retrying cannot help, and a leader that
+// cannot read its shard's note must not publish it.
+func noteError(place driver.NotePlace, err error) error {
+	switch {
+	case errors.Is(err, kerr.GroupAuthorizationFailed):
+		return &driver.KafkaConfigError{Err: fmt.Errorf("this client may not read the notes of group %q: grant READ on group %s: %w",
+			place.Group, place.Group, err)}
+	case errors.Is(err, kerr.TopicAuthorizationFailed):
+		return &driver.KafkaConfigError{Err: fmt.Errorf("this client may not read the notes of group %q on topic %q: grant READ on topic %s: %w",
+			place.Group, place.Topic, place.Topic, err)}
+	}
+	return fmt.Errorf("read note from group %q: %w", place.Group, err)
+}
+
+// Abandon fails every message kgo holds at once, in flight or not (kgo's
+// UnsafeAbortBufferedRecords): the producer is about to close, so the sequence numbers this may
+// leave wrong are never used again.
+func (p *producer) Abandon() { p.cl.UnsafeAbortBufferedRecords() }
+
+// Close stops the endings and lookups under way, closes the client (which fails whatever it still holds,
+// reporting each), waits for every message to be reported, and then lets forward close
+// Deliveries once it has handed on the last report.
+func (p *producer) Close() {
+	p.stop()
+	p.ends.Wait()
+	p.lookups.Wait()
+	p.cl.Close()
+	p.mu.Lock()
+	for p.queued > 0 {
+		p.idle.Wait()
+	}
+	p.mu.Unlock()
+	p.reports.close()
+}
+
+var _ driver.KafkaProducer = (*producer)(nil)
+
+// mailbox passes delivery reports from kgo's promises, which must not block, to forward.
+type mailbox struct {
+	mu     sync.Mutex
+	items  []driver.Delivery
+	closed bool
+	wake   chan struct{} // one slot: a post or close while take waits
+}
+
+func newMailbox() *mailbox { return &mailbox{wake: make(chan struct{}, 1)} }
+
+func (m *mailbox) post(d driver.Delivery) {
+	m.mu.Lock()
+	m.items = append(m.items, d)
+	m.mu.Unlock()
+	m.signal()
+}
+
+func (m *mailbox) close() {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	m.signal()
+}
+
+func (m *mailbox) signal() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take waits for reports or the close, and returns what there is, and whether the mailbox is
+// closed (nothing more will come).
+func (m *mailbox) take() ([]driver.Delivery, bool) {
+	for {
+		m.mu.Lock()
+		items, closed := m.items, m.closed
+		m.items = nil
+		m.mu.Unlock()
+		if len(items) > 0 || closed {
+			return items, closed
+		}
+		<-m.wake
+	}
+}
