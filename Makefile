@@ -21,11 +21,12 @@ NESTED_MODULES := examples/kubernetes
 # tests run once with each claim strategy (read, the default, and mark).
 ENGINE_PACKAGES := ./driver ./driver/memory ./driver/drivertest ./event ./internal/epoch ./internal/owner
 
-## test: format check, vet, the engine's tests without cgo, then every test (integration tests
-## included) under the race detector
+## test: format check, vet, the engine's tests and the pure-Go Kafka driver's (on kfake) without
+## cgo, then every test (integration tests included) under the race detector
 test: lint kafka
 	CGO_ENABLED=0 $(GO) test -count=1 $(ENGINE_PACKAGES)
 	GOHARVEST_TEST_CLAIM=mark CGO_ENABLED=0 $(GO) test -count=1 ./internal/owner
+	CGO_ENABLED=0 $(GO) test -count=1 ./driver/franz
 	$(GO) test -race -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./...
 	for m in $(NESTED_MODULES); do (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
 
