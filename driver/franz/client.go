@@ -110,7 +110,7 @@ func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, err
 		// its promise), so its limit has room to spare.
 		kgo.MaxBufferedRecords(2*maxQueued),
 		// A broker that creates topics on demand creates a message's topic, as it does for
-		// librdkafka's producer (see producer.checkTopic).
+		// librdkafka's producer (see the topic check in producer.Produce).
 		kgo.AllowAutoTopicCreation(),
 		kgo.WithLogger(slogLogger{logger}),
 	)

@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/internal/topiccheck"
 	"github.com/goharvest/goharvest/outbox"
 )
 
@@ -27,14 +28,13 @@ type producer struct {
 	txnTimeout time.Duration
 	maxQueued  int
 
-	// ctx bounds the endings and topic lookups; Close cancels it before it closes the client.
-	ctx     context.Context
-	stop    context.CancelFunc
-	ends    sync.WaitGroup // endings under way; Close waits for them
-	lookups sync.WaitGroup // topic lookups under way; Close waits for them
+	// ctx bounds the endings and topic lookups' metadata requests; Close cancels it before it
+	// closes the client.
+	ctx  context.Context
+	stop context.CancelFunc
+	ends sync.WaitGroup // endings under way; Close waits for them
 
-	topicsMu sync.Mutex
-	topics   map[string]topicState // what the producer last learnt of each topic; guarded by topicsMu
+	topics *topiccheck.Checker // what the producer learnt of each message's topic; see Produce
 
 	reports    *mailbox
 	deliveries chan driver.Delivery
@@ -68,7 +68,8 @@ type ending struct {
 func newProducer(cl *kgo.Client, txnID string, txnTimeout time.Duration, maxQueued int) *producer {
 	ctx, stop := context.WithCancel(context.Background())
 	p := &producer{cl: cl, txnID: txnID, txnTimeout: txnTimeout, maxQueued: maxQueued, ctx: ctx, stop: stop,
-		reports: newMailbox(), deliveries: make(chan driver.Delivery, 1024), topics: map[string]topicState{}}
+		reports: newMailbox(), deliveries: make(chan driver.Delivery, 1024)}
+	p.topics = topiccheck.New(p.describe)
 	p.idle = sync.NewCond(&p.mu)
 	go p.forward()
 	return p
@@ -186,7 +187,13 @@ func (p *producer) Produce(msg driver.Message) error {
 	if err != nil {
 		return err
 	}
-	if err := p.checkTopic(msg.Topic); err != nil {
+	// Refuse a message for a topic that does not exist, as the librdkafka driver does (a name that
+	// cannot exist was refused above): kgo would hold such a message while it asks for the
+	// topic's metadata again and again, and fail it only after several tries, so the transaction
+	// could not commit meanwhile and would then have to abort, taking every other key's records
+	// with it. Asking for the topic's metadata also lets the broker create it where that is
+	// allowed. topiccheck asks in the background, since Produce must not block.
+	if err := p.topics.Check(msg.Topic); err != nil {
 		return err
 	}
 	p.mu.Lock()
@@ -224,72 +231,13 @@ func (p *producer) Produce(msg driver.Message) error {
 	return nil
 }
 
-// topicState is what the producer last learnt of a topic: usable (err nil) or not, and when;
-// or that a lookup is under way.
-type topicState struct {
-	err     error
-	at      time.Time
-	pending bool
-}
+// metadataTimeout bounds one metadata request.
+const metadataTimeout = 5 * time.Second
 
-const (
-	// topicRecheck is how long a topic found missing stays rejected before metadata is asked again.
-	topicRecheck = time.Second
-	// metadataTimeout bounds one metadata request.
-	metadataTimeout = 5 * time.Second
-	// topicCreateWait is how long a lookup keeps asking about a topic that Kafka's metadata says
-	// is missing before it is rejected. A broker that creates topics on demand (Apache Kafka's
-	// default) answers the request that makes it create one "unknown topic", and lists the topic
-	// a moment later.
-	topicCreateWait = 2 * time.Second
-)
-
-// checkTopic rejects a message for a topic that does not exist, as the librdkafka driver does
-// (Produce has already refused a name that cannot exist): kgo would hold such a message while it
-// asks for the topic's metadata again and again, and fail it only after several tries, so the
-// transaction could not commit meanwhile and would then have to abort, taking every other key's
-// records with it. Asking for the topic's metadata also lets the broker create it where that is
-// allowed. A topic found usable is not asked about again.
-//
-// The lookup runs in the background and Produce returns ErrTopicPending meanwhile: Produce must
-// not block, and a metadata request can take seconds on a slow broker.
-func (p *producer) checkTopic(topic string) error {
-	p.topicsMu.Lock()
-	defer p.topicsMu.Unlock()
-	st, known := p.topics[topic]
-	switch {
-	case known && st.pending:
-		return driver.ErrTopicPending
-	case known && (st.err == nil || time.Since(st.at) < topicRecheck):
-		return st.err
-	}
-	p.topics[topic] = topicState{pending: true}
-	p.lookups.Go(func() { p.lookUp(topic) })
-	return driver.ErrTopicPending
-}
-
-// lookUp asks for a topic's metadata and records what it learnt. A topic found missing is asked
-// about again, at growing intervals, until topicCreateWait has passed or the producer closes.
-func (p *producer) lookUp(topic string) {
-	st := p.describe(topic)
-	giveUp := time.Now().Add(topicCreateWait)
-	for wait := 100 * time.Millisecond; st.err != nil && time.Now().Add(wait).Before(giveUp); wait *= 2 {
-		select {
-		case <-p.ctx.Done():
-			giveUp = time.Time{} // keep what was learnt; the producer is going away
-		case <-time.After(wait):
-			st = p.describe(topic)
-		}
-	}
-	p.topicsMu.Lock()
-	p.topics[topic] = st
-	p.topicsMu.Unlock()
-}
-
-// describe asks Kafka for a topic's metadata once, letting it create the topic where it may:
-// usable, missing (a RejectedError), or usable as far as it can tell when Kafka did not answer
-// (the produce itself will show what is wrong).
-func (p *producer) describe(topic string) topicState {
+// describe asks Kafka for a topic's metadata once, for topiccheck, letting it create the topic
+// where it may: nil if usable, a RejectedError if missing or forbidden, and nil when Kafka did not
+// answer (the produce itself will show what is wrong).
+func (p *producer) describe(topic string) error {
 	ctx, cancel := context.WithTimeout(p.ctx, metadataTimeout)
 	defer cancel()
 	req := kmsg.NewPtrMetadataRequest()
@@ -298,9 +246,8 @@ func (p *producer) describe(topic string) topicState {
 	rt.Topic = kmsg.StringPtr(topic)
 	req.Topics = append(req.Topics, rt)
 	resp, err := req.RequestWith(ctx, p.cl)
-	st := topicState{at: time.Now()}
 	if err != nil {
-		return st
+		return nil // no answer: not a reason to refuse the message
 	}
 	var found *kmsg.MetadataResponseTopic
 	for i, t := range resp.Topics {
@@ -311,17 +258,17 @@ func (p *producer) describe(topic string) topicState {
 	switch {
 	case found != nil && found.ErrorCode == kerr.TopicAuthorizationFailed.Code:
 		// Kafka hides from a client without DESCRIBE whether the topic exists; WRITE implies it.
-		st.err = &driver.RejectedError{Err: fmt.Errorf("topic %q: this client may not see or write to it (Kafka's metadata: %w): grant WRITE on topic %s",
+		return &driver.RejectedError{Err: fmt.Errorf("topic %q: this client may not see or write to it (Kafka's metadata: %w): grant WRITE on topic %s",
 			topic, kerr.TopicAuthorizationFailed, topic), ByGoharvest: true}
 	case found == nil || found.ErrorCode != 0 || len(found.Partitions) == 0:
 		reason := error(errors.New("missing"))
 		if found != nil && found.ErrorCode != 0 {
 			reason = kerr.ErrorForCode(found.ErrorCode)
 		}
-		st.err = &driver.RejectedError{Err: fmt.Errorf("topic %q does not exist and was not created (Kafka's metadata: %w)", topic, reason),
+		return &driver.RejectedError{Err: fmt.Errorf("topic %q does not exist and was not created (Kafka's metadata: %w)", topic, reason),
 			ByGoharvest: true}
 	}
-	return st
+	return nil
 }
 
 // delivered is kgo's promise for a message of topic: it must not block.
@@ -717,8 +664,10 @@ func (p *producer) Abandon() { p.cl.UnsafeAbortBufferedRecords() }
 // Deliveries once it has handed on the last report.
 func (p *producer) Close() {
 	p.stop()
+	// Right after stop, as the lookups stopped waiting on ctx before: a lookup that asked again
+	// with ctx cancelled would find no answer and take the topic for usable.
+	p.topics.Close()
 	p.ends.Wait()
-	p.lookups.Wait()
 	p.cl.Close()
 	p.mu.Lock()
 	for p.queued > 0 {

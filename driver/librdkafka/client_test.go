@@ -119,7 +119,7 @@ func TestProducerReconnectBackoffDefault(t *testing.T) {
 
 // goharvest's own checks say so, and are not worded as Kafka's refusals.
 func TestOwnChecksAreNotWordedAsKafkas(t *testing.T) {
-	c := &confluentProducer{topics: map[string]topicState{}}
+	c := &confluentProducer{} // an invalid name is refused before any lookup, so no topic checker is needed
 	err := c.checkTopic("no such topic!")
 	var rejected *driver.RejectedError
 	if !errors.As(err, &rejected) {

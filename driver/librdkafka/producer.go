@@ -12,6 +12,7 @@ import (
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/rdlog"
+	"github.com/goharvest/goharvest/internal/topiccheck"
 	"github.com/goharvest/goharvest/outbox"
 )
 
@@ -58,8 +59,8 @@ func newProducer(config map[string]any, logger *slog.Logger) (*confluentProducer
 	}
 	rdlog.Forward(p.Logs(), logger)
 	txnID, _ := config["transactional.id"].(string)
-	cp := &confluentProducer{p: p, txnID: txnID, deliveries: make(chan driver.Delivery, 1024), log: logger, topics: map[string]topicState{},
-		closing: make(chan struct{})}
+	cp := &confluentProducer{p: p, txnID: txnID, deliveries: make(chan driver.Delivery, 1024), log: logger}
+	cp.topics = topiccheck.New(cp.describe)
 	go cp.forward()
 	return cp, nil
 }
@@ -70,10 +71,7 @@ type confluentProducer struct {
 	deliveries chan driver.Delivery
 	log        *slog.Logger
 
-	topicsMu sync.Mutex
-	topics   map[string]topicState
-	lookups  sync.WaitGroup // metadata lookups under way; Close waits for them
-	closing  chan struct{}  // closed by Close: lookups stop waiting for a topic to appear
+	topics *topiccheck.Checker // what the producer learnt of each message's topic; see checkTopic
 
 	commitMu sync.Mutex
 	// commitTime is the time the first call with a deadline of the commit under way was given
@@ -82,92 +80,44 @@ type confluentProducer struct {
 	commitTime time.Duration
 }
 
-// topicState is what the producer last learnt of a topic: usable (err nil) or not, and when;
-// or that a lookup is under way.
-type topicState struct {
-	err     error
-	at      time.Time
-	pending bool
-}
-
-const (
-	// topicRecheck is how long a topic found missing stays rejected before metadata is asked again.
-	topicRecheck = time.Second
-	// metadataTimeout bounds one metadata request.
-	metadataTimeout = 5 * time.Second
-	// topicCreateWait is how long a lookup keeps asking about a topic that Kafka's metadata says
-	// is missing before it is rejected. A broker that creates topics on demand (Apache Kafka's
-	// default) answers the request that makes it create one "unknown topic", and lists the topic
-	// a moment later; rejecting at once would report a record failed that needed only to wait.
-	topicCreateWait = 2 * time.Second
-)
+// metadataTimeout bounds one metadata request.
+const metadataTimeout = 5 * time.Second
 
 // checkTopic rejects a message for a topic that cannot exist or does not: librdkafka would hold
 // such a message until topic.metadata.propagation.max.ms passes, and a transaction holding it
 // could not commit meanwhile, stalling every other key. Asking for the topic's metadata also
-// lets the broker create it where that is allowed. A topic found usable is not asked about again.
-//
-// The lookup runs in the background and Produce returns ErrTopicPending meanwhile: Produce is
-// called while a transaction cannot end, and a metadata request can take seconds on a slow
-// broker, which would hold up commits and the end of an epoch.
+// lets the broker create it where that is allowed. topiccheck remembers what it learnt and asks
+// in the background.
 func (c *confluentProducer) checkTopic(topic string) error {
 	if err := outbox.CheckName(topic); err != nil {
 		return &driver.RejectedError{Err: fmt.Errorf("topic %q is not a valid Kafka topic name: %w", topic, err), ByGoharvest: true}
 	}
-	c.topicsMu.Lock()
-	defer c.topicsMu.Unlock()
-	st, known := c.topics[topic]
-	switch {
-	case known && st.pending:
-		return driver.ErrTopicPending
-	case known && (st.err == nil || time.Since(st.at) < topicRecheck):
-		return st.err
-	}
-	c.topics[topic] = topicState{pending: true}
-	c.lookups.Go(func() { c.lookUp(topic) })
-	return driver.ErrTopicPending
+	return c.topics.Check(topic)
 }
 
-// lookUp asks for a topic's metadata and records what it learnt. A topic found missing is asked
-// about again, at growing intervals, until topicCreateWait has passed or the producer closes.
-func (c *confluentProducer) lookUp(topic string) {
-	st := c.describe(topic)
-	giveUp := time.Now().Add(topicCreateWait)
-	for wait := 100 * time.Millisecond; st.err != nil && time.Now().Add(wait).Before(giveUp); wait *= 2 {
-		select {
-		case <-c.closing:
-			giveUp = time.Time{} // keep what was learnt; the producer is going away
-		case <-time.After(wait):
-			st = c.describe(topic)
-		}
-	}
-	c.topicsMu.Lock()
-	c.topics[topic] = st
-	c.topicsMu.Unlock()
-}
-
-// describe asks Kafka for a topic's metadata once: usable, missing (a RejectedError), or usable
-// as far as it can tell when Kafka did not answer (the produce itself will show what is wrong).
-func (c *confluentProducer) describe(topic string) topicState {
+// describe asks Kafka for a topic's metadata once, for topiccheck: nil if usable, a
+// RejectedError if missing or forbidden, and nil when Kafka did not answer (the produce itself
+// will show what is wrong).
+func (c *confluentProducer) describe(topic string) error {
 	md, err := c.p.GetMetadata(&topic, false, int(metadataTimeout.Milliseconds()))
-	st := topicState{at: time.Now()}
-	if err == nil {
-		t, ok := md.Topics[topic]
-		switch {
-		case ok && t.Error.Code() == kafka.ErrTopicAuthorizationFailed:
-			// Kafka hides from a client without DESCRIBE whether the topic exists; WRITE implies it.
-			st.err = &driver.RejectedError{Err: fmt.Errorf("topic %q: this client may not see or write to it (Kafka's metadata: %s): grant WRITE on topic %s",
-				topic, t.Error, topic), ByGoharvest: true}
-		case !ok || t.Error.Code() != kafka.ErrNoError || len(t.Partitions) == 0:
-			reason := "missing"
-			if ok && t.Error.Code() != kafka.ErrNoError {
-				reason = t.Error.String()
-			}
-			st.err = &driver.RejectedError{Err: fmt.Errorf("topic %q does not exist and was not created (Kafka's metadata: %s)", topic, reason),
-				ByGoharvest: true}
-		}
+	if err != nil {
+		return nil // no answer: not a reason to refuse the message
 	}
-	return st
+	t, ok := md.Topics[topic]
+	switch {
+	case ok && t.Error.Code() == kafka.ErrTopicAuthorizationFailed:
+		// Kafka hides from a client without DESCRIBE whether the topic exists; WRITE implies it.
+		return &driver.RejectedError{Err: fmt.Errorf("topic %q: this client may not see or write to it (Kafka's metadata: %s): grant WRITE on topic %s",
+			topic, t.Error, topic), ByGoharvest: true}
+	case !ok || t.Error.Code() != kafka.ErrNoError || len(t.Partitions) == 0:
+		reason := "missing"
+		if ok && t.Error.Code() != kafka.ErrNoError {
+			reason = t.Error.String()
+		}
+		return &driver.RejectedError{Err: fmt.Errorf("topic %q does not exist and was not created (Kafka's metadata: %s)", topic, reason),
+			ByGoharvest: true}
+	}
+	return nil
 }
 
 // forward turns librdkafka's delivery reports into Deliveries until Close closes Events.
@@ -352,8 +302,7 @@ func (c *confluentProducer) Abandon() {
 }
 
 func (c *confluentProducer) Close() {
-	close(c.closing)
-	c.lookups.Wait()
+	c.topics.Close() // before the client its lookups ask
 	c.p.Close()
 }
 

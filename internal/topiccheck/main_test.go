@@ -1,0 +1,9 @@
+package topiccheck
+
+import (
+	"testing"
+
+	"github.com/goharvest/goharvest/internal/leakcheck"
+)
+
+func TestMain(m *testing.M) { leakcheck.Main(m) }
