@@ -15,6 +15,7 @@ import (
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/librdkafka"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
+	"github.com/goharvest/goharvest/internal/kafkatest"
 )
 
 // These tests hold the franz producer to the librdkafka one where a cluster sees both: a shard
@@ -267,7 +268,7 @@ func TestFencingAcrossDrivers(t *testing.T) {
 			if err := old.CommitTransaction(timeout(t, 30*time.Second)); !errors.As(err, &txnErr) || !txnErr.Fatal {
 				t.Errorf("the fenced producer's commit returned %v, want a fatal TxnError", err)
 			}
-			if got := readCommitted(t, c.Addr(), topic, 1, 5*time.Second); len(got) != 0 {
+			if got := kafkatest.ReadCommitted(t, c.Addr(), topic, 1, 5*time.Second); len(got) != 0 {
 				t.Errorf("a consumer received %d messages of the fenced producer", len(got))
 			}
 		})

@@ -17,7 +17,7 @@ import (
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/drivertest"
 	"github.com/goharvest/goharvest/driver/franz"
-	"github.com/goharvest/goharvest/outbox"
+	"github.com/goharvest/goharvest/internal/kafkatest"
 )
 
 // The producer keeps the contract on kfake, franz-go's fake cluster, too. Apache Kafka
@@ -45,7 +45,7 @@ func TestFranzProducerContractOnKfake(t *testing.T) {
 		},
 		NoteGroup: func(t *testing.T) string { return fmt.Sprintf("contract-notes-%d", topics.Add(1)) },
 		Committed: func(t *testing.T, topic string, want int) []drivertest.Message {
-			return readCommitted(t, addr, topic, want, 3*time.Second)
+			return kafkatest.ReadCommitted(t, addr, topic, want, 3*time.Second)
 		},
 	})
 }
@@ -129,29 +129,4 @@ func TestAbandonReportsEveryMessageFailed(t *testing.T) {
 	if len(reported) != n {
 		t.Errorf("reports %v, want each of %d messages once", reported, n)
 	}
-}
-
-// readCommitted reads topic from the start as a read_committed consumer until it has want
-// messages or within has passed.
-func readCommitted(t *testing.T, addr, topic string, want int, within time.Duration) []drivertest.Message {
-	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.ConsumeTopics(topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), within)
-	defer cancel()
-	var got []drivertest.Message
-	for len(got) < want && ctx.Err() == nil {
-		cl.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
-			m := drivertest.Message{Key: r.Key, Value: r.Value}
-			for _, h := range r.Headers {
-				m.Headers = append(m.Headers, outbox.Header{Key: h.Key, Value: string(h.Value)})
-			}
-			got = append(got, m)
-		})
-	}
-	return got
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/goharvest/goharvest/driver/drivertest"
 	"github.com/goharvest/goharvest/driver/franz"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
+	"github.com/goharvest/goharvest/internal/kafkatest"
 )
 
 var contractTopics atomic.Int32
@@ -33,7 +34,7 @@ func TestFranzProducerContract(t *testing.T) {
 			return fmt.Sprintf("franz-contract-notes-%d-%d", run, contractTopics.Add(1))
 		},
 		Committed: func(t *testing.T, topic string, want int) []drivertest.Message {
-			return readCommitted(t, c.Addr(), topic, want, 5*time.Second)
+			return kafkatest.ReadCommitted(t, c.Addr(), topic, want, 5*time.Second)
 		},
 	})
 }

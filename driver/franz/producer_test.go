@@ -13,6 +13,7 @@ import (
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/franz"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
+	"github.com/goharvest/goharvest/internal/kafkatest"
 )
 
 // The rules of the franz producer beyond the shared contract: what it refuses, and how it ends a
@@ -47,7 +48,7 @@ func TestCommitOutOfTimeGoesOn(t *testing.T) {
 	if err := p.CommitTransaction(timeout(t, 30*time.Second)); err != nil {
 		t.Fatalf("the commit resumed with time returned %v", err)
 	}
-	if got := readCommitted(t, c.Addr(), topic, 1, 10*time.Second); len(got) != 1 || string(got[0].Value) != "v" {
+	if got := kafkatest.ReadCommitted(t, c.Addr(), topic, 1, 10*time.Second); len(got) != 1 || string(got[0].Value) != "v" {
 		t.Fatalf("a consumer received %v, want the committed message", got)
 	}
 }
@@ -96,7 +97,7 @@ func TestFailedMessageForbidsCommit(t *testing.T) {
 		t.Fatalf("AbortTransaction: %v", err)
 	}
 	p.publish(t, driver.NotePlace{}, "", driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("next")})
-	if got := readCommitted(t, c.Addr(), topic, 2, 5*time.Second); len(got) != 1 || string(got[0].Value) != "next" {
+	if got := kafkatest.ReadCommitted(t, c.Addr(), topic, 2, 5*time.Second); len(got) != 1 || string(got[0].Value) != "next" {
 		t.Fatalf("a consumer received %v, want only the next transaction's message", got)
 	}
 }
@@ -190,7 +191,7 @@ func TestMissingTopicIsCreatedOrRefused(t *testing.T) {
 
 	created := fmt.Sprintf("franz-created-%d", run) // auto.create.topics.enable is Kafka's default
 	p.publish(t, driver.NotePlace{}, "", driver.Message{Topic: created, Key: []byte("k"), Value: []byte("v")})
-	if got := readCommitted(t, c.Addr(), created, 1, 10*time.Second); len(got) != 1 {
+	if got := kafkatest.ReadCommitted(t, c.Addr(), created, 1, 10*time.Second); len(got) != 1 {
 		t.Fatalf("a consumer of the created topic received %d messages, want 1", len(got))
 	}
 
