@@ -72,8 +72,8 @@ func (n *Neli) ensureTopic(ctx context.Context) error {
 
 // checkPermissions makes sure this contender may read and write the leader topic, before it
 // joins the group: without READ it cannot fetch the partitions it is assigned, without WRITE it
-// cannot send heartbeats, and either way it would be given partitions, lead each for a heartbeat timeout, fence
-// itself and rejoin, for ever. Kafka tells a client which operations it may perform on a topic
+// cannot send heartbeats, and either way it would be given partitions, lead each for a heartbeat
+// timeout, fence itself and rejoin, for ever. Kafka tells a client which operations it may perform on a topic
 // (KIP-430); a broker that does not say is not checked.
 func (n *Neli) checkPermissions(ctx context.Context) error {
 	admin, err := kafka.NewAdminClientFromConsumer(n.consumer)
@@ -110,7 +110,7 @@ func (n *Neli) checkPermissions(ctx context.Context) error {
 		}
 	}
 	if len(missing) > 0 {
-		return &fatalError{n.permissionError("may not "+strings.ToLower(strings.Join(missing, " or "))+" the leader topic (to read and send heartbeats)",
+		return &fatalError{n.permissionError("may not "+strings.ToLower(strings.Join(missing, " or "))+" the leader topic (to fetch the partitions it is assigned and send heartbeats)",
 			nil, strings.Join(missing, " and ")+" on topic "+topic)}
 	}
 	return nil
