@@ -1,16 +1,849 @@
 package franz
 
+// The leader election, Fast NELI (see package neli's doc for the design and its arithmetic), on
+// kgo's group client: whoever the consumer group assigns a partition of the leader topic leads
+// that shard, for as long as the partition's leader broker keeps acknowledging its heartbeats.
+
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/internal/outage"
+	"github.com/goharvest/goharvest/internal/timing"
+	"github.com/goharvest/goharvest/outbox"
 )
 
-var _ driver.Kafka = (*Client)(nil)
+var (
+	_ driver.Kafka   = (*Client)(nil)
+	_ driver.Elector = (*elector)(nil)
+	_ driver.Pinger  = (*elector)(nil)
+)
 
-// NewElector joins the leader election (Fast NELI) on kgo's group client.
+// NewElector joins the leader election on kgo's group client, from its first Pulse on. It
+// contacts no broker.
 //
-// Work in progress on this branch: the election lands before the client can be selected.
-func (c *Client) NewElector(driver.ElectorConfig) (driver.Elector, error) {
-	return nil, errors.New("franz: the election is not written yet")
+// The election keeps package neli's terms: the group's session is twice the heartbeat timeout H,
+// its heartbeat interval H/10, and a leader fences itself once no heartbeat of its own was
+// acknowledged for H (see neli's doc, Safety), so that it has stopped before the coordinator can
+// hand its partitions to anyone else. Partitions are spread with the cooperative-sticky balancer:
+// a partition that moves is revoked from its owner, whose Barrier runs inside Pulse, before the
+// group assigns it again.
+//
+// Membership is dynamic, unlike the librdkafka driver's static one. What static membership buys
+// librdkafka is a rejoin in its own place after its session ran out while the group's
+// coordinator moved; kgo counts no session of its own: it retries a heartbeat for a whole session
+// (kgo's RetryTimeout for Heartbeat), by which time the new coordinator serves, and should it
+// fail, it keeps its member ID and rejoins under it. Kafka's coordinator gives every member of a
+// group it loads a full session, so the member keeps its place either way. And a dynamic member
+// leaves the group when it closes, which a static one does not.
+func (c *Client) NewElector(cfg driver.ElectorConfig) (driver.Elector, error) {
+	if len(c.cfg.SeedBrokers) == 0 {
+		return nil, errors.New("franz: Config.SeedBrokers is empty")
+	}
+	d := timing.Election{HeartbeatTimeout: cfg.HeartbeatTimeout, PollDuration: cfg.PollDuration, MinPollInterval: cfg.MinPollInterval}.WithDefaults()
+	cfg.HeartbeatTimeout, cfg.PollDuration, cfg.MinPollInterval = d.HeartbeatTimeout, d.PollDuration, d.MinPollInterval
+	cfg.Partitions = max(cfg.Partitions, 1)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	var errs []error
+	for _, p := range d.Problems() {
+		errs = append(errs, fmt.Errorf("%s %v: %s", p.Field, p.Value, p.Reason))
+	}
+	if err := outbox.CheckName(cfg.LeaderTopic); err != nil {
+		errs = append(errs, fmt.Errorf("LeaderTopic %q: %w", cfg.LeaderTopic, err))
+	}
+	if err := outbox.CheckName(cfg.LeaderGroupID); err != nil {
+		errs = append(errs, fmt.Errorf("LeaderGroupID %q: %w", cfg.LeaderGroupID, err))
+	}
+	if strings.TrimSpace(cfg.Name) == "" {
+		errs = append(errs, errors.New("Name: required"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("franz: election config: %w", err)
+	}
+	e := &elector{
+		cfg:            cfg,
+		opts:           c.cfg.Opts,
+		seeds:          c.cfg.SeedBrokers,
+		log:            cfg.Logger.With("group", cfg.LeaderGroupID, "member", cfg.Name),
+		heartbeatEvery: max(cfg.MinPollInterval, cfg.HeartbeatTimeout/10),
+		kafkaTrouble:   &outage.Logger{What: "Kafka", Repeat: outage.LogInterval},
+	}
+	beats, err := kgo.NewClient(e.heartbeatOpts()...)
+	if err != nil {
+		return nil, fmt.Errorf("franz: create heartbeat client: %w", err)
+	}
+	e.beats = beats
+	return e, nil
+}
+
+// elector is one contender. Pulse and Close drive it from one goroutine at a time; Leading,
+// Fenced, Partitions and Ping may be called from any.
+type elector struct {
+	cfg            driver.ElectorConfig
+	opts           []kgo.Opt
+	seeds          []string
+	log            *slog.Logger
+	heartbeatEvery time.Duration
+	kafkaTrouble   *outage.Logger
+
+	// beats sends heartbeats and the election's own requests (the leader topic's metadata and
+	// creation, Ping). It lives as long as the contender; members come and go.
+	beats *kgo.Client
+	// acks are the heartbeats' outcomes, posted by kgo's promises and read by Pulse: only the
+	// loop may vouch that the contender still runs (see readAcks).
+	acksMu sync.Mutex
+	acks   []beatResult
+	// groupErr is the newest error of a member's group management, posted by kgo's hook.
+	groupErr struct {
+		sync.Mutex
+		err error
+	}
+
+	// loop serialises Pulse and Close; the fields below belong to whoever holds it.
+	loop       sync.Mutex
+	closed     bool
+	topicReady bool
+	member     *member       // in the group, or joining; nil otherwise
+	leaving    chan struct{} // closed once a member let go after a fence has left the group
+	tenure     string        // random, new when leadership begins; marks its heartbeats
+	seq        uint64
+	lastSent   time.Time
+	nextBeat   int
+	fatal      error
+
+	// mu guards the leadership view that Leading, Fenced and Partitions read.
+	mu            sync.Mutex
+	assigned      []int32 // sorted
+	fenced        bool
+	lastHeartbeat time.Time // when the newest acknowledged heartbeat was sent
+}
+
+// member is one membership of the group: a kgo group client, whose rebalance callbacks hand each
+// change to Pulse and wait until Pulse has applied it (and run the Barrier), so that the group
+// reassigns a revoked partition only after its Barrier returned.
+type member struct {
+	cl      *kgo.Client
+	changes chan change
+	// retired is closed when the loop lets the member go: its callbacks then return at once.
+	retired    chan struct{}
+	retireOnce sync.Once
+	closeOnce  sync.Once
+	closed     chan struct{} // closed once cl.Close has returned
+}
+
+// change is one of kgo's rebalance callbacks.
+type change struct {
+	assigned   bool // else revoked or lost
+	partitions []int32
+	done       chan struct{}
+}
+
+type beatResult struct {
+	tenure    string
+	sentAt    time.Time
+	partition int32
+	err       error
+}
+
+func (e *elector) groupOpts(m *member) []kgo.Opt {
+	h := e.cfg.HeartbeatTimeout
+	post := func(assigned bool) func(context.Context, *kgo.Client, map[string][]int32) {
+		return func(_ context.Context, _ *kgo.Client, parts map[string][]int32) {
+			m.post(change{assigned: assigned, partitions: slices.Sorted(slices.Values(parts[e.cfg.LeaderTopic]))})
+		}
+	}
+	// The client ID first, so that a client.id of the user's (in opts) wins.
+	opts := append([]kgo.Opt{kgo.ClientID(e.cfg.Name)}, e.opts...)
+	return append(opts,
+		kgo.SeedBrokers(e.seeds...),
+		kgo.ConsumerGroup(e.cfg.LeaderGroupID),
+		kgo.ConsumeTopics(e.cfg.LeaderTopic),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.SessionTimeout(2*h),
+		kgo.RebalanceTimeout(2*h),
+		kgo.HeartbeatInterval(max(time.Millisecond, h/10)),
+		kgo.DisableAutoCommit(),
+		// Nothing is read from the leader topic (its fetches are paused; see join); should a
+		// fetch start anyway, it starts at the end.
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()),
+		kgo.OnPartitionsAssigned(post(true)),
+		kgo.OnPartitionsRevoked(post(false)),
+		kgo.OnPartitionsLost(post(false)),
+		// A member whose metadata misses a change to the leader topic (created or grown just
+		// before it joined) must not act on the stale view for long: as the group's leader it
+		// assigns from it.
+		kgo.MetadataMaxAge(max(time.Second, h)),
+		kgo.MetadataMinAge(100*time.Millisecond),
+		kgo.WithHooks(groupErrorHook{e}),
+		kgo.WithLogger(slogLogger{e.log}),
+	)
+}
+
+// heartbeatOpts configures the heartbeat client. A heartbeat older than the timeout proves
+// nothing, so it is given up rather than delivered late; the acknowledgement of the partition's
+// leader broker is all the evidence a heartbeat gives (acks=1; see neli's sendHeartbeat for why
+// not all in-sync replicas), and idempotence, which needs acks=all, has nothing to guard in
+// heartbeats.
+func (e *elector) heartbeatOpts() []kgo.Opt {
+	opts := append([]kgo.Opt{kgo.ClientID(e.cfg.Name + ".heartbeat")}, e.opts...)
+	return append(opts,
+		kgo.SeedBrokers(e.seeds...),
+		kgo.RequiredAcks(kgo.LeaderAck()),
+		kgo.DisableIdempotentWrite(),
+		kgo.ProducerLinger(0),
+		kgo.RecordDeliveryTimeout(e.cfg.HeartbeatTimeout),
+		kgo.RecordPartitioner(kgo.ManualPartitioner()),
+		kgo.MetadataMaxAge(max(time.Second, e.cfg.HeartbeatTimeout)),
+		kgo.MetadataMinAge(100*time.Millisecond),
+		kgo.WithLogger(slogLogger{e.log}),
+	)
+}
+
+// groupErrorHook takes a member's group management errors, which kgo otherwise only logs.
+type groupErrorHook struct{ e *elector }
+
+func (h groupErrorHook) OnGroupManageError(err error) {
+	h.e.groupErr.Lock()
+	h.e.groupErr.err = err
+	h.e.groupErr.Unlock()
+}
+
+// post hands c to Pulse and waits until it is applied, or until the member is let go.
+func (m *member) post(c change) {
+	c.done = make(chan struct{})
+	select {
+	case m.changes <- c:
+	case <-m.retired:
+		return
+	}
+	select {
+	case <-c.done:
+	case <-m.retired:
+	}
+}
+
+func (m *member) retire() { m.retireOnce.Do(func() { close(m.retired) }) }
+
+// close closes the member's client in the background; m.closed says when it is done. kgo's Close
+// revokes every partition (the callbacks) and then leaves the group.
+func (m *member) close() {
+	m.closeOnce.Do(func() {
+		go func() {
+			defer close(m.closed)
+			m.cl.Close()
+		}()
+	})
+}
+
+// Leading reports whether this contender leads now. It consults the clock, so a leader whose loop
+// stalled reads as fenced once the heartbeat timeout passes, before the loop notices.
+func (e *elector) Leading() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.leadingLocked()
+}
+
+func (e *elector) leadingLocked() bool {
+	return len(e.assigned) > 0 && !e.fenced && time.Since(e.lastHeartbeat) < e.cfg.HeartbeatTimeout
+}
+
+// Fenced reports whether partitions are still assigned but no heartbeat was acknowledged in time.
+func (e *elector) Fenced() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.assigned) > 0 && !e.leadingLocked()
+}
+
+// Partitions returns the partitions this contender leads now: none unless it is leading.
+func (e *elector) Partitions() []int32 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.leadingLocked() {
+		return nil
+	}
+	return slices.Clone(e.assigned)
+}
+
+// maxChangesPerPulse bounds the rebalance callbacks one Pulse serves.
+const maxChangesPerPulse = 100
+
+// Pulse does one round of the election: it joins the group if this contender is out of it,
+// applies the group's changes (waiting up to PollDuration for the first), counts acknowledged
+// heartbeats, fences a leader whose heartbeats stopped, and sends heartbeats. Kafka outages are
+// logged and ridden out; the error is for what retrying cannot fix.
+func (e *elector) Pulse(ctx context.Context) (bool, error) {
+	e.loop.Lock()
+	defer e.loop.Unlock()
+	switch {
+	case e.closed:
+		return false, errors.New("franz: election closed")
+	case e.fatal != nil:
+		return false, e.fatal
+	}
+	if e.member == nil {
+		if err := e.join(ctx); err != nil {
+			return false, err
+		}
+	}
+	if e.member != nil {
+		e.serve(e.member, e.cfg.PollDuration)
+		if err := e.checkGroupError(); err != nil {
+			return false, err
+		}
+	}
+	e.readAcks()
+	e.fenceIfSilent()
+	if e.Leading() && time.Since(e.lastSent) >= e.heartbeatEvery {
+		e.sendHeartbeats()
+	}
+	if e.fatal != nil {
+		return false, e.fatal
+	}
+	return e.Leading(), nil
+}
+
+// join makes sure the leader topic is ready, then joins the group with a new member. After a
+// fence it first waits for the old member to have left, and lets go of what it held.
+func (e *elector) join(ctx context.Context) error {
+	if e.leaving != nil {
+		select {
+		case <-e.leaving:
+		default:
+			return nil
+		}
+		e.leaving = nil
+		e.mu.Lock()
+		held := slices.Clone(e.assigned)
+		e.mu.Unlock()
+		e.revoke(held)
+	}
+	if !e.topicReady {
+		err := e.prepareTopic(ctx)
+		var fatal *fatalError
+		if errors.As(err, &fatal) {
+			return fatal.err
+		}
+		if err != nil {
+			e.kafkaTrouble.Fail(e.log, "prepare the leader topic", err)
+			return nil
+		}
+		e.topicReady = true
+	}
+	m := &member{changes: make(chan change), retired: make(chan struct{}), closed: make(chan struct{})}
+	cl, err := kgo.NewClient(e.groupOpts(m)...)
+	if err != nil {
+		return fmt.Errorf("franz: create election consumer: %w", err)
+	}
+	// Heartbeats are not read back: a leader's evidence is their acknowledgement.
+	cl.PauseFetchTopics(e.cfg.LeaderTopic)
+	m.cl = cl
+	e.member = m
+	e.log.Info("joined the election", "topic", e.cfg.LeaderTopic)
+	return nil
+}
+
+// serve applies the changes m's callbacks hand over: it waits up to wait for the first, then
+// takes what is ready.
+func (e *elector) serve(m *member, wait time.Duration) {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case c := <-m.changes:
+		e.apply(c)
+	case <-timer.C:
+		return
+	}
+	for range maxChangesPerPulse - 1 {
+		select {
+		case c := <-m.changes:
+			e.apply(c)
+		default:
+			return
+		}
+	}
+}
+
+// apply applies one change, then lets its callback return.
+func (e *elector) apply(c change) {
+	if c.assigned {
+		e.acquire(c.partitions)
+	} else {
+		e.revoke(c.partitions)
+	}
+	close(c.done)
+}
+
+func (e *elector) acquire(ps []int32) {
+	if len(ps) == 0 {
+		return
+	}
+	if last := ps[len(ps)-1]; int(last) >= e.cfg.Partitions {
+		// As in neli: another contender created or grew the topic for more partitions.
+		e.fatal = fmt.Errorf("franz: assigned partition %d of leader topic %s, which should have %d partitions: "+
+			"a member of group %s runs with a different number of partitions (shards); stop them all and "+
+			"start them with one setting", last, e.cfg.LeaderTopic, e.cfg.Partitions, e.cfg.LeaderGroupID)
+		return
+	}
+	e.mu.Lock()
+	beginning := len(e.assigned) == 0
+	e.assigned = slices.Compact(slices.Sorted(slices.Values(append(e.assigned, ps...))))
+	if beginning {
+		e.fenced = false
+		// The coordinator has just vouched for this member: its session outlives a heartbeat
+		// timeout from now.
+		e.lastHeartbeat = time.Now()
+	}
+	e.mu.Unlock()
+	if beginning {
+		e.tenure = newTenure()
+		e.seq = 0
+	}
+	e.kafkaTrouble.OK(e.log)
+	e.log.Info("acquired leadership", "partitions", partitionList(ps))
+	if beginning {
+		e.sendHeartbeats()
+	}
+}
+
+func (e *elector) revoke(ps []int32) {
+	e.mu.Lock()
+	wasFenced := e.fenced
+	var lost []int32
+	e.assigned = slices.DeleteFunc(e.assigned, func(p int32) bool {
+		if slices.Contains(ps, p) {
+			lost = append(lost, p)
+			return true
+		}
+		return false
+	})
+	if len(e.assigned) == 0 {
+		e.fenced = false
+	}
+	e.mu.Unlock()
+	if len(lost) == 0 {
+		return
+	}
+	e.log.Info("leadership revoked", "partitions", partitionList(lost))
+	// A contender that fenced itself has run the Barrier already.
+	if !wasFenced {
+		e.barrier(lost)
+	}
+}
+
+func (e *elector) barrier(ps []int32) {
+	if e.cfg.Barrier != nil {
+		e.cfg.Barrier(ps)
+	}
+}
+
+// fenceIfSilent fences a leader whose heartbeats stopped being acknowledged, runs the Barrier, and
+// lets its member go: the member leaves the group in the background, and a later Pulse joins
+// with a new one once it has. An acknowledged heartbeat proves only that the contender reaches a
+// broker, not that it is still a member, so leadership comes back only through a fresh
+// assignment.
+func (e *elector) fenceIfSilent() {
+	e.mu.Lock()
+	silent := len(e.assigned) > 0 && !e.fenced && time.Since(e.lastHeartbeat) >= e.cfg.HeartbeatTimeout
+	if silent {
+		e.fenced = true
+	}
+	led := slices.Clone(e.assigned)
+	e.mu.Unlock()
+	if !silent {
+		return
+	}
+	e.log.Warn("no heartbeat acknowledged within the timeout; stepping down and rejoining the group",
+		"heartbeatTimeout", e.cfg.HeartbeatTimeout)
+	e.barrier(led)
+	if m := e.member; m != nil {
+		m.retire()
+		m.close()
+		e.member, e.leaving = nil, m.closed
+	}
+}
+
+// checkGroupError returns the group management error that retrying cannot cure (a permission
+// taken away while the election runs), and logs any other.
+func (e *elector) checkGroupError() error {
+	e.groupErr.Lock()
+	err := e.groupErr.err
+	e.groupErr.err = nil
+	e.groupErr.Unlock()
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, kerr.GroupAuthorizationFailed):
+		e.fatal = e.permissionError("may not join the group", err, "READ on group "+e.cfg.LeaderGroupID)
+	case errors.Is(err, kerr.TopicAuthorizationFailed):
+		e.fatal = e.permissionError("may not read the leader topic", err, "READ on topic "+e.cfg.LeaderTopic)
+	case errors.Is(err, kerr.InvalidSessionTimeout):
+		// The session is twice the heartbeat timeout (see NewElector), and the broker allows
+		// only sessions within [group.min.session.timeout.ms, group.max.session.timeout.ms],
+		// 6s to 30m by default: retrying cannot cure that.
+		e.fatal = fmt.Errorf("franz: group %s: the broker refuses a session of %v, twice the heartbeat timeout %v (%w): "+
+			"set the heartbeat timeout to half a session the broker allows (group.min.session.timeout.ms, 6s by default, needs 3s or more)",
+			e.cfg.LeaderGroupID, 2*e.cfg.HeartbeatTimeout, e.cfg.HeartbeatTimeout, err)
+	default:
+		e.kafkaTrouble.Fail(e.log, "group", err)
+	}
+	return e.fatal
+}
+
+// heartbeatFanout is how many of its partitions a leader sends a heartbeat to in each round (see
+// neli's heartbeatFanout): any one acknowledged counts, and three usually reach three brokers.
+const heartbeatFanout = 3
+
+// sendHeartbeats sends a round of heartbeats, "name|tenure|seq", to up to heartbeatFanout of the
+// partitions this contender leads, taking them in turn.
+func (e *elector) sendHeartbeats() {
+	e.mu.Lock()
+	led := slices.Clone(e.assigned)
+	e.mu.Unlock()
+	if len(led) == 0 {
+		return
+	}
+	now := time.Now()
+	e.lastSent = now
+	for i := range min(heartbeatFanout, len(led)) {
+		e.produceHeartbeat(led[(e.nextBeat+i)%len(led)], now)
+	}
+	e.nextBeat = (e.nextBeat + heartbeatFanout) % len(led)
+}
+
+func (e *elector) produceHeartbeat(partition int32, sentAt time.Time) {
+	e.seq++
+	tenure := e.tenure
+	r := &kgo.Record{
+		Topic:     e.cfg.LeaderTopic,
+		Partition: partition,
+		Value:     []byte(e.cfg.Name + "|" + tenure + "|" + strconv.FormatUint(e.seq, 10)),
+	}
+	e.beats.Produce(context.Background(), r, func(_ *kgo.Record, err error) {
+		e.acksMu.Lock()
+		e.acks = append(e.acks, beatResult{tenure: tenure, sentAt: sentAt, partition: partition, err: err})
+		e.acksMu.Unlock()
+	})
+}
+
+// readAcks counts the heartbeats acknowledged since the last Pulse. They are read here, on the
+// loop, rather than as they come: a leader whose loop stalls must read as fenced once the timeout
+// passes, so only the loop may vouch that it still runs.
+func (e *elector) readAcks() {
+	e.acksMu.Lock()
+	acks := e.acks
+	e.acks = nil
+	e.acksMu.Unlock()
+	for _, a := range acks {
+		if a.tenure != e.tenure {
+			continue // from an earlier tenure
+		}
+		if a.err != nil {
+			e.heartbeatFailed(a)
+			continue
+		}
+		e.mu.Lock()
+		// Once fenced, only a fresh assignment restores leadership (see fenceIfSilent).
+		if len(e.assigned) > 0 && !e.fenced && a.sentAt.After(e.lastHeartbeat) {
+			e.lastHeartbeat = a.sentAt
+		}
+		e.mu.Unlock()
+		e.kafkaTrouble.OK(e.log)
+	}
+}
+
+// heartbeatFailed handles a heartbeat that Kafka refused or that timed out.
+func (e *elector) heartbeatFailed(a beatResult) {
+	if errors.Is(a.err, kerr.TopicAuthorizationFailed) {
+		// WRITE taken away while the election runs: Pulse returns it.
+		e.fatal = e.permissionError("may not write heartbeats to the leader topic", a.err, "WRITE on topic "+e.cfg.LeaderTopic)
+		return
+	}
+	var kafkaErr *kerr.Error
+	if a.partition != 0 && !errors.As(a.err, &kafkaErr) && !errors.Is(a.err, kgo.ErrRecordTimeout) {
+		// kgo refused the partition itself: the topic has grown and the client's metadata does
+		// not show the new partitions yet (see heartbeatOpts). Partition 0 always exists, and
+		// its acknowledgement shows the same. The original send time stands: the
+		// acknowledgement still comes after it.
+		e.produceHeartbeat(0, a.sentAt)
+		return
+	}
+	e.kafkaTrouble.Fail(e.log, "publish heartbeat", a.err)
+}
+
+// Close leaves the group, so that the other contenders are given this one's partitions at once;
+// a leader is revoked first, and its Barrier runs here. If ctx ends first, Close returns its
+// error and the clients finish closing in the background.
+func (e *elector) Close(ctx context.Context) error {
+	e.loop.Lock()
+	defer e.loop.Unlock()
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	var err error
+	if m := e.member; m != nil {
+		e.member = nil
+		m.close()
+	serving:
+		for {
+			select {
+			case c := <-m.changes:
+				e.apply(c)
+			case <-m.closed:
+				break serving
+			case <-ctx.Done():
+				m.retire()
+				err = fmt.Errorf("franz: close the election: %w", ctx.Err())
+				break serving
+			}
+		}
+	}
+	if e.leaving != nil {
+		// A member let go after a fence is still leaving the group.
+		select {
+		case <-e.leaving:
+		case <-ctx.Done():
+			err = fmt.Errorf("franz: close the election: %w", ctx.Err())
+		}
+	}
+	// Whatever is still held (after a fence, or a Close cut short) is let go.
+	e.mu.Lock()
+	held := slices.Clone(e.assigned)
+	e.mu.Unlock()
+	e.revoke(held)
+	beatsClosed := make(chan struct{})
+	go func() {
+		defer close(beatsClosed)
+		e.beats.Close() // fails the heartbeats in flight
+	}()
+	select {
+	case <-beatsClosed:
+	case <-ctx.Done():
+		if err == nil {
+			err = fmt.Errorf("franz: close the election: %w", ctx.Err())
+		}
+	}
+	return err
+}
+
+// Ping asks Kafka for the leader topic's metadata, to check that the cluster answers.
+func (e *elector) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.HeartbeatTimeout)
+	defer cancel()
+	if _, err := e.topicMetadata(ctx); err != nil {
+		return fmt.Errorf("kafka metadata: %w", err)
+	}
+	return nil
+}
+
+type fatalError struct{ err error }
+
+func (e *fatalError) Error() string { return e.err.Error() }
+
+// topicMetadata returns the leader topic's metadata, with the operations this client may perform
+// on it (KIP-430). It never creates the topic.
+func (e *elector) topicMetadata(ctx context.Context) (*kmsg.MetadataResponseTopic, error) {
+	req := kmsg.NewPtrMetadataRequest()
+	t := kmsg.NewMetadataRequestTopic()
+	t.Topic = kmsg.StringPtr(e.cfg.LeaderTopic)
+	req.Topics = append(req.Topics, t)
+	req.AllowAutoTopicCreation = false
+	req.IncludeTopicAuthorizedOperations = true
+	resp, err := request(ctx, e.beats, req)
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Topics) != 1 {
+		return nil, fmt.Errorf("metadata of %s: %d topics in the answer", e.cfg.LeaderTopic, len(resp.Topics))
+	}
+	return &resp.Topics[0], nil
+}
+
+// prepareTopic creates the leader topic with Partitions partitions unless it exists, adds
+// partitions to one that has fewer (Kafka cannot take them away, so more is an error), checks
+// this contender may read and write it, and returns nil once the metadata shows every partition
+// with a leader: a member whose metadata lacks the topic would, as the group's leader, assign no
+// partition of it. A refusal for lack of permission is fatal, with advice; anything else that
+// outlasts a heartbeat timeout is for the next Pulse to retry.
+func (e *elector) prepareTopic(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.HeartbeatTimeout)
+	defer cancel()
+	topic, want := e.cfg.LeaderTopic, e.cfg.Partitions
+	for {
+		t, err := e.topicMetadata(ctx)
+		if err != nil {
+			return fmt.Errorf("metadata: %w", err)
+		}
+		pending := ""
+		switch err := kerr.ErrorForCode(t.ErrorCode); {
+		case errors.Is(err, kerr.UnknownTopicOrPartition):
+			if err := e.createTopic(ctx); err != nil {
+				return err
+			}
+			pending = "the topic created"
+		case errors.Is(err, kerr.TopicAuthorizationFailed):
+			return &fatalError{e.permissionError("may not describe the leader topic", err, "READ and WRITE on topic "+topic)}
+		case err != nil:
+			return fmt.Errorf("metadata of leader topic %s: %w", topic, err)
+		case len(t.Partitions) > want:
+			return &fatalError{fmt.Errorf("franz: leader topic %s has %d partitions, more than the %d configured: "+
+				"Kafka cannot remove partitions, so use a new leader topic for fewer (see docs/operations.md, Scaling out)", topic, len(t.Partitions), want)}
+		case len(t.Partitions) < want:
+			if err := e.addPartitions(ctx); err != nil {
+				return err
+			}
+			pending = "the partitions added"
+		}
+		for _, p := range t.Partitions {
+			if pending == "" && (p.Leader < 0 || p.ErrorCode != 0) {
+				pending = fmt.Sprintf("partition %d's leader (%v)", p.Partition, kerr.ErrorForCode(p.ErrorCode))
+			}
+		}
+		if pending == "" {
+			return e.checkPermissions(t.AuthorizedOperations)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("leader topic %s: the metadata does not show %s yet", topic, pending)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Kafka's ACL operation codes, as KIP-430's bit field numbers them.
+const (
+	aclRead  = 3
+	aclWrite = 4
+)
+
+// checkPermissions makes sure this contender may read and write the leader topic before it joins
+// the group: without WRITE it cannot send heartbeats, without READ it cannot take up the
+// partitions it is assigned, and either way it would be given partitions, lead each for a
+// heartbeat timeout, fence itself and rejoin, for ever. A broker that does not say is not checked.
+func (e *elector) checkPermissions(ops int32) error {
+	if ops == math.MinInt32 {
+		return nil
+	}
+	var missing []string
+	for _, op := range []struct {
+		bit  int32
+		name string
+	}{{aclRead, "READ"}, {aclWrite, "WRITE"}} {
+		if ops&(1<<op.bit) == 0 {
+			missing = append(missing, op.name)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return &fatalError{e.permissionError("may not "+strings.ToLower(strings.Join(missing, " or "))+" the leader topic (to take up the partitions it is assigned and send heartbeats)",
+		nil, strings.Join(missing, " and ")+" on topic "+e.cfg.LeaderTopic)}
+}
+
+// createTopic creates the leader topic; it may take a moment to show in the metadata.
+func (e *elector) createTopic(ctx context.Context) error {
+	req := kmsg.NewPtrCreateTopicsRequest()
+	t := kmsg.NewCreateTopicsRequestTopic()
+	t.Topic, t.NumPartitions, t.ReplicationFactor = e.cfg.LeaderTopic, int32(e.cfg.Partitions), -1
+	req.Topics = append(req.Topics, t)
+	req.TimeoutMillis = int32(e.cfg.HeartbeatTimeout.Milliseconds())
+	resp, err := request(ctx, e.beats, req)
+	if err == nil && len(resp.Topics) == 1 {
+		err = kerr.ErrorForCode(resp.Topics[0].ErrorCode)
+	}
+	return e.topicChanged("create", err)
+}
+
+// addPartitions grows the leader topic to Partitions partitions.
+func (e *elector) addPartitions(ctx context.Context) error {
+	req := kmsg.NewPtrCreatePartitionsRequest()
+	t := kmsg.NewCreatePartitionsRequestTopic()
+	t.Topic, t.Count = e.cfg.LeaderTopic, int32(e.cfg.Partitions)
+	req.Topics = append(req.Topics, t)
+	req.TimeoutMillis = int32(e.cfg.HeartbeatTimeout.Milliseconds())
+	resp, err := request(ctx, e.beats, req)
+	if err == nil && len(resp.Topics) == 1 {
+		err = kerr.ErrorForCode(resp.Topics[0].ErrorCode)
+	}
+	return e.topicChanged("add partitions to", err)
+}
+
+// topicChanged classifies the outcome of creating or growing the leader topic.
+func (e *elector) topicChanged(what string, err error) error {
+	topic, want := e.cfg.LeaderTopic, e.cfg.Partitions
+	switch {
+	case err == nil:
+		e.log.Info("leader topic ready", "topic", topic, "partitions", want)
+	case errors.Is(err, kerr.TopicAlreadyExists):
+	case errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.ClusterAuthorizationFailed):
+		return &fatalError{fmt.Errorf("franz: leader topic %s needs %d partition(s) and this client may not create it "+
+			"or add partitions (%v): create it with %d partition(s), or grant CREATE and ALTER on it", topic, want, err, want)}
+	default:
+		return fmt.Errorf("%s leader topic %s: %w", what, topic, err)
+	}
+	return nil
+}
+
+// request issues req and returns by ctx's end at the latest: kgo honours ctx while it waits for an
+// answer, but not while it connects to a broker (up to its dial timeout, 10s by default), and the
+// election must not wait that long inside Pulse. The request goes on in the background then.
+func request[Resp kmsg.Response](ctx context.Context, cl *kgo.Client, req interface {
+	kmsg.Request
+	RequestWith(context.Context, kmsg.Requestor) (Resp, error)
+}) (Resp, error) {
+	type answer struct {
+		resp Resp
+		err  error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		resp, err := req.RequestWith(ctx, cl)
+		done <- answer{resp, err}
+	}()
+	select {
+	case a := <-done:
+		return a.resp, a.err
+	case <-ctx.Done():
+		var zero Resp
+		return zero, ctx.Err()
+	}
+}
+
+// permissionError says what this contender may not do, and which ACL would allow it.
+func (e *elector) permissionError(what string, cause error, grant string) error {
+	if cause != nil {
+		return fmt.Errorf("franz: group %s, leader topic %s: this client %s (%w): grant %s", e.cfg.LeaderGroupID, e.cfg.LeaderTopic, what, cause, grant)
+	}
+	return fmt.Errorf("franz: group %s, leader topic %s: this client %s: grant %s", e.cfg.LeaderGroupID, e.cfg.LeaderTopic, what, grant)
+}
+
+func newTenure() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func partitionList(ps []int32) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = strconv.Itoa(int(p))
+	}
+	return strings.Join(s, ",")
 }

@@ -1,0 +1,285 @@
+package franz_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/driver/drivertest"
+	"github.com/goharvest/goharvest/driver/franz"
+)
+
+// The election keeps the elector contract on kfake too. Apache Kafka (TestFranzElectorContract)
+// is what counts; this run needs neither Java nor cgo.
+func TestFranzElectorContractOnKfake(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	addr := cluster.ListenAddrs()[0]
+	for _, partitions := range []int{1, 2} {
+		t.Run(fmt.Sprint(partitions), func(t *testing.T) {
+			drivertest.RunElector(t, func(t *testing.T) drivertest.Election {
+				group := fmt.Sprintf("kfake-elector-%d-%d", partitions, kfakeElections.Add(1))
+				var names atomic.Int32
+				return drivertest.Election{
+					Join: func(t *testing.T, lost func([]int32)) driver.Elector {
+						return joinKfake(t, addr, group, fmt.Sprintf("c%d", names.Add(1)), partitions, time.Second, lost)
+					},
+					Partitions: partitions,
+					PulseEvery: 50 * time.Millisecond,
+					Within:     30 * time.Second,
+				}
+			})
+		})
+	}
+}
+
+var kfakeElections atomic.Int32
+
+func joinKfake(t *testing.T, addr, group, name string, partitions int, heartbeatTimeout time.Duration, lost func([]int32)) driver.Elector {
+	t.Helper()
+	e, err := franz.New(franz.Config{SeedBrokers: []string{addr}}).NewElector(driver.ElectorConfig{
+		LeaderTopic:      group + ".leader",
+		LeaderGroupID:    group,
+		Partitions:       partitions,
+		Name:             name,
+		HeartbeatTimeout: heartbeatTimeout,
+		MinPollInterval:  heartbeatTimeout / 20,
+		Barrier:          lost,
+		Logger:           slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// pulsing pulses e every interval until the test ends, then closes it. A Pulse error fails the
+// test.
+func pulsing(t *testing.T, e driver.Elector, interval time.Duration) {
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if _, err := e.Pulse(context.Background()); err != nil {
+				t.Errorf("Pulse: %v", err)
+				return
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(interval):
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		close(stop)
+		<-done
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := e.Close(ctx); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+}
+
+// A leader whose heartbeats go unanswered, while it still reaches the group's coordinator, steps
+// down within the heartbeat timeout: it stops leading, runs its Barrier, and leaves the group, and
+// only after that Barrier has returned does the other contender lead. Kafka answering no
+// heartbeat of one contender is a fault only a fake can cause.
+func TestLeaderWhoseHeartbeatsGoUnansweredStepsDown(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	addr := cluster.ListenAddrs()[0]
+	const heartbeatTimeout = time.Second
+	interval := heartbeatTimeout / 20
+
+	var silenced atomic.Value // the name whose heartbeats go unanswered: string
+	silenced.Store("")
+	cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		name := silenced.Load().(string)
+		if name == "" {
+			return nil, nil, false
+		}
+		for _, topic := range req.(*kmsg.ProduceRequest).Topics {
+			for _, p := range topic.Partitions {
+				if bytes.Contains(p.Records, []byte(name+"|")) {
+					return nil, nil, true // handled, with no answer: the client waits in vain
+				}
+			}
+		}
+		return nil, nil, false
+	})
+
+	var mu sync.Mutex
+	var barriers []string // "name@elapsed"
+	start := time.Now()
+	names := []string{"contender-a", "contender-b"}
+	electors := map[string]driver.Elector{}
+	// The first Barrier of each: a contender that fenced itself may be given the partition again
+	// when it rejoins, and fence itself again, while Kafka still answers none of its heartbeats.
+	barrierDone := map[string]time.Time{}
+	for _, name := range names {
+		e := joinKfake(t, addr, "silenced", name, 1, heartbeatTimeout, func(ps []int32) {
+			mu.Lock()
+			defer mu.Unlock()
+			barriers = append(barriers, fmt.Sprintf("%s%v@%v", name, ps, time.Since(start).Round(time.Millisecond)))
+			if _, ok := barrierDone[name]; !ok {
+				barrierDone[name] = time.Now()
+			}
+		})
+		electors[name] = e
+		pulsing(t, e, interval)
+	}
+	leader := func() string {
+		var who []string
+		for _, name := range names {
+			if electors[name].Leading() {
+				who = append(who, name)
+			}
+		}
+		if len(who) > 1 {
+			t.Fatalf("%v lead at once", who)
+		}
+		if len(who) == 0 {
+			return ""
+		}
+		return who[0]
+	}
+	waitFor := func(what string, within time.Duration, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(within); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("not within %v: %s", within, what)
+			}
+		}
+	}
+	var first string
+	waitFor("a leader", 30*time.Second, func() bool { first = leader(); return first != "" })
+	second := names[0]
+	if first == names[0] {
+		second = names[1]
+	}
+
+	silenced.Store(first)
+	cut := time.Now()
+	waitFor(first+" stops leading", heartbeatTimeout+time.Second, func() bool { return !electors[first].Leading() })
+	t.Logf("%s stopped leading %v after its heartbeats went unanswered", first, time.Since(cut).Round(time.Millisecond))
+	waitFor(second+" leads", 30*time.Second, func() bool { return leader() == second })
+	took := time.Since(cut)
+
+	mu.Lock()
+	fenced, ok := barrierDone[first]
+	log := slices.Clone(barriers)
+	mu.Unlock()
+	t.Logf("barriers: %v; %s leads %v after the cut", log, second, took.Round(time.Millisecond))
+	if !ok {
+		t.Fatalf("%s's Barrier did not run before %s led", first, second)
+	}
+	if fenced.Sub(cut) > heartbeatTimeout+time.Second {
+		t.Errorf("%s's Barrier ran %v after the cut, later than the heartbeat timeout %v allows", first, fenced.Sub(cut), heartbeatTimeout)
+	}
+
+	// Heard again, the first contender rejoins as a follower: the partition stays with the second.
+	silenced.Store("")
+	for end := time.Now().Add(2 * heartbeatTimeout); time.Now().Before(end); time.Sleep(interval) {
+		if who := leader(); who != second {
+			t.Fatalf("after the first contender was heard again, %q leads; want %s to keep leading", who, second)
+		}
+	}
+}
+
+// A broker that accepts connections and never answers leaves every request of the election
+// waiting: each Pulse must still return within its bound, the contender must not lead, and Close
+// must return.
+func TestFranzElectorAgainstSilentKafka(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(io.Discard, c); c.Close() }() // reads every request, answers none
+		}
+	}()
+	const heartbeatTimeout = time.Second
+	e := joinKfake(t, ln.Addr().String(), "silent", "c0", 1, heartbeatTimeout, nil)
+	// A Pulse waits at most a heartbeat timeout for the leader topic, and a millisecond for the
+	// group.
+	bound := heartbeatTimeout + time.Second
+	for range 3 {
+		start := time.Now()
+		leads, err := e.Pulse(t.Context())
+		if took := time.Since(start); took > bound {
+			t.Fatalf("Pulse took %v against a silent broker, more than %v", took, bound)
+		}
+		if err != nil || leads {
+			t.Fatalf("Pulse against a silent broker returned leads=%v, err=%v; want a follower riding out the outage", leads, err)
+		}
+	}
+	closed := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*heartbeatTimeout)
+		defer cancel()
+		closed <- e.Close(ctx)
+	}()
+	select {
+	case err := <-closed:
+		if err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return against a silent broker")
+	}
+}
+
+// A heartbeat timeout whose session (twice it) the broker refuses is an error that names the
+// heartbeat timeout, not an outage ridden out for ever: kfake, as Apache Kafka, allows sessions
+// of 6s or more by default, and a second's heartbeat timeout asks for 2s.
+func TestFranzElectorRefusedSessionIsAnError(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	e := joinKfake(t, cluster.ListenAddrs()[0], "short", "c0", 1, time.Second, nil)
+	defer e.Close(context.Background())
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := e.Pulse(t.Context())
+		if err != nil {
+			if !strings.Contains(err.Error(), "heartbeat timeout") || !strings.Contains(err.Error(), "group.min.session.timeout.ms") {
+				t.Errorf("Pulse: %v; want an error naming the heartbeat timeout and group.min.session.timeout.ms", err)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Pulse returned no error within 30s for a session the broker refuses")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
