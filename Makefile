@@ -52,16 +52,19 @@ lint:
 	$(GO) vet ./...
 	for m in $(NESTED_MODULES); do (cd $$m && $(GO) vet ./...) || exit 1; done
 
-## bench: every benchmark once (about 6 minutes), against a throwaway Postgres and Apache Kafka,
-## then one table of their figures (BENCH=Drain runs only those whose names match; BENCH is taken
-## as written, so that a regular expression's $ is not read as one of make's variables).
-## BROKER=kafka3 runs them on a 3-node cluster, BROKER=kfake on the fake broker.
+## bench: every benchmark once with each Kafka client in CLIENTS (about 6 minutes each), against
+## a throwaway Postgres and Apache Kafka, then a table of each client's figures (BENCH=Drain runs
+## only those whose names match; BENCH is taken as written, so that a regular expression's $ is
+## not read as one of make's variables). BROKER=kafka3 runs them on a 3-node cluster, BROKER=kfake
+## on the fake broker; CLIENTS=franz on the franz client only.
 BENCH ?= .
 BROKER ?= kafka
+CLIENTS ?= librdkafka franz
 bench: SHELL := /bin/bash
 bench: kafka
-	set -o pipefail; GOHARVEST_BENCH_BROKER=$(BROKER) $(GO) test -run '^$$' -bench '$(value BENCH)' -benchtime 1x -count 1 -timeout 60m . \
-		| $(GO) run ./internal/benchtable
+	set -o pipefail; for client in $(CLIENTS); do echo "== Kafka client: $$client"; \
+		GOHARVEST_BENCH_CLIENT=$$client GOHARVEST_BENCH_BROKER=$(BROKER) $(GO) test -run '^$$' -bench '$(value BENCH)' -benchtime 1x -count 1 -timeout 60m . \
+		| $(GO) run ./internal/benchtable || exit 1; done
 
 ## chaos: the long variants of the fault-tolerance suite (int/), and a writing transaction held open
 ## for ten minutes; prints the figures docs/reliability.md reports

@@ -23,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver/franz"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgbouncer"
@@ -436,6 +437,9 @@ type benchRig struct {
 	server *pgcluster.Server
 	broker benchBroker
 	runs   int // harvesters started, for unique election groups
+	// commits counts the Kafka transactions the running harvester of this process has committed;
+	// nil while none runs here (the scaling benchmarks run theirs in child processes).
+	commits func() float64
 
 	// Set by BenchmarkAwaitStandbys only: the server's streaming standby, whose CPU is reported
 	// beside the server's, and Limits.AwaitStandbys of the harvesters the rig starts.
@@ -449,6 +453,10 @@ type benchBroker struct {
 	Addr string
 	pids func() []int
 }
+
+// EnvBenchClient picks the harvesters' Kafka client: "librdkafka" (the default) or "franz".
+// make bench passes CLIENT on.
+const EnvBenchClient = "GOHARVEST_BENCH_CLIENT"
 
 // EnvBenchBroker picks the benchmarks' broker: "kafka" (Apache Kafka, one node; the default),
 // "kafka3" (three nodes, topics replicated three ways, min.insync.replicas 2) or "kfake" (the
@@ -545,10 +553,13 @@ func (rig *benchRig) newRun() *benchRun {
 func (r *benchRun) startHarvester() {
 	r.rig.runs++
 	r.group = fmt.Sprintf("bench-%d-%d", os.Getpid(), r.rig.runs)
-	h, err := goharvest.New(r.harvesterConfig().config())
+	cfg := r.harvesterConfig().config()
+	h, err := goharvest.New(cfg)
 	if err != nil {
 		r.b.Fatal(err)
 	}
+	registry := cfg.MetricsRegisterer.(*prometheus.Registry)
+	r.rig.commits = func() float64 { return commits(r.b, registry) }
 	if err := h.Start(); err != nil {
 		r.b.Fatal(err)
 	}
@@ -559,18 +570,18 @@ func (r *benchRun) startHarvester() {
 // benchHarvesterConfig is what sets a benchmark's harvester apart from the others; it travels as
 // JSON to a harvester in a child process (see bench_scale_test.go).
 type benchHarvesterConfig struct {
-	Broker, DSN, Group               string
+	Broker, DSN, Group, Client       string
 	Shards, MaxKeyRun, AwaitStandbys int
 	Claim                            goharvest.ClaimStrategy
 }
 
 func (r *benchRun) harvesterConfig() benchHarvesterConfig {
-	return benchHarvesterConfig{Broker: r.rig.broker.Addr, DSN: r.dsn, Group: r.group, Shards: r.shards, MaxKeyRun: r.maxKeyRun,
-		AwaitStandbys: r.rig.awaitStandbys, Claim: r.claim}
+	return benchHarvesterConfig{Broker: r.rig.broker.Addr, DSN: r.dsn, Group: r.group, Client: os.Getenv(EnvBenchClient),
+		Shards: r.shards, MaxKeyRun: r.maxKeyRun, AwaitStandbys: r.rig.awaitStandbys, Claim: r.claim}
 }
 
 func (c benchHarvesterConfig) config() goharvest.Config {
-	return goharvest.Config{
+	cfg := goharvest.Config{
 		BaseKafkaConfig:   goharvest.KafkaConfigMap{"bootstrap.servers": c.Broker},
 		LeaderGroupID:     c.Group,
 		LeaderTopic:       c.Group + ".leader",
@@ -581,6 +592,32 @@ func (c benchHarvesterConfig) config() goharvest.Config {
 		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
 		MetricsRegisterer: prometheus.NewRegistry(),
 	}
+	switch c.Client {
+	case "", "librdkafka":
+	case "franz":
+		cfg.BaseKafkaConfig, cfg.Kafka = nil, franz.New(franz.Config{SeedBrokers: []string{c.Broker}})
+	default:
+		panic(fmt.Sprintf("%s=%q: want librdkafka or franz", EnvBenchClient, c.Client))
+	}
+	return cfg
+}
+
+// commits returns how many Kafka transactions the harvester whose metrics registry holds has
+// committed: the count of its commit_duration_seconds histogram.
+func commits(b *testing.B, registry *prometheus.Registry) float64 {
+	families, err := registry.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var n uint64
+	for _, f := range families {
+		if f.GetName() == "goharvest_commit_duration_seconds" {
+			for _, m := range f.GetMetric() {
+				n += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return float64(n)
 }
 
 func (r *benchRun) close() {
@@ -597,6 +634,7 @@ func (r *benchRun) stopHarvester() {
 	if r.h == nil {
 		return
 	}
+	r.rig.commits = nil
 	r.h.Stop()
 	if err := r.h.Await(); err != nil {
 		r.b.Fatal(err)
@@ -698,17 +736,21 @@ func (r *benchRun) statements() int64 {
 	return n
 }
 
-// measurement is CPU time and peak memory from start to stop.
+// measurement is CPU time, peak memory and Kafka transactions from start to stop.
 type measurement struct {
-	rig                *benchRig
-	start              time.Time
-	relay, pg, standby time.Duration
+	rig                        *benchRig
+	start                      time.Time
+	relay, pg, standby, broker time.Duration
+	commits                    float64
 }
 
 func (rig *benchRig) measure() *measurement {
 	resetPeakRSS(rig.b)
 	rig.b.StartTimer()
-	m := &measurement{rig: rig, start: time.Now(), relay: processCPU(), pg: mustCPU(rig.b, rig.server)}
+	m := &measurement{rig: rig, start: time.Now(), relay: processCPU(), pg: mustCPU(rig.b, rig.server), broker: rig.broker.cpu(rig.b)}
+	if rig.commits != nil {
+		m.commits = rig.commits()
+	}
 	if rig.standby != nil {
 		m.standby = mustCPU(rig.b, rig.standby)
 	}
@@ -731,6 +773,14 @@ func (m *measurement) stop(b *testing.B, records int) {
 	b.ReportMetric(float64(records)/elapsed.Seconds(), "records/s")
 	b.ReportMetric(float64(relay.Microseconds())/float64(records), "relay-µs/rec")
 	b.ReportMetric(float64(pg.Microseconds())/float64(records), "pg-µs/rec")
+	broker := m.rig.broker.cpu(b) - m.broker
+	b.ReportMetric(float64(broker.Microseconds())/float64(records), "broker-µs/rec")
+	if m.rig.commits != nil {
+		if commits := m.rig.commits() - m.commits; commits > 0 {
+			b.ReportMetric(commits/elapsed.Seconds(), "txn/s")
+			b.ReportMetric(float64(records)/commits, "rec/txn")
+		}
+	}
 	if m.rig.standby != nil {
 		standby := mustCPU(b, m.rig.standby) - m.standby
 		b.ReportMetric(float64(standby.Microseconds())/float64(records), "standby-µs/rec")
