@@ -48,6 +48,13 @@ const (
 	// Config.Opts can set another.
 	DefaultRetryBackoff    = 10 * time.Millisecond
 	DefaultRetryBackoffMax = time.Second
+	// DefaultMetadataMinAge is kgo.MetadataMinAge, the least time between two metadata requests;
+	// kgo's own is 5s. kgo retries a produce that Kafka answered with a retriable error only
+	// after its next metadata request, and Kafka 4 answers NOT_ENOUGH_REPLICAS to a
+	// transaction's first produce while the previous transaction's markers are still being
+	// written (KIP-890's answer for clients that predate it): at 5s, such a produce waited up to
+	// 5s, milliseconds after the commit. Config.Opts can set another.
+	DefaultMetadataMinAge = 10 * time.Millisecond
 	// DefaultMaxQueued is how many messages a producer holds, queued or in flight, before Produce
 	// returns driver.ErrQueueFull: librdkafka's queue.buffering.max.messages default.
 	DefaultMaxQueued = 100_000
@@ -100,8 +107,8 @@ func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, err
 	txnTimeout := cmp.Or(c.cfg.TransactionTimeout, DefaultTransactionTimeout)
 	txnTimeout = max(txnTimeout, p.DeliveryTimeout)
 	maxQueued := cmp.Or(c.cfg.MaxQueued, DefaultMaxQueued)
-	// The retry backoff first, so that one in Opts wins.
-	opts := append([]kgo.Opt{kgo.RetryBackoffFn(retryBackoff)}, c.cfg.Opts...)
+	// These first, so that Opts can set others.
+	opts := append([]kgo.Opt{kgo.RetryBackoffFn(retryBackoff), kgo.MetadataMinAge(DefaultMetadataMinAge)}, c.cfg.Opts...)
 	opts = append(opts,
 		kgo.SeedBrokers(c.cfg.SeedBrokers...),
 		kgo.TransactionalID(p.TransactionalID),
