@@ -97,21 +97,25 @@ func TestProducerPartitionerDefault(t *testing.T) {
 	}
 }
 
-// The producer looks for a moved transaction coordinator at least every DefaultReconnectBackoffMax
-// unless the configuration says otherwise, in either map.
-func TestProducerReconnectBackoffDefault(t *testing.T) {
+// The producer looks for a moved transaction coordinator at least every DefaultReconnectBackoffMax,
+// and retries a request after DefaultRetryBackoff, unless the configuration says otherwise, in
+// either map.
+func TestProducerBackoffDefaults(t *testing.T) {
 	for _, c := range []struct {
-		name           string
+		name, property string
 		base, producer map[string]any
 		want           any
 	}{
-		{"default", nil, nil, 1000},
-		{"producer", nil, map[string]any{"reconnect.backoff.max.ms": 10000}, 10000},
-		{"base", map[string]any{"reconnect.backoff.max.ms": 5000}, nil, 5000},
+		{"default", "reconnect.backoff.max.ms", nil, nil, 1000},
+		{"producer", "reconnect.backoff.max.ms", nil, map[string]any{"reconnect.backoff.max.ms": 10000}, 10000},
+		{"base", "reconnect.backoff.max.ms", map[string]any{"reconnect.backoff.max.ms": 5000}, nil, 5000},
+		{"default", "retry.backoff.ms", nil, nil, 10},
+		{"producer", "retry.backoff.ms", nil, map[string]any{"retry.backoff.ms": 100}, 100},
+		{"base", "retry.backoff.ms", map[string]any{"retry.backoff.ms": 50}, nil, 50},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			if got := settings(c.base, c.producer, time.Minute)["reconnect.backoff.max.ms"]; got != c.want {
-				t.Errorf("reconnect.backoff.max.ms = %v, want %v", got, c.want)
+		t.Run(c.property+"/"+c.name, func(t *testing.T) {
+			if got := settings(c.base, c.producer, time.Minute)[c.property]; got != c.want {
+				t.Errorf("%s = %v, want %v", c.property, got, c.want)
 			}
 		})
 	}

@@ -20,7 +20,8 @@ func TestExampleConfigsKeepTheirKafkaSettings(t *testing.T) {
 	vars := env(map[string]string{"DATABASE_URL": "postgres://app@db/billing", "KAFKA_PASSWORD": "s3cret"})
 	owned := map[string]any{"enable.idempotence": true, "acks": "all", "go.delivery.reports": true, "transactional.id": "goharvest.billing-api"}
 	// goharvest's producer defaults that neither example sets.
-	defaults := map[string]any{"reconnect.backoff.max.ms": int(librdkafka.DefaultReconnectBackoffMax.Milliseconds())}
+	defaults := map[string]any{"reconnect.backoff.max.ms": int(librdkafka.DefaultReconnectBackoffMax.Milliseconds()),
+		"retry.backoff.ms": int(librdkafka.DefaultRetryBackoff.Milliseconds())}
 	for name, want := range map[string]map[string]any{
 		"reaper.yaml": {
 			"bootstrap.servers": "localhost:9092", "compression.type": "lz4",
