@@ -182,7 +182,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 logging:
   level: info
   format: json
-`, bootstrap, id, id, o.shards, o.idHeader, claimStrategyYAML(), o.heartbeatTimeout, limits, o.extraYAML)
+`, bootstrap, id, id, o.shards, o.idHeader, claimStrategyYAML()+kafkaClientYAML(), o.heartbeatTimeout, limits, o.extraYAML)
 	}
 	if err := os.WriteFile(r.config, []byte(r.yaml(r.addr)), 0o600); err != nil {
 		t.Fatal(err)
@@ -697,6 +697,18 @@ func figure(t *testing.T, scenario, format string, args ...any) {
 			f.Close()
 		}
 	}
+}
+
+// EnvKafkaClient sets the reapers' harvest.kafkaClient ("librdkafka" or "franz"), so that a
+// scenario can run on either client; unset, the reapers use the default. make test runs some
+// scenarios with each, make chaos all of them.
+const EnvKafkaClient = "GOHARVEST_TEST_KAFKA_CLIENT"
+
+func kafkaClientYAML() string {
+	if client := os.Getenv(EnvKafkaClient); client != "" {
+		return "  kafkaClient: " + client + "\n"
+	}
+	return ""
 }
 
 // claimStrategyYAML sets harvest.claimStrategy from GOHARVEST_TEST_CLAIM ("read" or "mark"), so
