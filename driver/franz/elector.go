@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -110,6 +111,8 @@ type elector struct {
 	// loop may vouch that the contender still runs (see readAcks).
 	acksMu sync.Mutex
 	acks   []beatResult
+	// lastPulse is when Pulse last began (UnixNano); a member's watchdog reads it.
+	lastPulse atomic.Int64
 	// groupErr is the newest error of a member's group management, posted by kgo's hook.
 	groupErr struct {
 		sync.Mutex
@@ -241,6 +244,15 @@ func (m *member) post(c change) {
 
 func (m *member) retire() { m.retireOnce.Do(func() { close(m.retired) }) }
 
+func (m *member) isRetired() bool {
+	select {
+	case <-m.retired:
+		return true
+	default:
+		return false
+	}
+}
+
 // close closes the member's client in the background; m.closed says when it is done. kgo's Close
 // revokes every partition (the callbacks) and then leaves the group.
 func (m *member) close() {
@@ -291,11 +303,15 @@ const maxChangesPerPulse = 100
 func (e *elector) Pulse(ctx context.Context) (bool, error) {
 	e.loop.Lock()
 	defer e.loop.Unlock()
+	e.lastPulse.Store(time.Now().UnixNano())
 	switch {
 	case e.closed:
 		return false, errors.New("franz: election closed")
 	case e.fatal != nil:
 		return false, e.fatal
+	}
+	if m := e.member; m != nil && m.isRetired() {
+		e.stalled(m)
 	}
 	if e.member == nil {
 		if err := e.join(ctx); err != nil {
@@ -355,8 +371,47 @@ func (e *elector) join(ctx context.Context) error {
 	cl.PauseFetchTopics(e.cfg.LeaderTopic)
 	m.cl = cl
 	e.member = m
+	go e.watch(m)
 	e.log.Info("joined the election", "topic", e.cfg.LeaderTopic)
 	return nil
+}
+
+// watch lets m go once Pulse has not been called for two heartbeat timeouts, as librdkafka's
+// max.poll.interval.ms does for neli: kgo keeps a member in the group from a goroutine of its
+// own, so a contender whose loop stalled would keep its partitions from everyone (it reads as
+// fenced after one timeout, and does not publish). Letting the member go leaves the group, and
+// the others are given its partitions. The loop, should it resume, finds the member let go and
+// joins again (see stalled).
+func (e *elector) watch(m *member) {
+	limit := 2 * e.cfg.HeartbeatTimeout
+	ticker := time.NewTicker(e.cfg.HeartbeatTimeout / 4)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-m.retired:
+			return
+		case <-m.closed:
+			return
+		case <-ticker.C:
+			if since := time.Since(time.Unix(0, e.lastPulse.Load())); since > limit {
+				e.log.Warn("the election loop has not pulsed for two heartbeat timeouts; leaving the group so that other contenders lead",
+					"since", since.Round(time.Millisecond))
+				m.retire()
+				m.close()
+				return
+			}
+		}
+	}
+}
+
+// stalled takes up, on the loop, a member its watchdog let go: what it led is lost (its Barrier
+// runs now, late), and the next join waits for it to have left.
+func (e *elector) stalled(m *member) {
+	e.mu.Lock()
+	held := slices.Clone(e.assigned)
+	e.mu.Unlock()
+	e.revoke(held)
+	e.member, e.leaving = nil, m.closed
 }
 
 // serve applies the changes m's callbacks hand over: it waits up to wait for the first, then

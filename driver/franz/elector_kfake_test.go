@@ -283,3 +283,92 @@ func TestFranzElectorRefusedSessionIsAnError(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// A contender whose loop stops pulsing keeps no partition from the others: kgo keeps a member in
+// the group from a goroutine of its own, so after two heartbeat timeouts without a Pulse the
+// contender leaves the group (as librdkafka does after max.poll.interval.ms), and another leads.
+// When its loop resumes, it runs its Barrier and stays a follower. The group is steady when the
+// loop stalls: a rebalance would evict the stalled member anyway, its callbacks unserved.
+func TestFranzElectorWhoseLoopStallsLetsOthersLead(t *testing.T) {
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cluster.Close()
+	addr := cluster.ListenAddrs()[0]
+	const heartbeatTimeout = time.Second
+	interval := heartbeatTimeout / 20
+	type contender struct {
+		driver.Elector
+		paused   atomic.Bool
+		barriers atomic.Int32
+	}
+	var cs []*contender
+	for _, name := range []string{"c0", "c1"} {
+		c := &contender{}
+		c.Elector = joinKfake(t, addr, "stall", name, 1, heartbeatTimeout, func([]int32) { c.barriers.Add(1) })
+		cs = append(cs, c)
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				if !c.paused.Load() {
+					if _, err := c.Pulse(context.Background()); err != nil {
+						t.Errorf("%s: Pulse: %v", name, err)
+						return
+					}
+				}
+				select {
+				case <-stop:
+					return
+				case <-time.After(interval):
+				}
+			}
+		}()
+		t.Cleanup(func() { close(stop); <-done; c.Close(context.Background()) })
+	}
+	var stalled, other *contender
+	for deadline := time.Now().Add(30 * time.Second); stalled == nil; time.Sleep(interval) {
+		if time.Now().After(deadline) {
+			t.Fatal("no contender led within 30s")
+		}
+		for i, c := range cs {
+			if c.Leading() {
+				stalled, other = c, cs[1-i]
+			}
+		}
+	}
+	// A steady stretch, so that no rebalance is under way when the loop stalls.
+	time.Sleep(2 * heartbeatTimeout)
+	if !stalled.Leading() {
+		t.Fatal("the leader lost its leadership without a fault")
+	}
+	stalled.paused.Store(true)
+	stop := time.Now()
+	for deadline := stop.Add(2*heartbeatTimeout + 20*time.Second); !other.Leading(); time.Sleep(interval) {
+		if stalled.Leading() && time.Since(stop) > heartbeatTimeout+interval {
+			t.Fatalf("a contender whose loop stalled reads as leading %v later, past the heartbeat timeout", time.Since(stop))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the other contender did not lead within %v of the first one's loop stalling", time.Since(stop))
+		}
+	}
+	if stalled.Leading() {
+		t.Fatal("both contenders lead")
+	}
+	took := time.Since(stop)
+	t.Logf("the other contender led %v after the first one's loop stalled", took.Round(time.Millisecond))
+	if took < 2*heartbeatTimeout-100*time.Millisecond {
+		t.Errorf("the other contender led %v after the stall, before the two heartbeat timeouts the stalled one is allowed", took)
+	}
+	// The loop resumes: the Barrier runs, and the partition stays with the other.
+	stalled.paused.Store(false)
+	for end := time.Now().Add(2 * heartbeatTimeout); time.Now().Before(end); time.Sleep(interval) {
+		if stalled.Leading() {
+			t.Fatal("the contender whose loop stalled leads again while the other does")
+		}
+	}
+	if stalled.barriers.Load() == 0 {
+		t.Error("the contender whose loop stalled never ran its Barrier for the partition it lost")
+	}
+}
