@@ -1,4 +1,4 @@
-// Package franz is a Kafka producer for goharvest on franz-go (package kgo), in pure Go: no cgo,
+// Package franz is a Kafka client for goharvest on franz-go (package kgo), in pure Go: no cgo,
 // no librdkafka. Its producers implement driver.KafkaProducer and keep the same contract as those
 // of package driver/librdkafka (drivertest.RunProducer): transactions, fencing by transactional
 // ID, notes in the transaction's committed offsets, and keys (the empty key included)
@@ -8,8 +8,10 @@
 //	client := franz.New(franz.Config{SeedBrokers: []string{"localhost:9092"}})
 //	p, err := client.NewProducer(driver.ProducerConfig{TransactionalID: "orders-0", ...})
 //
-// Today the package offers the producer only. It has no leader election, so it is not yet a
-// driver.Kafka, and neither goharvest.Config nor the reaper can select it.
+// goharvest.Config chooses it with KafkaClient "franz" (the reaper's harvest.kafkaClient), and
+// makes its Config from the librdkafka properties of BaseKafkaConfig and ProducerKafkaConfig
+// with FromProperties, which refuses what it cannot honour. Its leader election (NewElector) is
+// not written yet, so a harvester on it does not start.
 //
 // It needs a cluster whose transaction.version is 2 or more (KIP-890 part 2: the default of
 // clusters created by Kafka 4.0 and later): notes are written with TxnOffsetCommit v5 or later,
@@ -23,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -45,21 +48,44 @@ const (
 	// DefaultMaxQueued is how many messages a producer holds, queued or in flight, before Produce
 	// returns driver.ErrQueueFull: librdkafka's queue.buffering.max.messages default.
 	DefaultMaxQueued = 100_000
+	// DefaultReconnectBackoffMax bounds kgo's wait between a failed request and its next try,
+	// which is also when kgo connects again to a broker it lost (kgo.RetryBackoffFn); kgo's own
+	// bound is 5s. A producer whose transaction coordinator crashed finds the new one only on a
+	// later try, so a long wait keeps that coordinator's shards from publishing: the same reason,
+	// and the same value, as the librdkafka driver's DefaultReconnectBackoffMax.
+	DefaultReconnectBackoffMax = time.Second
+	// DefaultReconnectBackoff is the first of those waits, doubled after each further failure up
+	// to DefaultReconnectBackoffMax: kgo's own first wait (librdkafka's, reconnect.backoff.ms, is
+	// 100ms).
+	DefaultReconnectBackoff = 250 * time.Millisecond
+	// NoLinger, as Config.Linger, sends each batch at once (kgo.ProducerLinger(0)), as
+	// linger.ms 0 does in librdkafka; Linger 0 means DefaultLinger.
+	NoLinger time.Duration = -1
 )
 
 // Config is the client's settings. The zero value of each field but SeedBrokers means its
-// default.
+// default. FromProperties makes one from librdkafka's properties.
 type Config struct {
 	// SeedBrokers are the brokers to bootstrap from (kgo.SeedBrokers). Required.
 	SeedBrokers []string
-	// Opts are further kgo options, such as kgo.DialTLSConfig, kgo.SASL or kgo.Dialer. They are
-	// applied before the options the producer sets itself, which therefore win: the
-	// transactional ID, acks, partitioner, linger, transaction timeout, buffer limit, topic
-	// creation on demand and logger, and the client ID and delivery timeout when
-	// driver.ProducerConfig gives them. (Idempotence comes with the transactional ID.)
+	// Opts are further kgo options for every client this one makes, producers and election
+	// alike, such as kgo.DialTLSConfig, kgo.SASL or kgo.Dialer.
 	Opts []kgo.Opt
-	// Linger is kgo.ProducerLinger, at most a minute (kgo's limit); 0 means DefaultLinger.
+	// ProducerOpts are further kgo options for producers only, applied after Opts, which they
+	// therefore override. Both are applied before the options the producer sets itself, which
+	// therefore win: the transactional ID, acks, partitioner, linger, transaction timeout,
+	// buffer limit, topic creation on demand and logger, and the client ID and delivery timeout
+	// (see ClientID and DeliveryTimeout). (Idempotence comes with the transactional ID.) Opts may
+	// replace goharvest's retry backoff (see DefaultReconnectBackoffMax), which comes before them.
+	ProducerOpts []kgo.Opt
+	// ClientID is the producers' kgo.ClientID; "" means driver.ProducerConfig's.
+	ClientID string
+	// Linger is kgo.ProducerLinger, at most a minute (kgo's limit); 0 means DefaultLinger, and
+	// NoLinger (or any negative value) none.
 	Linger time.Duration
+	// DeliveryTimeout is kgo.RecordDeliveryTimeout, at least a second (kgo's limit); 0 means
+	// driver.ProducerConfig's.
+	DeliveryTimeout time.Duration
 	// TransactionTimeout is kgo.TransactionTimeout (the broker's transaction.timeout.ms for this
 	// producer); 0 means DefaultTransactionTimeout. It is raised to the producer's delivery
 	// timeout when that is longer.
@@ -76,6 +102,7 @@ type Client struct{ cfg Config }
 func New(cfg Config) *Client {
 	cfg.SeedBrokers = slices.Clone(cfg.SeedBrokers)
 	cfg.Opts = slices.Clone(cfg.Opts)
+	cfg.ProducerOpts = slices.Clone(cfg.ProducerOpts)
 	return &Client{cfg: cfg}
 }
 
@@ -91,15 +118,21 @@ func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, err
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	deliveryTimeout := cmp.Or(c.cfg.DeliveryTimeout, p.DeliveryTimeout)
 	txnTimeout := cmp.Or(c.cfg.TransactionTimeout, DefaultTransactionTimeout)
-	txnTimeout = max(txnTimeout, p.DeliveryTimeout)
+	txnTimeout = max(txnTimeout, deliveryTimeout)
 	maxQueued := cmp.Or(c.cfg.MaxQueued, DefaultMaxQueued)
-	opts := append(slices.Clone(c.cfg.Opts),
+	linger := max(cmp.Or(c.cfg.Linger, DefaultLinger), 0) // NoLinger: 0
+	// goharvest's default backoff first, so that the configured options can replace it.
+	opts := []kgo.Opt{kgo.RetryBackoffFn(backoff(DefaultReconnectBackoff, DefaultReconnectBackoffMax))}
+	opts = append(opts, c.cfg.Opts...)
+	opts = append(opts, c.cfg.ProducerOpts...)
+	opts = append(opts,
 		kgo.SeedBrokers(c.cfg.SeedBrokers...),
 		kgo.TransactionalID(p.TransactionalID),
 		kgo.TransactionTimeout(txnTimeout),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.ProducerLinger(cmp.Or(c.cfg.Linger, DefaultLinger)),
+		kgo.ProducerLinger(linger),
 		// Keys hash with murmur2 as the Java client's and librdkafka's "murmur2_random"
 		// partitioners do, the empty key included; a nil key goes to a partition of kgo's choice,
 		// as librdkafka's goes to a random one.
@@ -114,17 +147,30 @@ func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, err
 		kgo.AllowAutoTopicCreation(),
 		kgo.WithLogger(slogLogger{logger}),
 	)
-	if p.ClientID != "" {
-		opts = append(opts, kgo.ClientID(p.ClientID))
+	if clientID := cmp.Or(c.cfg.ClientID, p.ClientID); clientID != "" {
+		opts = append(opts, kgo.ClientID(clientID))
 	}
-	if p.DeliveryTimeout > 0 {
-		opts = append(opts, kgo.RecordDeliveryTimeout(p.DeliveryTimeout))
+	if deliveryTimeout > 0 {
+		opts = append(opts, kgo.RecordDeliveryTimeout(deliveryTimeout))
 	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("franz: create client: %w", err)
 	}
 	return newProducer(cl, p.TransactionalID, txnTimeout, maxQueued), nil
+}
+
+// backoff returns a retry backoff for kgo.RetryBackoffFn shaped as kgo's own: first after the
+// first failure, doubled after each further one up to most, each wait jittered by ±20% (and never
+// above most) so that clients that failed together do not retry in step.
+func backoff(first, most time.Duration) func(fails int) time.Duration {
+	return func(fails int) time.Duration {
+		d := first
+		for i := 1; i < fails && d < most; i++ {
+			d *= 2
+		}
+		return min(time.Duration(float64(d)*(0.8+0.4*rand.Float64())), most)
+	}
 }
 
 // slogLogger forwards kgo's logs to a slog.Logger. kgo logs every transaction's begin and end at
