@@ -1,0 +1,133 @@
+package reaper_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/buildtest"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
+	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/verifytest"
+)
+
+// A reaper built with CGO_ENABLED=0 has the franz client only: it uses it unless told otherwise,
+// and refuses kafkaClient: librdkafka, or an unknown client, with one line naming the key and the
+// way out, before it contacts anything.
+func TestReaperWithoutCgoChoosesFranz(t *testing.T) {
+	bin := buildtest.BinaryWithoutCgo(t, "github.com/goharvest/goharvest/cmd/reaper")
+	config := func(client string) string {
+		path := filepath.Join(t.TempDir(), "reaper.yaml")
+		yaml := "harvest:\n  baseKafkaConfig:\n    bootstrap.servers: 127.0.0.1:1\n  leaderGroupID: nocgo\n  leaderTopic: nocgo.leader\n" +
+			"  dataSource: host=127.0.0.1 port=1 dbname=none connect_timeout=1\n"
+		if client != "" {
+			yaml += "  kafkaClient: " + client + "\n"
+		}
+		yaml += "logging:\n  format: json\n"
+		if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+
+	for client, want := range map[string]string{
+		"librdkafka": `KafkaClient (kafkaClient): "librdkafka" needs cgo, and this program was built without it; choose "franz", or build with cgo (CGO_ENABLED=1 and gcc)`,
+		"rdkafka":    `KafkaClient (kafkaClient): "rdkafka": must be "librdkafka" or "franz"`,
+	} {
+		p := startReaper(t, bin, nil, "-f", config(client))
+		<-p.done
+		out := p.stderr.String()
+		if code := p.cmd.ProcessState.ExitCode(); code != 2 || strings.Count(out, "\n") != 1 || !strings.Contains(out, want) {
+			t.Errorf("kafkaClient: %s: exit %d, output %q; want exit 2 and one line with %q", client, code, out, want)
+		}
+	}
+
+	// Unset, the client is franz's: the reaper says so as it starts. (What follows fails on the
+	// unreachable database and broker, or on the franz election while it is not written.)
+	p := startReaper(t, bin, nil, "-f", config(""))
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.stop(t)
+	}
+	if out := p.stderr.String(); !strings.Contains(out, `"msg":"reaper starting"`) || !strings.Contains(out, `"kafkaClient":"franz"`) {
+		t.Errorf("the reaper built without cgo did not start with the franz client:\n%s", out)
+	}
+}
+
+// electionPlaceholder is what driver/franz's NewElector returns until the franz election is written
+// (issue 36); TestReaperWithoutCgoPublishes is skipped while it does.
+const electionPlaceholder = "franz: the election is not written yet"
+
+// A reaper built without cgo publishes the outbox to Apache Kafka with the franz client, every
+// record in its key's order.
+func TestReaperWithoutCgoPublishes(t *testing.T) {
+	bin := buildtest.BinaryWithoutCgo(t, "github.com/goharvest/goharvest/cmd/reaper")
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	broker := kafkacluster.Shared(t)
+	topic := broker.Topic(t, "nocgo.events", 4)
+	config := filepath.Join(t.TempDir(), "reaper.yaml")
+	err := os.WriteFile(config, []byte(`harvest:
+  baseKafkaConfig:
+    bootstrap.servers: `+broker.Addr()+`
+  producerKafkaConfig:
+    compression.type: lz4
+  leaderTopic: reaper-nocgo.leader
+  leaderGroupID: reaper-nocgo
+  dataSource: ${DATABASE_URL}
+  limits:
+    heartbeatTimeout: 1s
+    minPollInterval: 50ms
+logging:
+  format: json
+`), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"DATABASE_URL=" + dsn}
+	initRun := startReaper(t, bin, env, "init", "-f", config)
+	<-initRun.done
+	if code := initRun.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("reaper init: exit %d: %s", code, initRun.stderr)
+	}
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	const keys, perKey = 50, 20
+	expected := verifytest.StashBacklog(t, pool, topic, t.Name(), keys, perKey, goharvest.String("v"))
+	v := verifytest.Start(t, broker.Addr(), topic, t.Name())
+
+	r := startReaper(t, bin, env, "-f", config)
+	for deadline := time.Now().Add(2 * time.Minute); v.Distinct() < keys*perKey; {
+		select {
+		case <-r.done:
+			if out := r.stderr.String(); strings.Contains(out, electionPlaceholder) {
+				t.Skipf("the reaper built without cgo starts on the franz client and stops at its election, a placeholder until issue 36's election lands:\n%s", out)
+			}
+			t.Fatalf("the reaper exited %d having published %d of %d records:\n%s", r.cmd.ProcessState.ExitCode(), v.Distinct(), keys*perKey, r.stderr)
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			r.stop(t)
+			t.Fatalf("%d of %d records published within 2m:\n%s", v.Distinct(), keys*perKey, r.stderr)
+		}
+	}
+	if code := r.stop(t); code != 0 {
+		t.Fatalf("the reaper exited %d after SIGTERM:\n%s", code, r.stderr)
+	}
+	if report := v.Report(expected); !report.OK() {
+		t.Fatalf("delivery check failed:\n%s", report)
+	}
+	if out := r.stderr.String(); !strings.Contains(out, `"kafkaClient":"franz"`) || !strings.Contains(out, `"msg":"leader acquired"`) {
+		t.Errorf("the reaper's log lacks the franz client or the leader acquired line:\n%s", out)
+	}
+}
