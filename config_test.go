@@ -128,55 +128,6 @@ func TestValidateAcceptsValidConfig(t *testing.T) {
 	}
 }
 
-// The Kafka client is chosen by KafkaClient or set in Kafka, not both; an unknown choice names the
-// field and the choices; each client's refusals of the Kafka properties name the map and key.
-func TestValidateKafkaClient(t *testing.T) {
-	cases := []struct {
-		name   string
-		modify func(*Config)
-		want   []string
-	}{
-		{"unknown client", func(c *Config) { c.KafkaClient = "rdkafka" },
-			[]string{`KafkaClient (kafkaClient): "rdkafka": must be "librdkafka" or "franz"`}},
-		{"client set and chosen", func(c *Config) {
-			c.Kafka, c.BaseKafkaConfig, c.ProducerKafkaConfig, c.KafkaClient = noKafka{}, nil, nil, KafkaClientFranz
-		}, []string{`KafkaClient (kafkaClient): "franz" chooses a client for goharvest to make, and Kafka is set to a client already; set one or the other`}},
-		{"properties with a client set", func(c *Config) { c.Kafka, c.KafkaClient = noKafka{}, "" },
-			[]string{"BaseKafkaConfig (baseKafkaConfig): configures the client that KafkaClient chooses; Kafka is set"}},
-		{"franz: a property it cannot honour", func(c *Config) {
-			c.KafkaClient = KafkaClientFranz
-			c.ProducerKafkaConfig["sticky.partitioning.linger.ms"] = 10
-		}, []string{"ProducerKafkaConfig (producerKafkaConfig.sticky.partitioning.linger.ms): the franz client cannot honour this property; remove it, or choose the librdkafka client (kafkaClient: librdkafka)"}},
-		{"franz: an owned property", func(c *Config) {
-			c.KafkaClient = KafkaClientFranz
-			c.BaseKafkaConfig["session.timeout.ms"] = 30000
-		}, []string{"BaseKafkaConfig (baseKafkaConfig.session.timeout.ms): goharvest sets this property itself (derived from the heartbeat timeout"}},
-		{"franz: no brokers", func(c *Config) {
-			c.KafkaClient = KafkaClientFranz
-			c.BaseKafkaConfig["bootstrap.servers"] = " "
-		}, []string{"BaseKafkaConfig (baseKafkaConfig.bootstrap.servers): must name at least one host:port"}},
-		{"franz: a transaction shorter than the queue timeout", func(c *Config) {
-			c.KafkaClient = KafkaClientFranz
-			c.ProducerKafkaConfig["transaction.timeout.ms"] = 10000
-		}, []string{"ProducerKafkaConfig (producerKafkaConfig.transaction.timeout.ms): 10s is shorter than the message timeout (30s"}},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			c := validConfig()
-			tc.modify(&c)
-			err := c.Validate()
-			if err == nil {
-				t.Fatal("no error")
-			}
-			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q does not contain %q", err, w)
-				}
-			}
-		})
-	}
-}
-
 // noKafka is a Kafka client that a test sets in Config.Kafka and never uses.
 type noKafka struct{}
 
@@ -223,6 +174,31 @@ func TestValidateNamesFieldAndRange(t *testing.T) {
 			[]string{"producerKafkaConfig.x", "string, number or boolean"}},
 		{"no bootstrap servers", func(c *Config) { c.BaseKafkaConfig["bootstrap.servers"] = " " },
 			[]string{"baseKafkaConfig.bootstrap.servers"}},
+		// The Kafka client is chosen by KafkaClient or set in Kafka, not both; each client's
+		// refusals of the Kafka properties name the map and key.
+		{"unknown client", func(c *Config) { c.KafkaClient = "rdkafka" },
+			[]string{`KafkaClient (kafkaClient): "rdkafka": must be "librdkafka" or "franz"`}},
+		{"client set and chosen", func(c *Config) {
+			c.Kafka, c.BaseKafkaConfig, c.ProducerKafkaConfig, c.KafkaClient = noKafka{}, nil, nil, KafkaClientFranz
+		}, []string{`KafkaClient (kafkaClient): "franz" chooses a client for goharvest to make, and Kafka is set to a client already; set one or the other`}},
+		{"properties with a client set", func(c *Config) { c.Kafka, c.KafkaClient = noKafka{}, "" },
+			[]string{"BaseKafkaConfig (baseKafkaConfig): configures the client that KafkaClient chooses; Kafka is set"}},
+		{"franz: a property it cannot honour", func(c *Config) {
+			c.KafkaClient = KafkaClientFranz
+			c.ProducerKafkaConfig["sticky.partitioning.linger.ms"] = 10
+		}, []string{"ProducerKafkaConfig (producerKafkaConfig.sticky.partitioning.linger.ms): the franz client cannot honour this property; remove it, or choose the librdkafka client (kafkaClient: librdkafka)"}},
+		{"franz: an owned property", func(c *Config) {
+			c.KafkaClient = KafkaClientFranz
+			c.BaseKafkaConfig["session.timeout.ms"] = 30000
+		}, []string{"BaseKafkaConfig (baseKafkaConfig.session.timeout.ms): goharvest sets this property itself (derived from the heartbeat timeout"}},
+		{"franz: no brokers", func(c *Config) {
+			c.KafkaClient = KafkaClientFranz
+			c.BaseKafkaConfig["bootstrap.servers"] = " "
+		}, []string{"BaseKafkaConfig (baseKafkaConfig.bootstrap.servers): must name at least one host:port"}},
+		{"franz: a transaction shorter than the queue timeout", func(c *Config) {
+			c.KafkaClient = KafkaClientFranz
+			c.ProducerKafkaConfig["transaction.timeout.ms"] = 10000
+		}, []string{"ProducerKafkaConfig (producerKafkaConfig.transaction.timeout.ms): 10s is shorter than the message timeout (30s"}},
 		{"unknown claim strategy", func(c *Config) { c.ClaimStrategy = "Read" },
 			[]string{"ClaimStrategy (claimStrategy)", `"Read"`, `must be "read" or "mark"`}},
 		{"bad leader topic", func(c *Config) { c.LeaderTopic = "my topic" }, []string{"LeaderTopic (leaderTopic)", `"my topic"`}},

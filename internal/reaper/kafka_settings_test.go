@@ -2,8 +2,6 @@ package reaper
 
 import (
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -36,15 +34,7 @@ func TestExampleConfigsKeepTheirKafkaSettings(t *testing.T) {
 			"client.id": "billing-reaper",
 		},
 	} {
-		data, err := os.ReadFile(filepath.Join("..", "..", "examples", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := Load(data, vars)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		h := f.Harvest.WithDefaults()
+		h := loadExample(t, name, vars).Harvest.WithDefaults()
 		if h.Kafka != nil {
 			t.Fatalf("%s: the reaper set Config.Kafka; this test reads the default client's settings", name)
 		}
@@ -74,14 +64,7 @@ func TestExampleConfigsSuitTheFranzClient(t *testing.T) {
 		"reaper.yaml":      nil,
 		"reaper-sasl.yaml": {"BaseKafkaConfig (baseKafkaConfig.ssl.ca.location): open /etc/kafka/ca-cert.pem: no such file or directory"},
 	} {
-		data, err := os.ReadFile(filepath.Join("..", "..", "examples", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := Load(data, vars)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
+		f := loadExample(t, name, vars)
 		f.Harvest.KafkaClient = goharvest.KafkaClientFranz
 		var got []string
 		if err := f.Harvest.WithDefaults().Validate(); err != nil {

@@ -1,20 +1,15 @@
 package reaper_test
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/buildtest"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/pgtest"
-	"github.com/goharvest/goharvest/internal/verifytest"
 )
 
 // A reaper built with CGO_ENABLED=0 has the franz client only: it uses it unless told otherwise,
@@ -69,7 +64,6 @@ const electionPlaceholder = "franz: the election is not written yet"
 // record in its key's order.
 func TestReaperWithoutCgoPublishes(t *testing.T) {
 	bin := buildtest.BinaryWithoutCgo(t, "github.com/goharvest/goharvest/cmd/reaper")
-	ctx := context.Background()
 	dsn := pgtest.NewDatabase(t)
 	broker := kafkacluster.Shared(t)
 	topic := broker.Topic(t, "nocgo.events", 4)
@@ -92,19 +86,9 @@ logging:
 		t.Fatal(err)
 	}
 	env := []string{"DATABASE_URL=" + dsn}
-	initRun := startReaper(t, bin, env, "init", "-f", config)
-	<-initRun.done
-	if code := initRun.cmd.ProcessState.ExitCode(); code != 0 {
-		t.Fatalf("reaper init: exit %d: %s", code, initRun.stderr)
-	}
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	initOutbox(t, bin, env, config)
 	const keys, perKey = 50, 20
-	expected := verifytest.StashBacklog(t, pool, topic, t.Name(), keys, perKey, goharvest.String("v"))
-	v := verifytest.Start(t, broker.Addr(), topic, t.Name())
+	_, expected, v := stashBacklog(t, dsn, broker, topic, keys, perKey)
 
 	r := startReaper(t, bin, env, "-f", config)
 	for deadline := time.Now().Add(2 * time.Minute); v.Distinct() < keys*perKey; {
