@@ -67,24 +67,7 @@ func TestReaperWithoutCgoPublishes(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	broker := kafkacluster.Shared(t)
 	topic := broker.Topic(t, "nocgo.events", 4)
-	config := filepath.Join(t.TempDir(), "reaper.yaml")
-	err := os.WriteFile(config, []byte(`harvest:
-  baseKafkaConfig:
-    bootstrap.servers: `+broker.Addr()+`
-  producerKafkaConfig:
-    compression.type: lz4
-  leaderTopic: reaper-nocgo.leader
-  leaderGroupID: reaper-nocgo
-  dataSource: ${DATABASE_URL}
-  limits:
-    heartbeatTimeout: 1s
-    minPollInterval: 50ms
-logging:
-  format: json
-`), 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
+	config := writeConfig(t, broker, "reaper-nocgo", "  producerKafkaConfig:\n    compression.type: lz4\n")
 	env := []string{"DATABASE_URL=" + dsn}
 	initOutbox(t, bin, env, config)
 	const keys, perKey = 50, 20

@@ -69,23 +69,7 @@ func TestReaperBinaryPublishesAndStopsCleanlyOnSIGTERM(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	broker := kafkacluster.Shared(t)
 	topic := broker.Topic(t, "process.events", 8)
-	config := filepath.Join(t.TempDir(), "reaper.yaml")
-	err := os.WriteFile(config, []byte(`harvest:
-  baseKafkaConfig:
-    bootstrap.servers: `+broker.Addr()+`
-  leaderTopic: reaper-test.leader
-  leaderGroupID: reaper-test
-  dataSource: ${DATABASE_URL}
-  limits:
-    heartbeatTimeout: 1s
-    minPollInterval: 50ms
-logging:
-  level: info
-  format: json
-`), 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
+	config := writeConfig(t, broker, "reaper-test", "")
 	env := []string{"DATABASE_URL=" + dsn}
 	initOutbox(t, bin, env, config)
 	const keys, perKey = 200, 100
@@ -120,6 +104,30 @@ logging:
 	if !strings.Contains(first.stderr.String(), `"msg":"leader acquired"`) {
 		t.Errorf("the reaper's JSON log lacks the leader acquired line:\n%s", first.stderr)
 	}
+}
+
+// writeConfig writes a reaper.yaml into a directory of the test's own and returns its path: the
+// harvesters of group on broker and on the database that DATABASE_URL names, with the election's
+// quick timings, JSON logs, and extra (indented YAML) under harvest.
+func writeConfig(t *testing.T, broker *kafkacluster.Cluster, group, extra string) string {
+	t.Helper()
+	config := filepath.Join(t.TempDir(), "reaper.yaml")
+	err := os.WriteFile(config, []byte(`harvest:
+  baseKafkaConfig:
+    bootstrap.servers: `+broker.Addr()+`
+  leaderTopic: `+group+`.leader
+  leaderGroupID: `+group+`
+  dataSource: ${DATABASE_URL}
+  limits:
+    heartbeatTimeout: 1s
+    minPollInterval: 50ms
+`+extra+`logging:
+  format: json
+`), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return config
 }
 
 // initOutbox runs reaper init with config, failing the test unless it makes the outbox.
