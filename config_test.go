@@ -2,7 +2,6 @@ package goharvest
 
 import (
 	"bytes"
-	"errors"
 	"log/slog"
 	"reflect"
 	"strings"
@@ -128,16 +127,6 @@ func TestValidateAcceptsValidConfig(t *testing.T) {
 	}
 }
 
-// noKafka is a Kafka client that a test sets in Config.Kafka and never uses.
-type noKafka struct{}
-
-func (noKafka) NewProducer(driver.ProducerConfig) (driver.KafkaProducer, error) {
-	return nil, errors.New("not used")
-}
-func (noKafka) NewElector(driver.ElectorConfig) (driver.Elector, error) {
-	return nil, errors.New("not used")
-}
-
 // KafkaClient chooses the client the harvester makes; a client set in Kafka is used as it is, and
 // no client is chosen for it.
 func TestKafkaClientChoosesTheClient(t *testing.T) {
@@ -149,11 +138,11 @@ func TestKafkaClientChoosesTheClient(t *testing.T) {
 			t.Errorf("%s: %T, %v; want a %T", client, got, err, want)
 		}
 	}
-	c := Config{Kafka: noKafka{}}.WithDefaults()
+	c := Config{Kafka: stubKafka{}}.WithDefaults()
 	if c.KafkaClient != "" {
 		t.Errorf("with Kafka set, WithDefaults chose %q", c.KafkaClient)
 	}
-	if got, err := c.kafkaClient(); err != nil || got != (noKafka{}) {
+	if got, err := c.kafkaClient(); err != nil || got != (stubKafka{}) {
 		t.Errorf("with Kafka set: %v, %v", got, err)
 	}
 }
@@ -179,10 +168,8 @@ func TestValidateNamesFieldAndRange(t *testing.T) {
 		{"unknown client", func(c *Config) { c.KafkaClient = "rdkafka" },
 			[]string{`KafkaClient (kafkaClient): "rdkafka": must be "librdkafka" or "franz"`}},
 		{"client set and chosen", func(c *Config) {
-			c.Kafka, c.BaseKafkaConfig, c.ProducerKafkaConfig, c.KafkaClient = noKafka{}, nil, nil, KafkaClientFranz
+			c.Kafka, c.BaseKafkaConfig, c.ProducerKafkaConfig, c.KafkaClient = stubKafka{}, nil, nil, KafkaClientFranz
 		}, []string{`KafkaClient (kafkaClient): "franz" chooses a client for goharvest to make, and Kafka is set to a client already; set one or the other`}},
-		{"properties with a client set", func(c *Config) { c.Kafka, c.KafkaClient = noKafka{}, "" },
-			[]string{"BaseKafkaConfig (baseKafkaConfig): configures the client that KafkaClient chooses; Kafka is set"}},
 		{"franz: a property it cannot honour", func(c *Config) {
 			c.KafkaClient = KafkaClientFranz
 			c.ProducerKafkaConfig["sticky.partitioning.linger.ms"] = 10
