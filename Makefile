@@ -10,7 +10,7 @@ GO ?= go
 # suite runs real processes, and the election tests measure timings that two busy cores would blur.
 TEST_TIMEOUT ?= 30m
 
-.PHONY: test lint bench demo chaos soak image kafka kafka-versions monitoring status-page-screenshot
+.PHONY: test lint bench demo chaos soak image image-binary kafka kafka-versions monitoring status-page-screenshot
 
 # Modules inside this one, which ./... does not reach: the Kubernetes example's manifest test
 # has a module of its own, so that goharvest does not depend on Kubernetes packages.
@@ -104,28 +104,44 @@ demo:
 	bin/demo -bin bin $(DEMO_ARGS)
 
 ## image: the reaper's container image, with podman (or docker when podman is missing):
-## FROM scratch, a static binary built here with musl (Debian: musl-tools), CA certificates,
-## user 65532. `make image IMAGE=registry.example.com/reaper:v1 VERSION=v1` names it.
+## FROM scratch, one static binary (image-binary), CA certificates, user 65532.
+## `make image IMAGE=registry.example.com/reaper:v1 VERSION=v1` names it; KAFKA_CLIENT=franz
+## builds the binary without cgo or musl, with the franz client only (see image-binary).
 VERSION ?= $(shell sed -n 's/^const Version = "\(.*\)"$$/\1/p' version.go)
 IMAGE ?= goharvest/reaper:$(VERSION)
 CONTAINER_ENGINE ?= $(shell command -v podman || command -v docker)
 CA_CERTS ?= /etc/ssl/certs/ca-certificates.crt
-IMAGE_DIR := bin/image
-# The build tag musl selects confluent-kafka-go's static librdkafka for musl; netgo and osusergo
-# keep the Go side's name and user lookups in Go; the linker stamps the version that
-# reaper --version prints. bin/image is the build context: all the image holds. BUILDAH_LAYERS
-# keeps podman from storing an intermediate image per step: each build's binary differs, so
-# they would only pile up (docker ignores it).
+IMAGE_DIR ?= bin/image
+KAFKA_CLIENT ?= librdkafka
+# bin/image is the build context: all the image holds. BUILDAH_LAYERS keeps podman from storing an
+# intermediate image per step: each build's binary differs, so they would only pile up (docker
+# ignores it).
 image:
 	@test -n "$(CONTAINER_ENGINE)" || { echo "make image needs podman or docker"; exit 1; }
-	@command -v musl-gcc >/dev/null || { echo "make image needs musl-gcc (Debian: apt-get install musl-tools)"; exit 1; }
 	@test -r $(CA_CERTS) || { echo "make image needs $(CA_CERTS) (Debian: apt-get install ca-certificates)"; exit 1; }
-	rm -rf $(IMAGE_DIR) && mkdir -p $(IMAGE_DIR)
-	CGO_ENABLED=1 CC=musl-gcc $(GO) build -tags musl,netgo,osusergo -trimpath -o $(IMAGE_DIR)/reaper \
-		-ldflags '-s -w -linkmode external -extldflags -static -X github.com/goharvest/goharvest/internal/reaper.version=$(VERSION)' \
-		./cmd/reaper
+	$(MAKE) --no-print-directory image-binary
 	cp $(CA_CERTS) $(IMAGE_DIR)/ca-certificates.crt
 	printf 'root:x:0:0:root:/:/sbin/nologin\nreaper:x:65532:65532:reaper:/:/sbin/nologin\n' >$(IMAGE_DIR)/passwd
 	printf 'root:x:0:\nreaper:x:65532:\n' >$(IMAGE_DIR)/group
 	BUILDAH_LAYERS=false $(CONTAINER_ENGINE) build --build-arg VERSION=$(VERSION) -t $(IMAGE) -f Containerfile $(IMAGE_DIR)
 	@echo "$(IMAGE): $$($(CONTAINER_ENGINE) image inspect --format '{{.Size}}' $(IMAGE) | awk '{printf "%.1f MB", $$1/1e6}')"
+
+## image-binary: the image's reaper alone, static, in IMAGE_DIR (bin/image); needs no container
+## engine. KAFKA_CLIENT=librdkafka (the default): with cgo and musl (Debian: musl-tools), both
+## Kafka clients, librdkafka's the default. KAFKA_CLIENT=franz: CGO_ENABLED=0, no C compiler or
+## musl, the franz client only (the default, and librdkafka refused).
+# The build tag musl selects confluent-kafka-go's static librdkafka for musl; netgo and osusergo
+# keep the Go side's name and user lookups in Go (a build without cgo has nothing else); the
+# linker stamps the version that reaper --version prints.
+REAPER_LDFLAGS = -s -w -X github.com/goharvest/goharvest/internal/reaper.version=$(VERSION)
+image-binary:
+	rm -rf $(IMAGE_DIR) && mkdir -p $(IMAGE_DIR)
+ifeq ($(KAFKA_CLIENT),franz)
+	CGO_ENABLED=0 $(GO) build -trimpath -o $(IMAGE_DIR)/reaper -ldflags '$(REAPER_LDFLAGS)' ./cmd/reaper
+else ifeq ($(KAFKA_CLIENT),librdkafka)
+	@command -v musl-gcc >/dev/null || { echo "KAFKA_CLIENT=librdkafka needs musl-gcc (Debian: apt-get install musl-tools); KAFKA_CLIENT=franz needs none"; exit 1; }
+	CGO_ENABLED=1 CC=musl-gcc $(GO) build -tags musl,netgo,osusergo -trimpath -o $(IMAGE_DIR)/reaper \
+		-ldflags '$(REAPER_LDFLAGS) -linkmode external -extldflags -static' ./cmd/reaper
+else
+	$(error KAFKA_CLIENT is "$(KAFKA_CLIENT)": must be librdkafka or franz)
+endif

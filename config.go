@@ -93,17 +93,26 @@ type KafkaConfigMap map[string]any
 // the caller's Config is never modified. Unmarshal reads one from YAML, using the names in the
 // yaml tags.
 type Config struct {
-	// BaseKafkaConfig holds the properties of the default Kafka client (see Kafka) shared by the
-	// leader-election consumer and the producer, such as "bootstrap.servers" (default
-	// DefaultBootstrapServers) and security settings. Properties that goharvest must own to keep
-	// its guarantees (group.id, session.timeout.ms, enable.auto.commit and the like) are rejected
-	// by Validate.
+	// KafkaClient chooses the Kafka client that the harvester makes from BaseKafkaConfig and
+	// ProducerKafkaConfig: KafkaClientLibrdkafka or KafkaClientFranz. Default:
+	// DefaultKafkaClient(), librdkafka's in a build with cgo and franz-go's without. It must be
+	// empty when Kafka is set.
+	KafkaClient KafkaClient `yaml:"kafkaClient"`
+
+	// BaseKafkaConfig holds the properties of the Kafka client that KafkaClient chooses, shared by
+	// the leader election and the producer, such as "bootstrap.servers" (default
+	// DefaultBootstrapServers) and security settings. They are named as librdkafka names them,
+	// whichever the client; the franz client honours the ones franz.FromProperties maps, and
+	// Validate refuses the others. Properties that goharvest must own to keep its guarantees
+	// (group.id, session.timeout.ms, enable.auto.commit and the like) are refused by either.
 	BaseKafkaConfig KafkaConfigMap `yaml:"baseKafkaConfig"`
 
-	// ProducerKafkaConfig holds the default Kafka client's properties for the producer only, such
-	// as "compression.type", "linger.ms" (default librdkafka.DefaultLinger) or
-	// "reconnect.backoff.max.ms" (default librdkafka.DefaultReconnectBackoffMax); they override
-	// BaseKafkaConfig. Idempotence is always on and cannot be disabled.
+	// ProducerKafkaConfig holds the chosen client's properties for the producer only, such as
+	// "compression.type", "linger.ms" (default librdkafka.DefaultLinger, franz.DefaultLinger) or
+	// "reconnect.backoff.max.ms" and "retry.backoff.ms" (defaults
+	// librdkafka.DefaultReconnectBackoffMax and DefaultRetryBackoff, franz.DefaultRetryBackoff and
+	// DefaultRetryBackoffMax); they override BaseKafkaConfig. Idempotence is always on and cannot
+	// be disabled.
 	ProducerKafkaConfig KafkaConfigMap `yaml:"producerKafkaConfig"`
 
 	// LeaderTopic is the topic whose partitions decide leadership, one per shard (partition 0
@@ -167,10 +176,9 @@ type Config struct {
 	// DatabaseBindingProvider opens the outbox. Default: NewPostgresBinding.
 	DatabaseBindingProvider DatabaseBindingProvider `yaml:"-"`
 
-	// Kafka is the Kafka client: each epoch's producer and the leader election. Default, in a
-	// build with cgo: the librdkafka client (package driver/librdkafka) with BaseKafkaConfig and
-	// ProducerKafkaConfig, which must then be empty when Kafka is set. A build without cgo has
-	// no default.
+	// Kafka is the Kafka client: each epoch's producer and the leader election. Default: the
+	// client KafkaClient chooses (package driver/librdkafka or driver/franz), with
+	// BaseKafkaConfig and ProducerKafkaConfig; those three must be empty when Kafka is set.
 	Kafka driver.Kafka `yaml:"-"`
 
 	// MetricsRegisterer receives the harvester's Prometheus metrics (see docs/monitoring.md for the list).
@@ -333,6 +341,9 @@ func (c Config) WithDefaults() Config {
 	c.BaseKafkaConfig = maps.Clone(c.BaseKafkaConfig)
 	c.ProducerKafkaConfig = maps.Clone(c.ProducerKafkaConfig)
 	if c.Kafka == nil {
+		if c.KafkaClient == "" {
+			c.KafkaClient = DefaultKafkaClient()
+		}
 		if c.BaseKafkaConfig == nil {
 			c.BaseKafkaConfig = KafkaConfigMap{}
 		}
@@ -415,16 +426,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("%s (%s): %s", field, yamlKey, fmt.Sprintf(format, args...)))
 	}
 
-	if c.Kafka == nil {
-		// The default client's properties; a client set in Kafka has settings of its own.
-		errs = append(errs, defaultKafkaProblems(c)...)
-		if s, _ := c.BaseKafkaConfig["bootstrap.servers"].(string); strings.TrimSpace(s) == "" {
-			bad("BaseKafkaConfig", "baseKafkaConfig.bootstrap.servers", "must name at least one host:port")
-		}
-	} else if len(c.BaseKafkaConfig) > 0 || len(c.ProducerKafkaConfig) > 0 {
-		bad("BaseKafkaConfig", "baseKafkaConfig", "configures the default Kafka client only; Kafka is set, so configure that client instead")
-	}
-
+	errs = append(errs, c.kafkaProblems()...)
 	checkTopicLike := func(field, yamlKey, value string) {
 		if err := outbox.CheckName(value); err != nil {
 			bad(field, yamlKey, "%q: %v", value, err)

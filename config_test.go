@@ -3,10 +3,14 @@ package goharvest
 import (
 	"bytes"
 	"log/slog"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/driver/franz"
+	"github.com/goharvest/goharvest/driver/librdkafka"
 	"github.com/goharvest/goharvest/internal/epoch"
 )
 
@@ -27,6 +31,7 @@ func TestWithDefaults(t *testing.T) {
 		name      string
 		got, want any
 	}{
+		{"KafkaClient", got.KafkaClient, KafkaClientLibrdkafka}, // these tests run with cgo
 		{"bootstrap.servers", got.BaseKafkaConfig["bootstrap.servers"], DefaultBootstrapServers},
 		{"DataSource", got.DataSource, DefaultDataSource},
 		{"ListenDataSource", got.ListenDataSource, DefaultDataSource},
@@ -111,11 +116,34 @@ func TestWithDefaultsWarnsAboutDefaultLeaderIDs(t *testing.T) {
 }
 
 func TestValidateAcceptsValidConfig(t *testing.T) {
-	c := validConfig()
-	c.OutboxTable = "app.outbox"
-	c.ProducerKafkaConfig = KafkaConfigMap{"compression.type": "lz4", "linger.ms": 5, "batch.size": 1e6, "socket.nagle.disable": true}
-	if err := c.Validate(); err != nil {
-		t.Fatal(err)
+	for _, client := range []KafkaClient{KafkaClientLibrdkafka, KafkaClientFranz} {
+		c := validConfig()
+		c.KafkaClient = client
+		c.OutboxTable = "app.outbox"
+		c.ProducerKafkaConfig = KafkaConfigMap{"compression.type": "lz4", "linger.ms": 5, "batch.size": 1e6, "socket.nagle.disable": true}
+		if err := c.Validate(); err != nil {
+			t.Errorf("%s: %v", client, err)
+		}
+	}
+}
+
+// KafkaClient chooses the client the harvester makes; a client set in Kafka is used as it is, and
+// no client is chosen for it.
+func TestKafkaClientChoosesTheClient(t *testing.T) {
+	for client, want := range map[KafkaClient]driver.Kafka{KafkaClientFranz: &franz.Client{}, KafkaClientLibrdkafka: &librdkafka.Client{}} {
+		c := validConfig()
+		c.KafkaClient = client
+		got, err := c.kafkaClient()
+		if err != nil || reflect.TypeOf(got) != reflect.TypeOf(want) {
+			t.Errorf("%s: %T, %v; want a %T", client, got, err, want)
+		}
+	}
+	c := Config{Kafka: stubKafka{}}.WithDefaults()
+	if c.KafkaClient != "" {
+		t.Errorf("with Kafka set, WithDefaults chose %q", c.KafkaClient)
+	}
+	if got, err := c.kafkaClient(); err != nil || got != (stubKafka{}) {
+		t.Errorf("with Kafka set: %v, %v", got, err)
 	}
 }
 
@@ -135,6 +163,29 @@ func TestValidateNamesFieldAndRange(t *testing.T) {
 			[]string{"producerKafkaConfig.x", "string, number or boolean"}},
 		{"no bootstrap servers", func(c *Config) { c.BaseKafkaConfig["bootstrap.servers"] = " " },
 			[]string{"baseKafkaConfig.bootstrap.servers"}},
+		// The Kafka client is chosen by KafkaClient or set in Kafka, not both; each client's
+		// refusals of the Kafka properties name the map and key.
+		{"unknown client", func(c *Config) { c.KafkaClient = "rdkafka" },
+			[]string{`KafkaClient (kafkaClient): "rdkafka": must be "librdkafka" or "franz"`}},
+		{"client set and chosen", func(c *Config) {
+			c.Kafka, c.BaseKafkaConfig, c.ProducerKafkaConfig, c.KafkaClient = stubKafka{}, nil, nil, KafkaClientFranz
+		}, []string{`KafkaClient (kafkaClient): "franz" chooses a client for goharvest to make, and Kafka is set to a client already; set one or the other`}},
+		{"franz: a property it cannot honour", func(c *Config) {
+			c.KafkaClient = KafkaClientFranz
+			c.ProducerKafkaConfig["sticky.partitioning.linger.ms"] = 10
+		}, []string{"ProducerKafkaConfig (producerKafkaConfig.sticky.partitioning.linger.ms): the franz client cannot honour this property; remove it, or choose the librdkafka client (kafkaClient: librdkafka)"}},
+		{"franz: an owned property", func(c *Config) {
+			c.KafkaClient = KafkaClientFranz
+			c.BaseKafkaConfig["session.timeout.ms"] = 30000
+		}, []string{"BaseKafkaConfig (baseKafkaConfig.session.timeout.ms): goharvest sets this property itself (derived from the heartbeat timeout"}},
+		{"franz: no brokers", func(c *Config) {
+			c.KafkaClient = KafkaClientFranz
+			c.BaseKafkaConfig["bootstrap.servers"] = " "
+		}, []string{"BaseKafkaConfig (baseKafkaConfig.bootstrap.servers): must name at least one host:port"}},
+		{"franz: a transaction shorter than the queue timeout", func(c *Config) {
+			c.KafkaClient = KafkaClientFranz
+			c.ProducerKafkaConfig["transaction.timeout.ms"] = 10000
+		}, []string{"ProducerKafkaConfig (producerKafkaConfig.transaction.timeout.ms): 10s is shorter than the message timeout (30s"}},
 		{"unknown claim strategy", func(c *Config) { c.ClaimStrategy = "Read" },
 			[]string{"ClaimStrategy (claimStrategy)", `"Read"`, `must be "read" or "mark"`}},
 		{"bad leader topic", func(c *Config) { c.LeaderTopic = "my topic" }, []string{"LeaderTopic (leaderTopic)", `"my topic"`}},
@@ -214,6 +265,7 @@ leaderTopic: billing
 leaderGroupID: billing
 dataSource: host=db dbname=billing
 listenDataSource: host=db-direct dbname=billing
+kafkaClient: franz
 outboxTable: billing.outbox
 name: billing-1
 limits:
@@ -253,7 +305,7 @@ limits:
 	if c.BaseKafkaConfig["bootstrap.servers"] != "kafka:9092" || c.ProducerKafkaConfig["delivery.timeout.ms"] != 10000 ||
 		c.LeaderTopic != "billing" || c.LeaderGroupID != "billing" || c.DataSource != "host=db dbname=billing" ||
 		c.ListenDataSource != "host=db-direct dbname=billing" ||
-		c.OutboxTable != "billing.outbox" || c.Name != "billing-1" {
+		c.OutboxTable != "billing.outbox" || c.Name != "billing-1" || c.KafkaClient != KafkaClientFranz {
 		t.Errorf("decoded %+v", c)
 	}
 	if err := c.WithDefaults().Validate(); err != nil {

@@ -48,12 +48,12 @@ func TestTransactionTimeoutShorterThanQueueTimeout(t *testing.T) {
 	}
 }
 
-// The default client's properties configure it alone: set beside a client of the caller's, they
-// would be ignored, so they are refused.
+// The Kafka properties configure the client KafkaClient chooses, alone: set beside a client of the
+// caller's, they would be ignored, so they are refused.
 func TestKafkaPropertiesWithAClientOfOnesOwn(t *testing.T) {
 	_, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", Kafka: stubKafka{},
 		BaseKafkaConfig: KafkaConfigMap{"bootstrap.servers": "b:9092"}})
-	if err == nil || !strings.Contains(err.Error(), "configures the default Kafka client only") {
+	if err == nil || !strings.Contains(err.Error(), "BaseKafkaConfig (baseKafkaConfig): configures the client that KafkaClient chooses; Kafka is set") {
 		t.Fatalf("BaseKafkaConfig beside Config.Kafka gave %v", err)
 	}
 }

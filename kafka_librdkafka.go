@@ -3,29 +3,34 @@
 package goharvest
 
 import (
-	"fmt"
+	"strings"
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/librdkafka"
 )
 
-// defaultKafka is the librdkafka client with BaseKafkaConfig and ProducerKafkaConfig.
-func defaultKafka(c Config) (driver.Kafka, error) { return librdkafka.New(c.librdkafkaConfig()), nil }
+// librdkafkaBuilt says that this build has the librdkafka client, which needs cgo. Only this file
+// and kafka_nocgo.go say whether it has; the rest of the package asks them.
+const librdkafkaBuilt = true
+
+// librdkafkaClient is the librdkafka client with BaseKafkaConfig and ProducerKafkaConfig.
+func librdkafkaClient(c Config) (driver.Kafka, error) {
+	return librdkafka.New(c.librdkafkaConfig()), nil
+}
 
 func (c Config) librdkafkaConfig() librdkafka.Config {
 	return librdkafka.Config{Properties: c.BaseKafkaConfig, ProducerProperties: c.ProducerKafkaConfig}
 }
 
-// defaultKafkaProblems are the librdkafka client's refusals of BaseKafkaConfig and
+// librdkafkaProblems are the librdkafka client's refusals of BaseKafkaConfig and
 // ProducerKafkaConfig, each naming its field and key.
-func defaultKafkaProblems(c Config) []error {
+func librdkafkaProblems(c Config) []error {
 	var errs []error
 	for _, p := range c.librdkafkaConfig().Problems(c.Limits.QueueTimeout) {
-		field, key := "BaseKafkaConfig", "baseKafkaConfig."
-		if p.Producer {
-			field, key = "ProducerKafkaConfig", "producerKafkaConfig."
-		}
-		errs = append(errs, fmt.Errorf("%s (%s%s): %s", field, key, p.Property, p.Reason))
+		errs = append(errs, propertyProblem(p.Producer, p.Property, p.Reason))
+	}
+	if s, _ := c.BaseKafkaConfig["bootstrap.servers"].(string); strings.TrimSpace(s) == "" {
+		errs = append(errs, propertyProblem(false, "bootstrap.servers", "must name at least one host:port"))
 	}
 	return errs
 }

@@ -3,17 +3,18 @@
 package goharvest
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/goharvest/goharvest/driver"
 )
 
-// errNoKafkaClient: the default client, librdkafka's, needs cgo.
-var errNoKafkaClient = errors.New("no Kafka client: the default one (librdkafka) needs cgo, and this build has none; set Config.Kafka to a client (see package driver)")
+// librdkafkaBuilt says that this build lacks the librdkafka client, which needs cgo (see
+// kafka_librdkafka.go).
+const librdkafkaBuilt = false
 
-func defaultKafka(Config) (driver.Kafka, error) { return nil, errNoKafkaClient }
+var errNoLibrdkafka = fmt.Errorf("KafkaClient (kafkaClient): %q needs cgo, and this program was built without it; choose %q, or build with cgo (CGO_ENABLED=1 and gcc)",
+	KafkaClientLibrdkafka, KafkaClientFranz)
 
-func defaultKafkaProblems(Config) []error {
-	return []error{fmt.Errorf("Kafka (-): %w", errNoKafkaClient)}
-}
+func librdkafkaClient(Config) (driver.Kafka, error) { return nil, errNoLibrdkafka }
+
+func librdkafkaProblems(Config) []error { return []error{errNoLibrdkafka} }

@@ -1,4 +1,4 @@
-// Package franz is a Kafka producer for goharvest on franz-go (package kgo), in pure Go: no cgo,
+// Package franz is a Kafka client for goharvest on franz-go (package kgo), in pure Go: no cgo,
 // no librdkafka. Its producers implement driver.KafkaProducer and keep the same contract as those
 // of package driver/librdkafka (drivertest.RunProducer): transactions, fencing by transactional
 // ID, notes in the transaction's committed offsets, and keys (the empty key included)
@@ -8,8 +8,10 @@
 //	client := franz.New(franz.Config{SeedBrokers: []string{"localhost:9092"}})
 //	p, err := client.NewProducer(driver.ProducerConfig{TransactionalID: "orders-0", ...})
 //
-// Today the package offers the producer only. It has no leader election, so it is not yet a
-// driver.Kafka, and neither goharvest.Config nor the reaper can select it.
+// goharvest.Config chooses it with KafkaClient "franz" (the reaper's harvest.kafkaClient), and
+// makes its Config from the librdkafka properties of BaseKafkaConfig and ProducerKafkaConfig
+// with FromProperties, which refuses what it cannot honour. Its leader election (NewElector) is
+// Fast NELI, as package neli's, on kgo's group client.
 //
 // It needs a cluster whose transaction.version is 2 or more (KIP-890 part 2: the default of
 // clusters created by Kafka 4.0 and later): notes are written with TxnOffsetCommit v5 or later,
@@ -43,9 +45,19 @@ const (
 	// that is longer, since a transaction must be allowed as long as its messages; kgo's own
 	// default is 40s. The same as the librdkafka driver's.
 	DefaultTransactionTimeout = time.Minute
-	// DefaultRetryBackoff and DefaultRetryBackoffMax bound the producer's wait before it retries a
-	// request Kafka answered with a retriable error (kgo.RetryBackoffFn; see retryBackoff).
-	// Config.Opts can set another.
+	// DefaultRetryBackoff and DefaultRetryBackoffMax bound the clients' wait before they try a
+	// failed request again (kgo.RetryBackoffFn): the first wait, doubled after each further
+	// failure up to the most, with a fifth either way of jitter. kgo's own starts at 250ms and
+	// doubles up to 5s. kgo has one backoff, which is also when it connects again to a broker it
+	// lost: librdkafka's retry.backoff.ms and reconnect.backoff.max.ms in one.
+	//
+	// The first wait is short because the commonest retriable answer in a harvester's life is
+	// not a broker in trouble but the ordinary wait for the previous transaction's markers:
+	// Kafka 4 answers the next transaction's note (TxnOffsetCommit) COORDINATOR_LOAD_IN_PROGRESS
+	// until they are written, milliseconds after the commit. At kgo's backoff a note took 250ms,
+	// and 3-5s when refused again while the backoff doubled. The most is 1s for the reason the
+	// librdkafka driver's DefaultReconnectBackoffMax is: a producer whose transaction coordinator
+	// crashed finds the new one only on a later try. Config.Opts can set another backoff.
 	DefaultRetryBackoff    = 10 * time.Millisecond
 	DefaultRetryBackoffMax = time.Second
 	// DefaultMetadataMinAge is kgo.MetadataMinAge, the least time between two metadata requests;
@@ -58,21 +70,35 @@ const (
 	// DefaultMaxQueued is how many messages a producer holds, queued or in flight, before Produce
 	// returns driver.ErrQueueFull: librdkafka's queue.buffering.max.messages default.
 	DefaultMaxQueued = 100_000
+	// NoLinger, as Config.Linger, sends each batch at once (kgo.ProducerLinger(0)), as
+	// linger.ms 0 does in librdkafka; Linger 0 means DefaultLinger.
+	NoLinger time.Duration = -1
 )
 
 // Config is the client's settings. The zero value of each field but SeedBrokers means its
-// default.
+// default. FromProperties makes one from librdkafka's properties.
 type Config struct {
 	// SeedBrokers are the brokers to bootstrap from (kgo.SeedBrokers). Required.
 	SeedBrokers []string
-	// Opts are further kgo options, such as kgo.DialTLSConfig, kgo.SASL or kgo.Dialer. They are
-	// applied before the options the producer sets itself, which therefore win: the
-	// transactional ID, acks, partitioner, linger, transaction timeout, buffer limit, topic
-	// creation on demand and logger, and the client ID and delivery timeout when
-	// driver.ProducerConfig gives them. (Idempotence comes with the transactional ID.)
+	// Opts are further kgo options for every client this one makes, producers and election
+	// alike, such as kgo.DialTLSConfig, kgo.SASL or kgo.Dialer.
 	Opts []kgo.Opt
-	// Linger is kgo.ProducerLinger, at most a minute (kgo's limit); 0 means DefaultLinger.
+	// ProducerOpts are further kgo options for producers only, applied after Opts, which they
+	// therefore override. Both are applied before the options the producer sets itself, which
+	// therefore win: the transactional ID, acks, partitioner, linger, transaction timeout,
+	// buffer limit, topic creation on demand and logger, and the client ID and delivery timeout
+	// (see ClientID and DeliveryTimeout). (Idempotence comes with the transactional ID.) Opts may
+	// replace goharvest's retry backoff (DefaultRetryBackoff) and metadata age (DefaultMetadataMinAge),
+	// which come before them.
+	ProducerOpts []kgo.Opt
+	// ClientID is the producers' kgo.ClientID; "" means driver.ProducerConfig's.
+	ClientID string
+	// Linger is kgo.ProducerLinger, at most a minute (kgo's limit); 0 means DefaultLinger, and
+	// NoLinger (or any negative value) none.
 	Linger time.Duration
+	// DeliveryTimeout is kgo.RecordDeliveryTimeout, at least a second (kgo's limit); 0 means
+	// driver.ProducerConfig's.
+	DeliveryTimeout time.Duration
 	// TransactionTimeout is kgo.TransactionTimeout (the broker's transaction.timeout.ms for this
 	// producer); 0 means DefaultTransactionTimeout. It is raised to the producer's delivery
 	// timeout when that is longer.
@@ -89,6 +115,7 @@ type Client struct{ cfg Config }
 func New(cfg Config) *Client {
 	cfg.SeedBrokers = slices.Clone(cfg.SeedBrokers)
 	cfg.Opts = slices.Clone(cfg.Opts)
+	cfg.ProducerOpts = slices.Clone(cfg.ProducerOpts)
 	return &Client{cfg: cfg}
 }
 
@@ -104,17 +131,24 @@ func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, err
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	deliveryTimeout := cmp.Or(c.cfg.DeliveryTimeout, p.DeliveryTimeout)
 	txnTimeout := cmp.Or(c.cfg.TransactionTimeout, DefaultTransactionTimeout)
-	txnTimeout = max(txnTimeout, p.DeliveryTimeout)
+	txnTimeout = max(txnTimeout, deliveryTimeout)
 	maxQueued := cmp.Or(c.cfg.MaxQueued, DefaultMaxQueued)
-	// These first, so that Opts can set others.
-	opts := append([]kgo.Opt{kgo.RetryBackoffFn(retryBackoff), kgo.MetadataMinAge(DefaultMetadataMinAge)}, c.cfg.Opts...)
+	linger := max(cmp.Or(c.cfg.Linger, DefaultLinger), 0) // NoLinger: 0
+	// goharvest's defaults first, so that the configured options can replace them.
+	// No compression unless configured, as librdkafka's default (kgo's is snappy): the same
+	// properties give the same records, and the clients compare on equal terms.
+	opts := []kgo.Opt{kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultRetryBackoffMax)), kgo.MetadataMinAge(DefaultMetadataMinAge),
+		kgo.ProducerBatchCompression(kgo.NoCompression())}
+	opts = append(opts, c.cfg.Opts...)
+	opts = append(opts, c.cfg.ProducerOpts...)
 	opts = append(opts,
 		kgo.SeedBrokers(c.cfg.SeedBrokers...),
 		kgo.TransactionalID(p.TransactionalID),
 		kgo.TransactionTimeout(txnTimeout),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.ProducerLinger(cmp.Or(c.cfg.Linger, DefaultLinger)),
+		kgo.ProducerLinger(linger),
 		// Keys hash with murmur2 as the Java client's and librdkafka's "murmur2_random"
 		// partitioners do, the empty key included; a nil key goes to a partition of kgo's choice,
 		// as librdkafka's goes to a random one.
@@ -129,11 +163,11 @@ func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, err
 		kgo.AllowAutoTopicCreation(),
 		kgo.WithLogger(slogLogger{logger}),
 	)
-	if p.ClientID != "" {
-		opts = append(opts, kgo.ClientID(p.ClientID))
+	if clientID := cmp.Or(c.cfg.ClientID, p.ClientID); clientID != "" {
+		opts = append(opts, kgo.ClientID(clientID))
 	}
-	if p.DeliveryTimeout > 0 {
-		opts = append(opts, kgo.RecordDeliveryTimeout(p.DeliveryTimeout))
+	if deliveryTimeout > 0 {
+		opts = append(opts, kgo.RecordDeliveryTimeout(deliveryTimeout))
 	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -142,19 +176,17 @@ func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, err
 	return newProducer(cl, p.TransactionalID, txnTimeout, maxQueued), nil
 }
 
-// retryBackoff is the producer's wait before it retries a request Kafka answered with a retriable
-// error, after fails failures: DefaultRetryBackoff doubling up to DefaultRetryBackoffMax, with
-// a fifth either way of jitter. kgo's own starts at 250ms and doubles up to 5s.
-//
-// It is short because the commonest retriable answer in a harvester's life is not a broker in
-// trouble but the ordinary wait for the previous transaction's markers: Kafka 4 answers the next
-// transaction's note (TxnOffsetCommit) COORDINATOR_LOAD_IN_PROGRESS until they are written,
-// milliseconds after the commit. At kgo's backoff a note took 250ms and at times 3-5s (one
-// retry after another while the backoff doubled); at this one, a few milliseconds.
-func retryBackoff(fails int) time.Duration {
-	d := DefaultRetryBackoff << min(max(fails-1, 0), 10)
-	d = min(d, DefaultRetryBackoffMax)
-	return d - d/5 + rand.N(2*d/5+1)
+// backoff returns a retry backoff for kgo.RetryBackoffFn shaped as kgo's own: first after the
+// first failure, doubled after each further one up to most, each wait jittered by ±20% (and never
+// above most) so that clients that failed together do not retry in step.
+func backoff(first, most time.Duration) func(fails int) time.Duration {
+	return func(fails int) time.Duration {
+		d := first
+		for i := 1; i < fails && d < most; i++ {
+			d *= 2
+		}
+		return min(time.Duration(float64(d)*(0.8+0.4*rand.Float64())), most)
+	}
 }
 
 // slogLogger forwards kgo's logs to a slog.Logger. kgo logs every transaction's begin and end at

@@ -172,8 +172,8 @@ func (e *elector) groupOpts(m *member) []kgo.Opt {
 			m.post(change{assigned: assigned, partitions: slices.Sorted(slices.Values(parts[e.cfg.LeaderTopic]))})
 		}
 	}
-	// The client ID first, so that a client.id of the user's (in opts) wins.
-	opts := append([]kgo.Opt{kgo.ClientID(e.cfg.Name)}, e.opts...)
+	// The client ID and backoff first, so that those of the user's (in opts) win.
+	opts := append([]kgo.Opt{kgo.ClientID(e.cfg.Name), kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultRetryBackoffMax))}, e.opts...)
 	return append(opts,
 		kgo.SeedBrokers(e.seeds...),
 		kgo.ConsumerGroup(e.cfg.LeaderGroupID),
@@ -205,7 +205,7 @@ func (e *elector) groupOpts(m *member) []kgo.Opt {
 // not all in-sync replicas), and idempotence, which needs acks=all, has nothing to guard in
 // heartbeats.
 func (e *elector) heartbeatOpts() []kgo.Opt {
-	opts := append([]kgo.Opt{kgo.ClientID(e.cfg.Name + ".heartbeat")}, e.opts...)
+	opts := append([]kgo.Opt{kgo.ClientID(e.cfg.Name + ".heartbeat"), kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultRetryBackoffMax))}, e.opts...)
 	return append(opts,
 		kgo.SeedBrokers(e.seeds...),
 		kgo.RequiredAcks(kgo.LeaderAck()),

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/internal/kafkaprops"
 	"github.com/goharvest/goharvest/neli"
 )
 
@@ -119,7 +120,7 @@ func (c Config) Problems(deliveryTimeout time.Duration) []Problem {
 	var problems []Problem
 	check := func(producer bool, m map[string]any) {
 		for _, key := range slices.Sorted(maps.Keys(m)) {
-			if why, owned := ownedProperty(key); owned {
+			if why, owned := kafkaprops.Owned(key); owned {
 				problems = append(problems, Problem{producer, key, fmt.Sprintf("goharvest sets this property itself (%s); remove it", why)})
 				continue
 			}
@@ -143,7 +144,7 @@ func (c Config) Problems(deliveryTimeout time.Duration) []Problem {
 
 // ProducerSettings returns the librdkafka properties of a producer: the configured ones,
 // goharvest's defaults where they set none, and the properties goharvest owns (see
-// producerOwnedProperties).
+// kafkaprops.Producer).
 func (c *Client) ProducerSettings(p driver.ProducerConfig) map[string]any {
 	settings := maps.Clone(c.cfg.Properties)
 	if settings == nil {
@@ -182,25 +183,6 @@ func (c *Client) ProducerSettings(p driver.ProducerConfig) map[string]any {
 		"transactional.id":    p.TransactionalID,
 	})
 	return settings
-}
-
-// producerOwnedProperties are set by goharvest on its producer; a value from the user would break
-// the delivery guarantees. Leader election owns more (neli.OwnedProperties).
-var producerOwnedProperties = map[string]string{
-	"enable.idempotence":         "always on: without it a retried batch can reorder a key's records",
-	"transactional.id":           "set from LeaderGroupID, so that a new leader's producer fences its predecessors'",
-	"go.delivery.reports":        "delivery reports decide whether a record is purged or reset",
-	"delivery.report.only.error": "delivery reports decide whether a record is purged or reset",
-	"acks":                       "always all: a record is purged only once every in-sync replica has it",
-}
-
-// ownedProperty returns why goharvest owns key, if it does.
-func ownedProperty(key string) (string, bool) {
-	if why, ok := neli.OwnedProperties[key]; ok {
-		return why, true
-	}
-	why, ok := producerOwnedProperties[key]
-	return why, ok
 }
 
 // millis returns a producer property given in milliseconds, and whether it is set (to a value

@@ -6,21 +6,32 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 )
 
 var (
 	mu    sync.Mutex
-	built = map[string]string{}
+	built = map[string]string{} // by import path and environment
 )
 
 // Binary builds the command at importPath (once per test binary) and returns its path.
-func Binary(tb testing.TB, importPath string) string {
+func Binary(tb testing.TB, importPath string) string { return build(tb, importPath) }
+
+// BinaryWithoutCgo builds the command at importPath with CGO_ENABLED=0, as on a machine without a
+// C compiler (once per test binary), and returns its path.
+func BinaryWithoutCgo(tb testing.TB, importPath string) string {
+	return build(tb, importPath, "CGO_ENABLED=0")
+}
+
+// build runs go build for importPath with env added to the test's environment.
+func build(tb testing.TB, importPath string, env ...string) string {
 	tb.Helper()
 	mu.Lock()
 	defer mu.Unlock()
-	if path, ok := built[importPath]; ok {
+	key := strings.Join(append([]string{importPath}, env...), " ")
+	if path, ok := built[key]; ok {
 		return path
 	}
 	dir, err := os.MkdirTemp("", "goharvest-bin-")
@@ -28,9 +39,11 @@ func Binary(tb testing.TB, importPath string) string {
 		tb.Fatal(err)
 	}
 	path := filepath.Join(dir, filepath.Base(importPath))
-	if out, err := exec.Command("go", "build", "-o", path, importPath).CombinedOutput(); err != nil {
-		tb.Fatal(fmt.Errorf("go build %s: %v: %s", importPath, err, out))
+	cmd := exec.Command("go", "build", "-o", path, importPath)
+	cmd.Env = append(os.Environ(), env...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatal(fmt.Errorf("%s go build %s: %v: %s", strings.Join(env, " "), importPath, err, out))
 	}
-	built[importPath] = path
+	built[key] = path
 	return path
 }

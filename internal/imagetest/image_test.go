@@ -153,6 +153,32 @@ logging:
 	t.Run("TLS", func(t *testing.T) { testTLSBroker(t, fs, dsn) })
 }
 
+// make image-binary KAFKA_CLIENT=franz builds the image's reaper without cgo, a C compiler or
+// musl: static, stamped with its version, and with the franz client only, so that it refuses
+// kafkaClient: librdkafka. It needs no container engine.
+func TestImageBinaryWithoutCgo(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "image")
+	version := fmt.Sprintf("imagetest-nocgo-%d", os.Getpid())
+	// CC names no compiler, so a build that needed one would fail.
+	build := exec.Command("make", "--no-print-directory", "image-binary", "KAFKA_CLIENT=franz", "IMAGE_DIR="+dir, "VERSION="+version, "CC=/bin/false")
+	build.Dir = filepath.Join("..", "..")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("make image-binary KAFKA_CLIENT=franz: %v\n%s", err, out)
+	}
+	bin := filepath.Join(dir, "reaper")
+	checkStatic(t, bin)
+	if out, err := exec.Command(bin, "--version").CombinedOutput(); err != nil || string(out) != "reaper "+version+"\n" {
+		t.Errorf("reaper --version: %v: %q", err, out)
+	}
+	config := filepath.Join(t.TempDir(), "reaper.yaml")
+	writeFile(t, config, "harvest:\n  kafkaClient: librdkafka\n  leaderGroupID: g\n  leaderTopic: g.leader\n")
+	out, err := exec.Command(bin, "-f", config).CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(string(out), `"librdkafka" needs cgo, and this program was built without it`) {
+		t.Errorf("kafkaClient: librdkafka: %v: %s; want exit 2 and the client refused", err, out)
+	}
+}
+
 // testTLSBroker checks that the reaper in the image trusts what its CA bundle vouches for:
 // librdkafka, linked statically, must find the bundle at /etc/ssl/certs/ca-certificates.crt by
 // itself. The broker serves clients only TLS, with a certificate for 127.0.0.1 from a CA of its
@@ -311,18 +337,7 @@ func exportFileSystem(t *testing.T, engine, image string) string {
 // checkFileSystem checks what the reaper needs from its image beyond itself: no shared
 // libraries, a CA bundle, a name for its user.
 func checkFileSystem(t *testing.T, fs string) {
-	bin, err := elf.Open(filepath.Join(fs, "reaper"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bin.Close()
-	libs, _ := bin.ImportedLibraries()
-	for _, p := range bin.Progs {
-		if p.Type == elf.PT_INTERP || len(libs) > 0 {
-			t.Errorf("/reaper is not static: interpreter or libraries %q", libs)
-			break
-		}
-	}
+	checkStatic(t, filepath.Join(fs, "reaper"))
 	bundle, err := os.ReadFile(filepath.Join(fs, "etc/ssl/certs/ca-certificates.crt"))
 	if err != nil || !x509.NewCertPool().AppendCertsFromPEM(bundle) {
 		t.Errorf("the image has no CA bundle at /etc/ssl/certs/ca-certificates.crt (%v)", err)
@@ -330,6 +345,23 @@ func checkFileSystem(t *testing.T, fs string) {
 	passwd, err := os.ReadFile(filepath.Join(fs, "etc/passwd"))
 	if err != nil || !strings.Contains(string(passwd), ":65532:65532:") {
 		t.Errorf("/etc/passwd names no user 65532: %v %q", err, passwd)
+	}
+}
+
+// checkStatic checks that the executable at path needs no interpreter or shared library.
+func checkStatic(t *testing.T, path string) {
+	t.Helper()
+	bin, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bin.Close()
+	libs, _ := bin.ImportedLibraries()
+	for _, p := range bin.Progs {
+		if p.Type == elf.PT_INTERP || len(libs) > 0 {
+			t.Errorf("%s is not static: interpreter or libraries %q", path, libs)
+			break
+		}
 	}
 }
 

@@ -2,8 +2,8 @@ package reaper
 
 import (
 	"maps"
-	"os"
-	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/goharvest/goharvest"
@@ -35,15 +35,7 @@ func TestExampleConfigsKeepTheirKafkaSettings(t *testing.T) {
 			"client.id": "billing-reaper",
 		},
 	} {
-		data, err := os.ReadFile(filepath.Join("..", "..", "examples", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := Load(data, vars)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		h := f.Harvest.WithDefaults()
+		h := loadExample(t, name, vars).Harvest.WithDefaults()
 		if h.Kafka != nil {
 			t.Fatalf("%s: the reaper set Config.Kafka; this test reads the default client's settings", name)
 		}
@@ -60,6 +52,28 @@ func TestExampleConfigsKeepTheirKafkaSettings(t *testing.T) {
 		}
 		if !maps.Equal(got, want) {
 			t.Errorf("%s: the producer's properties are\n%v\nwant\n%v", name, got, want)
+		}
+	}
+}
+
+// The example files' Kafka settings suit the franz client as well: it takes every property they
+// set, and refuses only what it must, the SASL example's CA file, which exists only on the
+// example's machine.
+func TestExampleConfigsSuitTheFranzClient(t *testing.T) {
+	vars := env(map[string]string{"DATABASE_URL": "postgres://app@db/billing", "KAFKA_PASSWORD": "s3cret"})
+	for name, want := range map[string][]string{
+		"reaper.yaml":      nil,
+		"reaper-sasl.yaml": {"BaseKafkaConfig (baseKafkaConfig.ssl.ca.location): open /etc/kafka/ca-cert.pem: no such file or directory"},
+	} {
+		f := loadExample(t, name, vars)
+		f.Harvest.KafkaClient = goharvest.KafkaClientFranz
+		var got []string
+		if err := f.Harvest.WithDefaults().Validate(); err != nil {
+			_, problems, _ := strings.Cut(err.Error(), "invalid harvest config: ")
+			got = strings.Split(problems, "\n")
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s with the franz client: problems %q, want %q", name, got, want)
 		}
 	}
 }

@@ -69,39 +69,11 @@ func TestReaperBinaryPublishesAndStopsCleanlyOnSIGTERM(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	broker := kafkacluster.Shared(t)
 	topic := broker.Topic(t, "process.events", 8)
-	config := filepath.Join(t.TempDir(), "reaper.yaml")
-	err := os.WriteFile(config, []byte(`harvest:
-  baseKafkaConfig:
-    bootstrap.servers: `+broker.Addr()+`
-  leaderTopic: reaper-test.leader
-  leaderGroupID: reaper-test
-  dataSource: ${DATABASE_URL}
-  limits:
-    heartbeatTimeout: 1s
-    minPollInterval: 50ms
-logging:
-  level: info
-  format: json
-`), 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
+	config := writeConfig(t, broker, "reaper-test", "")
 	env := []string{"DATABASE_URL=" + dsn}
-
-	initRun := startReaper(t, bin, env, "init", "-f", config)
-	<-initRun.done
-	if code := initRun.cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(initRun.stderr.String(), "is ready") {
-		t.Fatalf("reaper init: exit %d: %s", code, initRun.stderr)
-	}
-
+	initOutbox(t, bin, env, config)
 	const keys, perKey = 200, 100
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	expected := verifytest.StashBacklog(t, pool, topic, t.Name(), keys, perKey, goharvest.String("v"))
-	v := verifytest.Start(t, broker.Addr(), topic, t.Name())
+	pool, expected, v := stashBacklog(t, dsn, broker, topic, keys, perKey)
 
 	first := startReaper(t, bin, env, "-f", config)
 	v.WaitDistinct(t, 3000, time.Minute)
@@ -132,6 +104,54 @@ logging:
 	if !strings.Contains(first.stderr.String(), `"msg":"leader acquired"`) {
 		t.Errorf("the reaper's JSON log lacks the leader acquired line:\n%s", first.stderr)
 	}
+}
+
+// writeConfig writes a reaper.yaml into a directory of the test's own and returns its path: the
+// harvesters of group on broker and on the database that DATABASE_URL names, with the election's
+// quick timings, JSON logs, and extra (indented YAML) under harvest.
+func writeConfig(t *testing.T, broker *kafkacluster.Cluster, group, extra string) string {
+	t.Helper()
+	config := filepath.Join(t.TempDir(), "reaper.yaml")
+	err := os.WriteFile(config, []byte(`harvest:
+  baseKafkaConfig:
+    bootstrap.servers: `+broker.Addr()+`
+  leaderTopic: `+group+`.leader
+  leaderGroupID: `+group+`
+  dataSource: ${DATABASE_URL}
+  limits:
+    heartbeatTimeout: 1s
+    minPollInterval: 50ms
+`+extra+`logging:
+  format: json
+`), 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return config
+}
+
+// initOutbox runs reaper init with config, failing the test unless it makes the outbox.
+func initOutbox(t *testing.T, bin string, env []string, config string) {
+	t.Helper()
+	p := startReaper(t, bin, env, "init", "-f", config)
+	<-p.done
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(p.stderr.String(), "is ready") {
+		t.Fatalf("reaper init: exit %d: %s", code, p.stderr)
+	}
+}
+
+// stashBacklog writes keys*perKey records for topic into the outbox of the database at dsn, and
+// starts a verifier of what arrives in topic. It returns a pool on the database, closed when the
+// test ends, and the records written, by key, for the verifier's report.
+func stashBacklog(t *testing.T, dsn string, broker *kafkacluster.Cluster, topic string, keys, perKey int) (*pgxpool.Pool, map[string]int64, *verifytest.Verifier) {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	expected := verifytest.StashBacklog(t, pool, topic, t.Name(), keys, perKey, goharvest.String("v"))
+	return pool, expected, verifytest.Start(t, broker.Addr(), topic, t.Name())
 }
 
 func TestReaperBinaryExitsWithOneLineOnBadConfig(t *testing.T) {

@@ -318,7 +318,7 @@ func Main(args []string, env Env) int {
 	watchDone := make(chan struct{})
 	go func() { defer close(watchDone); w.run(watchCtx) }()
 	defer func() { stopWatch(); <-watchDone }()
-	cfg.Harvest.Logger.Info("reaper starting", "version", Version(), "config", *file)
+	cfg.Harvest.Logger.Info("reaper starting", "version", Version(), "config", *file, "kafkaClient", settings.KafkaClient)
 	if cfg.Admin.Address != "" {
 		ln, err := net.Listen("tcp", cfg.Admin.Address)
 		if err != nil {

@@ -21,17 +21,24 @@ func env(vars map[string]string) func(string) (string, bool) {
 	}
 }
 
+// loadExample loads examples/<name> with vars for its environment variables.
+func loadExample(t *testing.T, name string, vars func(string) (string, bool)) File {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "..", "examples", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := Load(data, vars)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	return f
+}
+
 func TestExampleConfigsLoadAndValidate(t *testing.T) {
 	vars := env(map[string]string{"DATABASE_URL": "postgres://app@db/billing", "KAFKA_PASSWORD": "s3cret:{x}"})
 	for _, name := range []string{"reaper.yaml", "reaper-sasl.yaml"} {
-		data, err := os.ReadFile(filepath.Join("..", "..", "examples", name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		f, err := Load(data, vars)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
+		f := loadExample(t, name, vars)
 		if err := f.Harvest.WithDefaults().Validate(); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
