@@ -21,13 +21,20 @@ NESTED_MODULES := examples/kubernetes
 # tests run once with each claim strategy (read, the default, and mark).
 ENGINE_PACKAGES := ./driver ./driver/memory ./driver/drivertest ./event ./internal/epoch ./internal/owner
 
+# The fault suite's scenarios that make test also runs with the franz client (the reapers'
+# default is librdkafka): a failover, split brain, broker faults and the shard scenarios.
+# make chaos runs every scenario with each client.
+FRANZ_SCENARIOS := ^(TestFailover|TestSplitBrainFrozenLeaderResumes|TestBrokerFaults|TestShards.*)$$
+
 ## test: format check, vet, the engine's tests and the pure-Go Kafka driver's (on kfake) without
-## cgo, then every test (integration tests included) under the race detector
+## cgo, then every test (integration tests included) under the race detector, and some of the
+## fault suite's scenarios again with the franz client
 test: lint kafka
 	CGO_ENABLED=0 $(GO) test -count=1 $(ENGINE_PACKAGES)
 	GOHARVEST_TEST_CLAIM=mark CGO_ENABLED=0 $(GO) test -count=1 ./internal/owner
 	CGO_ENABLED=0 $(GO) test -count=1 ./driver/franz
 	$(GO) test -race -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./...
+	GOHARVEST_TEST_KAFKA_CLIENT=franz $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -run '$(FRANZ_SCENARIOS)' ./int
 	for m in $(NESTED_MODULES); do (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
 
 ## kafka: fetch the pinned Apache Kafka broker (internal/kafkacluster.DefaultVersion) from Maven
@@ -42,7 +49,7 @@ kafka-versions:
 	$(GO) run ./internal/kafkacluster/fetchjars $(KAFKA_VERSIONS)
 	for v in $(KAFKA_VERSIONS); do \
 		echo "== Kafka $$v"; \
-		GOHARVEST_KAFKA_VERSION=$$v $(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./internal/kafkacluster ./neli . || exit 1; \
+		GOHARVEST_KAFKA_VERSION=$$v $(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./internal/kafkacluster ./neli ./driver/franz . || exit 1; \
 	done
 
 ## lint: fail on unformatted files and on go vet findings
@@ -66,13 +73,16 @@ bench: kafka
 		GOHARVEST_BENCH_CLIENT=$$client GOHARVEST_BENCH_BROKER=$(BROKER) $(GO) test -run '^$$' -bench '$(value BENCH)' -benchtime 1x -count 1 -timeout 60m . \
 		| $(GO) run ./internal/benchtable || exit 1; done
 
-## chaos: the long variants of the fault-tolerance suite (int/), and a writing transaction held open
-## for ten minutes; prints the figures docs/reliability.md reports
+## chaos: the long variants of the fault-tolerance suite (int/), once with each Kafka client in
+## CLIENTS (about 28 minutes each), and a writing transaction held open for ten minutes; prints the
+## figures docs/reliability.md reports
 chaos:
-	rm -f chaos-figures.txt
-	GOHARVEST_CHAOS=1 GOHARVEST_CHAOS_FIGURES=$(CURDIR)/chaos-figures.txt $(GO) test -count=1 -v -timeout 60m ./int
+	rm -f chaos-figures-*.txt
+	for client in $(CLIENTS); do echo "== Kafka client: $$client"; \
+		GOHARVEST_TEST_KAFKA_CLIENT=$$client GOHARVEST_CHAOS=1 GOHARVEST_CHAOS_FIGURES=$(CURDIR)/chaos-figures-$$client.txt \
+		$(GO) test -count=1 -v -timeout 60m ./int || exit 1; done
 	GOHARVEST_CHAOS=1 $(GO) test -count=1 -v -timeout 30m -run '^TestLongTransactionDelaysOnlyItsOwnRows$$' .
-	@echo; echo "figures:"; cat chaos-figures.txt
+	@for client in $(CLIENTS); do echo; echo "figures, Kafka client $$client:"; cat chaos-figures-$$client.txt; done
 
 ## soak: the randomized soaks, SOAK each (default 30m): int/TestSoak, 3 reapers on 8 shards under load,
 ## every kind of fault chosen at random on a schedule it prints first; then int/TestSoakProduction,

@@ -22,8 +22,9 @@ import (
 // aclRig is a Secure cluster (SASL_SSL, SCRAM, ACLs enforced) on which each scenario runs a
 // reaper as a user of its own, with a group, leader topic, target topic and database of its own.
 type aclRig struct {
-	kafka *kafkacluster.Cluster
-	n     int
+	kafka  *kafkacluster.Cluster
+	n      int
+	client string // the reapers' kafkaClient
 }
 
 // aclCase is one reaper's setting: its user, names and the ACLs it is granted.
@@ -34,7 +35,7 @@ type aclCase struct {
 
 func (r *aclRig) newCase(t *testing.T, shards int) aclCase {
 	r.n++
-	group := fmt.Sprintf("acl%d", r.n)
+	group := fmt.Sprintf("acl-%s%d", r.client, r.n)
 	c := aclCase{user: "reaper-" + group, group: group, leaderTopic: group + ".leader", topic: group + ".events", shards: shards}
 	r.kafka.Topic(t, c.topic, 2)
 	r.kafka.NewUser(t, c.user)
@@ -104,6 +105,7 @@ func (r *aclRig) startReaper(t *testing.T, c aclCase, dsn string) *reaperRun {
 	}
 	config := filepath.Join(t.TempDir(), "reaper.yaml")
 	os.WriteFile(config, []byte(`harvest:
+  kafkaClient: `+r.client+`
   baseKafkaConfig:
 `+kafkaConfig.String()+`  leaderTopic: `+c.leaderTopic+`
   leaderGroupID: `+c.group+`
@@ -237,9 +239,16 @@ func (r *aclRig) written(t *testing.T, topic string) int64 {
 // The reaper publishes with exactly the ACLs docs/operations.md lists, one harvester or shards, runs of keys
 // and notes included; without any one of them it publishes nothing and loses nothing, and says
 // what to grant: it stops, or, for a target topic it may not write, holds back that topic's
-// records and logs it.
+// records and logs it. So with either Kafka client.
 func TestReaperACLs(t *testing.T) {
-	rig := &aclRig{kafka: kafkacluster.Start(t, kafkacluster.Secure())}
+	kafka := kafkacluster.Start(t, kafkacluster.Secure())
+	for _, client := range []string{"librdkafka", "franz"} {
+		t.Run(client, func(t *testing.T) { reaperACLs(t, &aclRig{kafka: kafka, client: client}) })
+	}
+}
+
+// reaperACLs is TestReaperACLs with rig's client.
+func reaperACLs(t *testing.T, rig *aclRig) {
 	const records = 20
 	for _, shards := range []int{1, 4} {
 		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
