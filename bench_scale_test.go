@@ -17,7 +17,6 @@ import (
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/testwait"
-	outboxpkg "github.com/goharvest/goharvest/outbox"
 )
 
 // BenchmarkDrainShards: BenchmarkDrain's backlog (200,000 records over 10,000 keys) drained with
@@ -55,13 +54,8 @@ func benchDrainShards(b *testing.B, shards, processes int) {
 	rig := startBenchRig(b)
 	for range b.N {
 		run := rig.newRun()
-		run.shards = shards
 		if shards > 1 {
-			ddl, err := outboxpkg.ShardIndexDDL("outbox", shards)
-			if err != nil {
-				b.Fatal(err)
-			}
-			run.exec(ddl)
+			run.shardIndex(shards)
 		}
 		run.loadBacklog(records, keys)
 		run.exec("ALTER TABLE outbox RENAME TO outbox_backlog")

@@ -40,7 +40,7 @@ func BenchmarkAwaitStandbys(b *testing.B) {
 		run  func(*benchRig)
 	}{
 		{"drain", func(rig *benchRig) { rig.drain(200_000, 10_000, 0, goharvest.DefaultClaimStrategy) }},
-		{"rate=2000", func(rig *benchRig) { rig.sustained(2000, goharvest.DefaultClaimStrategy, 0) }},
+		{"rate=2000", func(rig *benchRig) { rig.sustained(2000, goharvest.DefaultClaimStrategy, 0, 1) }},
 	}
 	for _, c := range cases {
 		for _, await := range []int{0, 1} {
