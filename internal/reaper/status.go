@@ -69,11 +69,16 @@ type chart struct {
 	Span          string
 }
 
-func (w *watch) serveStatus(rw http.ResponseWriter, r *http.Request) {
-	page := w.statusPage()
+// pageHeaders sets the headers of a page: HTML, loading nothing (statusPolicy), never cached.
+func pageHeaders(rw http.ResponseWriter) {
 	rw.Header().Set("Content-Type", "text/html; charset=utf-8")
 	rw.Header().Set("Content-Security-Policy", statusPolicy)
 	rw.Header().Set("Cache-Control", "no-store")
+}
+
+func (w *watch) serveStatus(rw http.ResponseWriter, r *http.Request) {
+	page := w.statusPage()
+	pageHeaders(rw)
 	if err := statusTemplate.Execute(rw, page); err != nil {
 		w.cfg.Logger.Warn("status page", "error", err)
 	}
@@ -156,26 +161,17 @@ func serveOverview(rw http.ResponseWriter, harvesters []*harvester) {
 		}
 		page.Rows = append(page.Rows, row)
 	}
-	rw.Header().Set("Content-Type", "text/html; charset=utf-8")
-	rw.Header().Set("Content-Security-Policy", statusPolicy)
-	rw.Header().Set("Cache-Control", "no-store")
+	pageHeaders(rw)
 	overviewTemplate.Execute(rw, page)
 }
 
-var overviewTemplate = template.Must(template.New("overview").Funcs(template.FuncMap{
-	"clock": func(t time.Time) string { return t.UTC().Format("15:04:05") },
-}).Parse(`<!DOCTYPE html>
+var overviewTemplate = template.Must(template.Must(pageStyle.Clone()).New("overview").Parse(`<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta http-equiv="refresh" content="{{.Refresh}}">
 <title>reaper · goharvest</title>
-<style>
-body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #1d232a; background: #fafbfc; }
-table { border-collapse: collapse; background: #fff; } th, td { border: 1px solid #d8dde3; padding: .25em .6em; text-align: left; vertical-align: top; }
-th { background: #eef1f4; } td.num { text-align: right; } .id { font-family: ui-monospace, monospace; }
-.ok { color: #17692c; font-weight: 600; } .bad { color: #a4161a; font-weight: 600; } .muted { color: #68727d; }
-</style>
+{{template "style"}}
 </head>
 <body>
 <h1>reaper: {{len .Rows}} outboxes</h1>
@@ -292,26 +288,26 @@ func describeDataSource(dsn string) string {
 	return fmt.Sprintf("user %s, host %s, port %d, database %s", cfg.User, cfg.Host, cfg.Port, cfg.Database)
 }
 
-var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
+// pageStyle is what the status page and the overview of several outboxes share: their style,
+// and clock, which shows a time of day in UTC.
+var pageStyle = template.Must(template.New("style").Funcs(template.FuncMap{
 	"clock": func(t time.Time) string { return t.UTC().Format("15:04:05") },
-}).Parse(`<!DOCTYPE html>
+}).Parse(`<style>
+body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #1d232a; background: #fafbfc; }
+table { border-collapse: collapse; background: #fff; } th, td { border: 1px solid #d8dde3; padding: .25em .6em; text-align: left; vertical-align: top; }
+th { background: #eef1f4; } td.num { text-align: right; } .id { font-family: ui-monospace, monospace; }
+.ok { color: #17692c; font-weight: 600; } .bad { color: #a4161a; font-weight: 600; } .muted { color: #68727d; }
+</style>
+`))
+
+var statusTemplate = template.Must(template.Must(pageStyle.Clone()).New("status").Parse(`<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta http-equiv="refresh" content="{{.Refresh}}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>reaper {{.Name}} · goharvest</title>
-<style>
-body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #1d232a; background: #fafbfc; }
-h1 { font-size: 1.3em; margin: 0 0 .2em; } h2 { font-size: 1.05em; margin: 1.4em 0 .4em; }
-table { border-collapse: collapse; background: #fff; } th, td { border: 1px solid #d8dde3; padding: .25em .6em; text-align: left; vertical-align: top; }
-th { background: #eef1f4; font-weight: 600; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-code, .id { font-family: ui-monospace, monospace; font-size: .92em; }
-.ok { color: #17692c; font-weight: 600; } .bad { color: #a4161a; font-weight: 600; } .muted { color: #68727d; }
-.cards { display: flex; gap: 1em; flex-wrap: wrap; } .card { background: #fff; border: 1px solid #d8dde3; padding: .5em .9em; min-width: 9em; }
-.card b { display: block; font-size: 1.4em; }
-svg { background: #fff; border: 1px solid #d8dde3; }
-</style>
+{{template "style"}}
 </head>
 <body>
 <h1>reaper <span class="id">{{.Name}}</span></h1>
