@@ -5,8 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	neturl "net/url"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -26,15 +29,21 @@ type heldReport struct {
 	KeysHidden bool `json:"keysHidden,omitempty"`
 }
 
-// operate runs the operators' commands: held asks the running reaper at admin.address; the
-// others work on the database directly.
-func operate(env Env, command string, id int64, cfg File) error {
+// operate runs the operators' commands on outbox o: held asks the running reaper at
+// admin.address; the others work on the database directly.
+func operate(env Env, command string, id int64, cfg File, o Outbox) error {
 	ctx, cancel := context.WithTimeout(env.Context, 30*time.Second)
 	defer cancel()
-	h := cfg.Harvest.WithDefaults()
+	h := o.Harvest
+	h.Logger = slog.New(slog.DiscardHandler) // no harvester runs here, so its defaults need no warning
+	h = h.WithDefaults()
 	switch command {
 	case "held":
-		return listHeld(ctx, env, cfg.Admin.Address)
+		outboxName := ""
+		if cfg.listed {
+			outboxName = o.Name
+		}
+		return listHeld(ctx, env, cfg.Admin.Address, outboxName)
 	case "dead-letter":
 		err := goharvest.DeadLetterNow(ctx, h.DataSource, h.OutboxTable, id, "moved by an operator (reaper dead-letter)")
 		if err != nil {
@@ -52,8 +61,9 @@ func operate(env Env, command string, id int64, cfg File) error {
 	return nil
 }
 
-// listHeld prints the records the reaper serving address holds back.
-func listHeld(ctx context.Context, env Env, address string) error {
+// listHeld prints the records the reaper serving address holds back, of the outbox named
+// outboxName when it has several.
+func listHeld(ctx context.Context, env Env, address, outboxName string) error {
 	if address == "" {
 		return errors.New("held: admin.address is not set, so no reaper serves /held")
 	}
@@ -65,6 +75,9 @@ func listHeld(ctx context.Context, env Env, address string) error {
 		host = "127.0.0.1"
 	}
 	url := "http://" + net.JoinHostPort(host, port) + HeldPath
+	if outboxName != "" {
+		url += "?" + (neturl.Values{OutboxParam: {outboxName}}).Encode()
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
@@ -75,7 +88,8 @@ func listHeld(ctx context.Context, env Env, address string) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("held: %s answered %s", url, resp.Status)
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return fmt.Errorf("held: %s answered %s: %s", url, resp.Status, strings.TrimSpace(string(body)))
 	}
 	var report heldReport
 	if err := json.NewDecoder(resp.Body).Decode(&report); err != nil {

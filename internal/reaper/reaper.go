@@ -4,27 +4,19 @@ package reaper
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/strictyaml"
@@ -40,10 +32,18 @@ const (
 
 // File is the reaper's configuration file.
 type File struct {
-	// Harvest configures the harvester; the keys are those of goharvest.Config.
+	// Harvest configures the harvester; the keys are those of goharvest.Config. In a file that
+	// lists outboxes, it holds what they share, and each entry is merged over it.
 	Harvest goharvest.Config `yaml:"harvest"`
-	Logging Logging          `yaml:"logging"`
-	Admin   Admin            `yaml:"admin"`
+	// Outboxes are the outboxes the reaper publishes, each with a harvester of its own. Load
+	// fills it: from outboxes:, or with the one outbox of harvest: when the file lists none.
+	Outboxes []Outbox `yaml:"outboxes"`
+	Logging  Logging  `yaml:"logging"`
+	Admin    Admin    `yaml:"admin"`
+
+	// listed: the file has outboxes:, so every outbox's metrics and logs carry its name
+	// (a harvest:-only file's series stay as they were).
+	listed bool
 }
 
 // Admin configures the reaper's HTTP endpoints: /metrics (Prometheus), /healthz (liveness:
@@ -67,45 +67,74 @@ type Logging struct {
 }
 
 // Load reads a configuration file strictly: unknown keys and values of the wrong type are errors
-// naming the key and its line. In string values (the data source, Kafka properties, names),
+// naming the key and its line. It fills Outboxes (see Outbox), refusing, with the lines of both,
+// two outboxes that share a name, an election group, a leader topic, a table or a harvester's
+// name. In string values (the data source, Kafka properties, names),
 // ${NAME} is replaced by the environment variable NAME, and ${NAME:-default} by default when
 // NAME is unset or empty, so secrets need not live in the file. An unset variable without a
 // default is an error naming it.
 func Load(data []byte, lookupEnv func(string) (string, bool)) (File, error) {
 	var f File
+	// The strict pass reports unknown keys and values of the wrong type, with their lines; the
+	// values are then read from the document, after expansion and merging.
 	if err := strictyaml.Unmarshal(data, &f); err != nil {
 		return File{}, err
 	}
-	lines := strictyaml.Lines(data)
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return File{}, err
+	}
+	doc := &root
+	if root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		doc = root.Content[0]
+	}
 	var errs []error
-	expand := func(path string, value *string) {
-		expanded, err := expandEnv(*value, lookupEnv)
+	expand := func(path string, value *yaml.Node) {
+		expanded, err := expandEnv(value.Value, lookupEnv)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("line %d: %s: %w", lines[path], path, err))
+			errs = append(errs, fmt.Errorf("line %d: %s: %w", value.Line, path, err))
 			return
 		}
-		*value = expanded
+		value.Value = expanded
 	}
-	h := &f.Harvest
-	expand("harvest.dataSource", &h.DataSource)
-	expand("harvest.outboxTable", &h.OutboxTable)
-	expand("harvest.leaderTopic", &h.LeaderTopic)
-	expand("harvest.leaderGroupID", &h.LeaderGroupID)
-	expand("harvest.name", &h.Name)
-	for _, m := range []struct {
-		path  string
-		props goharvest.KafkaConfigMap
-	}{{"harvest.baseKafkaConfig", h.BaseKafkaConfig}, {"harvest.producerKafkaConfig", h.ProducerKafkaConfig}} {
-		for _, key := range slices.Sorted(maps.Keys(m.props)) {
-			if s, ok := m.props[key].(string); ok {
-				expand(m.path+"."+key, &s)
-				m.props[key] = s
+	shared := lookup(doc, "harvest")
+	expandHarvest(shared, "harvest", expand)
+	entries := lookup(doc, "outboxes")
+	if entries != nil {
+		for _, entry := range entries.Content {
+			path := "outboxes[" + strconv.Itoa(entry.Line) + "]"
+			if name := lookup(entry, "outbox"); name != nil {
+				path = "outboxes[" + name.Value + "]"
 			}
+			expandHarvest(entry, path, expand)
 		}
 	}
-	expand("admin.address", &f.Admin.Address)
-	expand("logging.level", &f.Logging.Level)
-	expand("logging.format", &f.Logging.Format)
+	for _, section := range []string{"admin.address", "logging.level", "logging.format"} {
+		name, key, _ := strings.Cut(section, ".")
+		if value := lookup(lookup(doc, name), key); value != nil && value.Kind == yaml.ScalarNode {
+			expand(section, value)
+		}
+	}
+	f = File{}
+	if doc.Kind == yaml.MappingNode {
+		if err := doc.Decode(&f); err != nil {
+			return File{}, err
+		}
+	}
+	if entries == nil {
+		// One outbox, as before outboxes: existed, named after its table.
+		table := f.Harvest.OutboxTable
+		if table == "" {
+			table = goharvest.DefaultOutboxTable
+		}
+		f.Outboxes = []Outbox{{Name: table, Harvest: f.Harvest}}
+	} else {
+		var problems []error
+		f.Outboxes, problems = resolveOutboxes(shared, entries)
+		errs = append(errs, problems...)
+		f.listed = true
+	}
+	lines := strictyaml.Lines(data)
 	if _, err := f.Logging.level(); err != nil {
 		errs = append(errs, fmt.Errorf("line %d: logging.level: %w", lines["logging.level"], err))
 	}
@@ -186,9 +215,9 @@ func Version() string {
 }
 
 const usage = `usage:
-  reaper [-f reaper.yaml]                 publish the outbox until SIGINT or SIGTERM
-  reaper init [-f reaper.yaml]            create the outbox and dead-letter tables if they do not exist
-                                          (and, with harvest.shards > 1, the shard index)
+  reaper [-f reaper.yaml] [-outbox NAME]  publish the outboxes (or the one named) until SIGINT or SIGTERM
+  reaper init [-f reaper.yaml]            create each outbox's table and dead-letter table if they do not exist
+                                          (and, with shards > 1, the shard index); -outbox NAME: that one only
   reaper init -bytea [-f reaper.yaml]     ... with bytea kafka_key, kafka_value, kafka_header_values
   reaper held [-f reaper.yaml]            list the records the running reaper holds back (from admin.address)
   reaper dead-letter ID [-f reaper.yaml]  move outbox record ID into the dead-letter table now
@@ -196,6 +225,9 @@ const usage = `usage:
   reaper rules [-f reaper.yaml] [-sustained 2m]
                                           print Prometheus alerting rules with thresholds derived from the configuration
   reaper --version                        print the version
+
+  held, dead-letter, requeue and rules concern one outbox: with a file that lists several
+  (outboxes:), name it with -outbox NAME.
 `
 
 // Env is what Main takes from its surroundings, so that tests can supply their own.
@@ -227,6 +259,7 @@ func Main(args []string, env Env) int {
 	file := flags.String("f", "reaper.yaml", "configuration file")
 	version := flags.Bool("version", false, "print the version")
 	bytea := flags.Bool("bytea", false, "init: create bytea payload columns")
+	outboxName := flags.String("outbox", "", "the outbox a command concerns, when the file lists several")
 	sustained := flags.Duration("sustained", DefaultSustained, "rules: how long errors or failing readiness last before an alert")
 	if err = flags.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -268,140 +301,74 @@ func Main(args []string, env Env) int {
 	if err != nil {
 		return fail(ExitUsage, fmt.Errorf("%s: %w", *file, err))
 	}
-	// The status page shows the last warnings and errors, so they pass through logs on their way.
-	logs := &recentLog{}
-	cfg.Harvest.Logger = slog.New(&capture{next: cfg.Logging.Logger(env.Stderr).Handler(), log: logs, hideKeys: cfg.Admin.HideKeys})
-	// The settings as the harvester will apply them (New logs what it defaults, so not here),
-	// with its name fixed now, so that the reaper's own metrics carry the same harvest label.
-	quiet := cfg.Harvest
-	quiet.Logger = slog.New(slog.DiscardHandler)
-	settings := quiet.WithDefaults()
-	settings.Logger = cfg.Harvest.Logger
-	cfg.Harvest.Name = settings.Name
 
 	switch command {
 	case "rules":
 		if *sustained <= 0 {
 			return fail(ExitUsage, errors.New("-sustained must be positive (see reaper -h)"))
 		}
-		env.Stdout.Write(RulesFile(settings, *sustained))
+		o, err := cfg.pick(*outboxName)
+		if err != nil {
+			return fail(ExitUsage, err)
+		}
+		// Defaults are applied quietly: New logs what it defaults, and no harvester runs here.
+		h := o.Harvest
+		h.Logger = slog.New(slog.DiscardHandler)
+		env.Stdout.Write(RulesFile(h.WithDefaults(), *sustained))
 		return ExitOK
 	case "init":
-		h := cfg.Harvest.WithDefaults()
-		// With shards, the index each shard's mark walks comes with the table.
-		opts := outbox.TableOptions{Bytea: *bytea, Shards: h.Shards}
-		if err := goharvest.CreateOutboxTableWith(env.Context, h.DataSource, h.OutboxTable, opts); err != nil {
-			return fail(ExitFailed, err)
+		outboxes, err := cfg.selected(*outboxName)
+		if err != nil {
+			return fail(ExitUsage, err)
 		}
-		fmt.Fprintf(env.Stdout, "outbox table %s is ready, with its dead-letter table %s\n", h.OutboxTable, outbox.DeadLetterTable(h.OutboxTable))
-		if h.Shards > 1 {
-			fmt.Fprintf(env.Stdout, "and the index for %d shards\n", h.Shards)
+		if err := initOutboxes(env, outboxes, *bytea, cfg.listed); err != nil {
+			return fail(ExitFailed, err)
 		}
 		return ExitOK
 	case "held", "dead-letter", "requeue":
-		if err := operate(env, command, id, cfg); err != nil {
+		o, err := cfg.pick(*outboxName)
+		if err != nil {
+			return fail(ExitUsage, err)
+		}
+		if err := operate(env, command, id, cfg, o); err != nil {
 			return fail(ExitFailed, err)
 		}
 		return ExitOK
 	}
-
-	registry := prometheus.NewRegistry()
-	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	cfg.Harvest.MetricsRegisterer = registry
-	h, err := goharvest.New(cfg.Harvest)
+	outboxes, err := cfg.selected(*outboxName)
 	if err != nil {
-		return fail(ExitUsage, fmt.Errorf("%s: %w", *file, err))
+		return fail(ExitUsage, err)
 	}
-	w := newWatch(h, settings, registry, cfg.Admin.HideKeys, logs)
-	registry.MustRegister(w.collectors()...)
-	watchCtx, stopWatch := context.WithCancel(context.Background())
-	watchDone := make(chan struct{})
-	go func() { defer close(watchDone); w.run(watchCtx) }()
-	defer func() { stopWatch(); <-watchDone }()
-	cfg.Harvest.Logger.Info("reaper starting", "version", Version(), "config", *file, "kafkaClient", settings.KafkaClient)
-	if cfg.Admin.Address != "" {
-		ln, err := net.Listen("tcp", cfg.Admin.Address)
-		if err != nil {
-			return fail(ExitFailed, fmt.Errorf("admin endpoints: %w", err))
-		}
-		srv := &http.Server{Handler: adminHandler(h, registry, w), ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(ln)
-		defer srv.Close()
-		cfg.Harvest.Logger.Info("serving the status page at /, and /metrics, /healthz, /readyz, /held and /shards", "address", ln.Addr().String())
-	}
-	if err := h.Run(env.Context); err != nil {
-		return fail(ExitFailed, err)
-	}
-	return ExitOK
+	return serve(env, cfg, outboxes, *file)
 }
 
-// The admin endpoints, for probes, scrapers and operators (examples/kubernetes checks its
-// manifest against them). ReadyzTimeout bounds how long /readyz waits for Postgres and Kafka to
-// answer, so a probe's own timeout must be longer.
-const (
-	StatusPath    = "/"
-	MetricsPath   = "/metrics"
-	HealthzPath   = "/healthz"
-	ReadyzPath    = "/readyz"
-	HeldPath      = "/held"
-	ShardsPath    = "/shards"
-	ReadyzTimeout = 3 * time.Second
-)
-
-// adminHandler serves the status page (StatusPath), the metrics, the health probes, the held
-// records (HeldPath, JSON) and the shards this reaper publishes (ShardsPath, JSON). A probe
-// answers 200 with "ok", or 503 with what is wrong.
-func adminHandler(h *goharvest.Harvest, registry *prometheus.Registry, w *watch) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+StatusPath+"{$}", w.serveStatus)
-	mux.Handle(MetricsPath, promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
-	probe := func(check func(*http.Request) error) http.HandlerFunc {
-		return func(w http.ResponseWriter, r *http.Request) {
-			if err := check(r); err != nil {
-				http.Error(w, err.Error(), http.StatusServiceUnavailable)
-				return
+// initOutboxes creates each outbox's table, with its dead-letter table and, with shards, the
+// index each shard's mark walks, where they are missing. It goes on past an outbox it cannot
+// create, so that one run reports every failure.
+func initOutboxes(env Env, outboxes []Outbox, bytea, listed bool) error {
+	var errs []error
+	for _, o := range outboxes {
+		h := o.Harvest
+		h.Logger = slog.New(slog.DiscardHandler)
+		h = h.WithDefaults()
+		prefix := ""
+		if listed {
+			prefix = fmt.Sprintf("outbox %s: ", o.Name)
+		}
+		opts := outbox.TableOptions{Bytea: bytea, Shards: h.Shards}
+		if err := goharvest.CreateOutboxTableWith(env.Context, h.DataSource, h.OutboxTable, opts); err != nil {
+			if listed {
+				err = fmt.Errorf("%s: %w", o.where(), err)
 			}
-			fmt.Fprintln(w, "ok")
+			errs = append(errs, err)
+			continue
+		}
+		fmt.Fprintf(env.Stdout, "%soutbox table %s is ready, with its dead-letter table %s\n", prefix, h.OutboxTable, outbox.DeadLetterTable(h.OutboxTable))
+		if h.Shards > 1 {
+			fmt.Fprintf(env.Stdout, "%sand the index for %d shards\n", prefix, h.Shards)
 		}
 	}
-	mux.Handle(HealthzPath, probe(func(*http.Request) error { return h.Healthy() }))
-	mux.HandleFunc(HeldPath, func(rw http.ResponseWriter, r *http.Request) {
-		rw.Header().Set("Content-Type", "application/json")
-		report := heldReport{Leader: h.IsLeader(), Records: h.HeldRecords(), KeysHidden: w.hideKeys}
-		if report.KeysHidden {
-			for i := range report.Records {
-				report.Records[i].Key = ""
-			}
-		}
-		json.NewEncoder(rw).Encode(report)
-	})
-	mux.HandleFunc(ShardsPath, func(rw http.ResponseWriter, r *http.Request) {
-		report := shardsReport{Shards: h.ShardCount(), Leads: []ledShard{}}
-		led := h.LeadShards()
-		for _, shard := range slices.Sorted(maps.Keys(led)) {
-			report.Leads = append(report.Leads, ledShard{Shard: shard, LeaderID: led[shard].String()})
-		}
-		rw.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(rw).Encode(report)
-	})
-	mux.Handle(ReadyzPath, probe(func(r *http.Request) error {
-		ctx, cancel := context.WithTimeout(r.Context(), ReadyzTimeout)
-		defer cancel()
-		return h.Ready(ctx)
-	}))
-	return mux
-}
-
-// shardsReport is what /shards serves: how many shards the outbox has, and which of them this
-// reaper publishes now, each under its current leader ID.
-type shardsReport struct {
-	Shards int        `json:"shards"`
-	Leads  []ledShard `json:"leads"`
-}
-
-type ledShard struct {
-	Shard    int    `json:"shard"`
-	LeaderID string `json:"leaderID"`
+	return errors.Join(errs...)
 }
 
 // SignalContext returns a context that ends on SIGINT or SIGTERM.

@@ -37,10 +37,12 @@ func loadExample(t *testing.T, name string, vars func(string) (string, bool)) Fi
 
 func TestExampleConfigsLoadAndValidate(t *testing.T) {
 	vars := env(map[string]string{"DATABASE_URL": "postgres://app@db/billing", "KAFKA_PASSWORD": "s3cret:{x}"})
-	for _, name := range []string{"reaper.yaml", "reaper-sasl.yaml"} {
+	for _, name := range []string{"reaper.yaml", "reaper-sasl.yaml", "reaper-outboxes.yaml"} {
 		f := loadExample(t, name, vars)
-		if err := f.Harvest.WithDefaults().Validate(); err != nil {
-			t.Fatalf("%s: %v", name, err)
+		for _, o := range f.Outboxes {
+			if err := o.Harvest.WithDefaults().Validate(); err != nil {
+				t.Fatalf("%s: outbox %s: %v", name, o.Name, err)
+			}
 		}
 	}
 }

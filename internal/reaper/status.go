@@ -25,6 +25,7 @@ const statusPolicy = "default-src 'none'; style-src 'unsafe-inline'; img-src dat
 
 // statusPage is what the page shows, read afresh for every request.
 type statusPage struct {
+	Outbox                      string // the outbox's name, in a reaper whose file lists outboxes
 	Version, Name, Group, State string
 	Now                         time.Time
 	Uptime                      string
@@ -68,11 +69,16 @@ type chart struct {
 	Span          string
 }
 
-func (w *watch) serveStatus(rw http.ResponseWriter, r *http.Request) {
-	page := w.statusPage()
+// pageHeaders sets the headers of a page: HTML, loading nothing (statusPolicy), never cached.
+func pageHeaders(rw http.ResponseWriter) {
 	rw.Header().Set("Content-Type", "text/html; charset=utf-8")
 	rw.Header().Set("Content-Security-Policy", statusPolicy)
 	rw.Header().Set("Cache-Control", "no-store")
+}
+
+func (w *watch) serveStatus(rw http.ResponseWriter, r *http.Request) {
+	page := w.statusPage()
+	pageHeaders(rw)
 	if err := statusTemplate.Execute(rw, page); err != nil {
 		w.cfg.Logger.Warn("status page", "error", err)
 	}
@@ -80,7 +86,7 @@ func (w *watch) serveStatus(rw http.ResponseWriter, r *http.Request) {
 
 func (w *watch) statusPage() statusPage {
 	now := time.Now()
-	p := statusPage{Version: Version(), Name: w.cfg.Name, Group: w.cfg.LeaderGroupID, State: w.h.State().String(),
+	p := statusPage{Outbox: w.outbox, Version: Version(), Name: w.cfg.Name, Group: w.cfg.LeaderGroupID, State: w.h.State().String(),
 		Now: now, Uptime: now.Sub(w.started).Round(time.Second).String(), Refresh: int(StatusRefresh.Seconds()),
 		InFlight: w.h.InFlightRecords(), HideKeys: w.hideKeys, Errors: w.logs.newest(), Config: w.configSummary()}
 	if err, checked := w.readiness(); !checked.IsZero() {
@@ -90,8 +96,8 @@ func (w *watch) statusPage() statusPage {
 		}
 	}
 	families, _ := w.registry.Gather()
-	inFlight := byLabel(families, "goharvest_shard_in_flight_records", "shard")
-	backlog := byLabel(families, "goharvest_shard_outbox_backlog_records", "shard")
+	inFlight := byLabel(families, "goharvest_shard_in_flight_records", "shard", w.cfg.Name)
+	backlog := byLabel(families, "goharvest_shard_outbox_backlog_records", "shard", w.cfg.Name)
 	led := w.h.LeadShards()
 	p.Leads = len(led)
 	for shard := range w.h.ShardCount() {
@@ -110,8 +116,8 @@ func (w *watch) statusPage() statusPage {
 	}
 	// Only a leader samples the backlog; a former leader's gauges keep their last value.
 	if len(led) > 0 {
-		p.Backlog = strconv.FormatFloat(sum(families, "goharvest_outbox_backlog_records"), 'f', -1, 64)
-		p.OldestAge = (time.Duration(sum(families, "goharvest_outbox_oldest_record_age_seconds") * float64(time.Second))).Round(time.Second).String()
+		p.Backlog = strconv.FormatFloat(sum(families, "goharvest_outbox_backlog_records", w.cfg.Name), 'f', -1, 64)
+		p.OldestAge = (time.Duration(sum(families, "goharvest_outbox_oldest_record_age_seconds", w.cfg.Name) * float64(time.Second))).Round(time.Second).String()
 	}
 	for _, h := range w.h.HeldRecords() {
 		row := heldRow{ID: h.ID, Topic: h.Topic, Key: h.Key, Attempts: h.Attempts,
@@ -124,6 +130,61 @@ func (w *watch) statusPage() statusPage {
 	p.Chart = throughputChart(w.counterSamples())
 	return p
 }
+
+// overviewRow is one outbox's line on the page of a reaper whose file lists outboxes.
+type overviewRow struct {
+	Outbox, Group, Table, State string
+	Ready                       string // "" when ready
+	Checked                     bool
+	Leads, Shards, InFlight     int
+	Held                        int
+}
+
+// serveOverview serves the page of a reaper with several outboxes: one line for each, naming
+// the unwell, with a link to its own page.
+func serveOverview(rw http.ResponseWriter, harvesters []*harvester) {
+	page := struct {
+		Version string
+		Now     time.Time
+		Refresh int
+		Rows    []overviewRow
+	}{Version: Version(), Now: time.Now(), Refresh: int(StatusRefresh.Seconds())}
+	for _, h := range harvesters {
+		row := overviewRow{Outbox: h.outbox.Name, Group: h.w.cfg.LeaderGroupID, Table: h.w.cfg.OutboxTable,
+			State: h.h.State().String(), Leads: len(h.h.LeadShards()), Shards: h.h.ShardCount(),
+			InFlight: h.h.InFlightRecords(), Held: len(h.h.HeldRecords())}
+		if err, checked := h.w.readiness(); !checked.IsZero() {
+			row.Checked = true
+			if err != nil {
+				row.Ready = err.Error()
+			}
+		}
+		page.Rows = append(page.Rows, row)
+	}
+	pageHeaders(rw)
+	overviewTemplate.Execute(rw, page)
+}
+
+var overviewTemplate = template.Must(template.Must(pageStyle.Clone()).New("overview").Parse(`<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="refresh" content="{{.Refresh}}">
+<title>reaper · goharvest</title>
+{{template "style"}}
+</head>
+<body>
+<h1>reaper: {{len .Rows}} outboxes</h1>
+<div class="muted">goharvest {{.Version}} · page read at {{clock .Now}} UTC, reloads every {{.Refresh}}s</div>
+<table id="outboxes">
+<tr><th>outbox</th><th>group</th><th>table</th><th>state</th><th>readiness</th><th>leads</th><th>in flight</th><th>held</th></tr>
+{{range .Rows}}<tr><td class="id"><a href="/?outbox={{.Outbox}}">{{.Outbox}}</a></td><td class="id">{{.Group}}</td><td class="id">{{.Table}}</td><td>{{.State}}</td>
+<td>{{if not .Checked}}<span class="muted">not checked yet</span>{{else if .Ready}}<span class="bad">not ready:</span> {{.Ready}}{{else}}<span class="ok">ready</span>{{end}}</td>
+<td class="num">{{.Leads}} of {{.Shards}}</td><td class="num">{{.InFlight}}</td><td class="num">{{.Held}}</td></tr>
+{{end}}</table>
+</body>
+</html>
+`))
 
 // throughputChart draws published records per second between consecutive samples, across the
 // time the samples span (up to chartSpan), so that a reaper started a minute ago fills the chart.
@@ -227,29 +288,30 @@ func describeDataSource(dsn string) string {
 	return fmt.Sprintf("user %s, host %s, port %d, database %s", cfg.User, cfg.Host, cfg.Port, cfg.Database)
 }
 
-var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
+// pageStyle is what the status page and the overview of several outboxes share: their style,
+// and clock, which shows a time of day in UTC.
+var pageStyle = template.Must(template.New("style").Funcs(template.FuncMap{
 	"clock": func(t time.Time) string { return t.UTC().Format("15:04:05") },
-}).Parse(`<!DOCTYPE html>
+}).Parse(`<style>
+body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #1d232a; background: #fafbfc; }
+table { border-collapse: collapse; background: #fff; } th, td { border: 1px solid #d8dde3; padding: .25em .6em; text-align: left; vertical-align: top; }
+th { background: #eef1f4; } td.num { text-align: right; } .id { font-family: ui-monospace, monospace; }
+.ok { color: #17692c; font-weight: 600; } .bad { color: #a4161a; font-weight: 600; } .muted { color: #68727d; }
+</style>
+`))
+
+var statusTemplate = template.Must(template.Must(pageStyle.Clone()).New("status").Parse(`<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta http-equiv="refresh" content="{{.Refresh}}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>reaper {{.Name}} · goharvest</title>
-<style>
-body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #1d232a; background: #fafbfc; }
-h1 { font-size: 1.3em; margin: 0 0 .2em; } h2 { font-size: 1.05em; margin: 1.4em 0 .4em; }
-table { border-collapse: collapse; background: #fff; } th, td { border: 1px solid #d8dde3; padding: .25em .6em; text-align: left; vertical-align: top; }
-th { background: #eef1f4; font-weight: 600; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
-code, .id { font-family: ui-monospace, monospace; font-size: .92em; }
-.ok { color: #17692c; font-weight: 600; } .bad { color: #a4161a; font-weight: 600; } .muted { color: #68727d; }
-.cards { display: flex; gap: 1em; flex-wrap: wrap; } .card { background: #fff; border: 1px solid #d8dde3; padding: .5em .9em; min-width: 9em; }
-.card b { display: block; font-size: 1.4em; }
-svg { background: #fff; border: 1px solid #d8dde3; }
-</style>
+{{template "style"}}
 </head>
 <body>
 <h1>reaper <span class="id">{{.Name}}</span></h1>
+{{if .Outbox}}<div id="outbox">outbox <b class="id">{{.Outbox}}</b> · <a href="/">all outboxes</a></div>{{end}}
 <div class="muted">goharvest {{.Version}} · group <span class="id">{{.Group}}</span> · {{.State}} for {{.Uptime}} · page read at {{clock .Now}} UTC, reloads every {{.Refresh}}s</div>
 <p id="readiness">{{if not .Checked}}<span class="muted">readiness not checked yet</span>{{else if .Ready}}<span class="bad">not ready:</span> {{.Ready}}{{else}}<span class="ok">ready</span>: Postgres and Kafka answer{{end}}</p>
 

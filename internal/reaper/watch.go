@@ -26,14 +26,18 @@ type watch struct {
 	logs     *recentLog
 	started  time.Time
 	every    time.Duration
+	// outbox is the outbox's name in a reaper whose file lists outboxes; "" otherwise.
+	outbox string
 
 	mu      sync.Mutex
 	ready   error
 	checked time.Time // zero until the first check
 	samples []counterSample
+	// stop is why the harvester stopped on an error; set once, by the goroutine that ran it.
+	stop error
 }
 
-// counterSample is one reading of the record counters, summed over the registry's harvesters.
+// counterSample is one reading of the record counters of the watched harvester.
 type counterSample struct {
 	at                        time.Time
 	marked, published, purged float64
@@ -49,17 +53,23 @@ func newWatch(h *goharvest.Harvest, cfg goharvest.Config, registry *prometheus.R
 	return &watch{h: h, cfg: cfg, registry: registry, hideKeys: hideKeys, logs: logs, started: time.Now(), every: every}
 }
 
-// collectors are the reaper's own metrics: what the reaper is (goharvest_reaper_info, which the
-// alerting rules join on to group the reapers of one outbox) and whether it is ready.
-func (w *watch) collectors() []prometheus.Collector {
-	info := prometheus.NewGauge(prometheus.GaugeOpts{
+// collectors are the reaper's own metrics of one outbox: what its harvester is
+// (goharvest_reaper_info, which the alerting rules join on to group the reapers of one outbox)
+// and whether it is ready. info's label outbox is the outbox's name: its table's in a file
+// without outboxes:, as it was before they existed.
+func (w *watch) collectors() (info, ready prometheus.Collector) {
+	outbox := w.outbox
+	if outbox == "" {
+		outbox = w.cfg.OutboxTable
+	}
+	gauge := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "goharvest_reaper_info",
 		Help: "1, labelled with the reaper's version and leader group (leaderGroupID), which the reapers of one outbox share.",
 		ConstLabels: prometheus.Labels{"harvest": w.cfg.Name, "group": w.cfg.LeaderGroupID,
-			"outbox": w.cfg.OutboxTable, "version": Version()},
+			"outbox": outbox, "version": Version()},
 	})
-	info.Set(1)
-	ready := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	gauge.Set(1)
+	ready = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name:        "goharvest_reaper_ready",
 		Help:        "1 while the reaper's last readiness check (what /readyz answers) passed, else 0.",
 		ConstLabels: prometheus.Labels{"harvest": w.cfg.Name},
@@ -69,7 +79,7 @@ func (w *watch) collectors() []prometheus.Collector {
 		}
 		return 0
 	})
-	return []prometheus.Collector{info, ready}
+	return gauge, ready
 }
 
 // run checks readiness and samples the counters every w.every until ctx ends.
@@ -95,9 +105,9 @@ func (w *watch) check(ctx context.Context) {
 	}
 	s := counterSample{at: time.Now()}
 	if families, gerr := w.registry.Gather(); gerr == nil {
-		s.marked = sum(families, "goharvest_records_marked_total")
-		s.published = sum(families, "goharvest_records_published_total")
-		s.purged = sum(families, "goharvest_records_purged_total")
+		s.marked = sum(families, "goharvest_records_marked_total", w.cfg.Name)
+		s.published = sum(families, "goharvest_records_published_total", w.cfg.Name)
+		s.purged = sum(families, "goharvest_records_purged_total", w.cfg.Name)
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -108,10 +118,29 @@ func (w *watch) check(ctx context.Context) {
 	}
 }
 
+// readiness returns the last readiness check's answer and when it was made (zero before the
+// first); a harvester that stopped on an error is not ready, for that reason, from then on.
 func (w *watch) readiness() (error, time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.stop != nil {
+		return fmt.Errorf("stopped: %w", w.stop), time.Now()
+	}
 	return w.ready, w.checked
+}
+
+// stopped records why the harvester stopped (nil after a clean stop).
+func (w *watch) stopped(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.stop = err
+}
+
+// stopErr returns why the harvester stopped on an error, or nil.
+func (w *watch) stopErr() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stop
 }
 
 func (w *watch) counterSamples() []counterSample {
@@ -120,29 +149,36 @@ func (w *watch) counterSamples() []counterSample {
 	return append([]counterSample(nil), w.samples...)
 }
 
-// sum adds up a metric's series (counters or gauges) in families.
-func sum(families []*dto.MetricFamily, name string) float64 {
+// sum adds up a metric's series (counters or gauges) of harvester harvest in families.
+func sum(families []*dto.MetricFamily, name, harvest string) float64 {
 	var total float64
-	for _, v := range byLabel(families, name, "") {
+	for _, v := range byLabel(families, name, "", harvest) {
 		total += v
 	}
 	return total
 }
 
-// byLabel returns a metric's values keyed by the value of one label ("" for every series when
-// label is "").
-func byLabel(families []*dto.MetricFamily, name, label string) map[string]float64 {
+// byLabel returns the values of a metric of harvester harvest (its label harvest) keyed by the
+// value of one label ("" for every series when label is ""). The registry holds every
+// outbox's harvester, each named apart.
+func byLabel(families []*dto.MetricFamily, name, label, harvest string) map[string]float64 {
 	values := map[string]float64{}
 	for _, f := range families {
 		if f.GetName() != name {
 			continue
 		}
 		for _, m := range f.GetMetric() {
-			key := ""
+			key, ours := "", false
 			for _, lp := range m.GetLabel() {
 				if lp.GetName() == label {
 					key = lp.GetValue()
 				}
+				if lp.GetName() == "harvest" && lp.GetValue() == harvest {
+					ours = true
+				}
+			}
+			if !ours {
+				continue
 			}
 			switch {
 			case m.GetCounter() != nil:
