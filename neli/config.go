@@ -11,6 +11,7 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
+	"github.com/goharvest/goharvest/internal/leadership"
 	"github.com/goharvest/goharvest/internal/rdlog"
 	"github.com/goharvest/goharvest/internal/timing"
 	"github.com/goharvest/goharvest/outbox"
@@ -214,7 +215,7 @@ func (c Config) instanceID() string {
 		}
 	}
 	// Kafka allows 249 characters; the suffix takes 17.
-	return string(name[:min(len(name), 200)]) + "-" + newTenure()
+	return string(name[:min(len(name), 200)]) + "-" + leadership.NewTenure()
 }
 
 // producerConfig builds the heartbeat producer's properties. A heartbeat older than the timeout

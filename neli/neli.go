@@ -2,14 +2,11 @@ package neli
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +14,7 @@ import (
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
 	"github.com/goharvest/goharvest/internal/dispatch"
+	"github.com/goharvest/goharvest/internal/leadership"
 	"github.com/goharvest/goharvest/internal/outage"
 	"github.com/goharvest/goharvest/internal/rdlog"
 )
@@ -70,19 +68,11 @@ func (Acquired) event()   {}
 func (SelfFenced) event() {}
 func (Revoked) event()    {}
 
-func (e Acquired) String() string { return "acquired partitions " + partitionList(e.Partitions) }
+func (e Acquired) String() string { return "acquired partitions " + leadership.List(e.Partitions) }
 func (e SelfFenced) String() string {
-	return "fenced itself off partitions " + partitionList(e.Partitions)
+	return "fenced itself off partitions " + leadership.List(e.Partitions)
 }
-func (e Revoked) String() string { return "revoked partitions " + partitionList(e.Partitions) }
-
-func partitionList(ps []int32) string {
-	s := make([]string, len(ps))
-	for i, p := range ps {
-		s[i] = strconv.Itoa(int(p))
-	}
-	return strings.Join(s, ",")
-}
+func (e Revoked) String() string { return "revoked partitions " + leadership.List(e.Partitions) }
 
 // ErrClosed is returned by Pulse after Close.
 var ErrClosed = errors.New("neli: closed")
@@ -110,17 +100,13 @@ type Neli struct {
 	tenure         string // random, new when leadership begins; marks our heartbeats
 	seq            uint64 // heartbeat sequence within the tenure
 	lastSent       time.Time
-	nextBeat       int // which of the led partitions the next round of heartbeats starts at
 	heartbeatEvery time.Duration
 	kafkaTrouble   *outage.Logger
 	fatal          error // a problem found inside a rebalance callback, returned by Pulse
 	fencedMember   bool  // librdkafka fenced the consumer's own static membership (see replaceConsumer)
 
-	// mu guards the leadership view read by IsLeader and Partitions.
-	mu            sync.Mutex
-	assigned      []int32 // sorted
-	fenced        bool
-	lastHeartbeat time.Time // when the newest acknowledged heartbeat was sent (monotonic)
+	// view is what this contender leads, which IsLeader, State and Partitions read.
+	view *leadership.View
 }
 
 // New validates the config and creates the Kafka clients. It does not contact Kafka: the first
@@ -152,6 +138,7 @@ func New(cfg Config) (*Neli, error) {
 		events:         dispatch.New(cfg.OnEvent),
 		heartbeatEvery: max(cfg.MinPollInterval, cfg.HeartbeatTimeout/10),
 		kafkaTrouble:   &outage.Logger{What: "Kafka", Repeat: outage.LogInterval},
+		view:           leadership.New(cfg.HeartbeatTimeout),
 	}
 	rdlog.Forward(consumer.Logs(), n.log)
 	rdlog.Forward(producer.Logs(), n.log)
@@ -165,16 +152,10 @@ func (n *Neli) IsLeader() bool { return n.State() == Leader }
 
 // State returns this contender's view of its leadership, consulting the clock as IsLeader does.
 func (n *Neli) State() State {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.stateLocked()
-}
-
-func (n *Neli) stateLocked() State {
-	switch {
-	case len(n.assigned) == 0:
+	switch holds, leading := n.view.Read(); {
+	case !holds:
 		return Follower
-	case n.fenced || time.Since(n.lastHeartbeat) >= n.cfg.HeartbeatTimeout:
+	case !leading:
 		return Fenced
 	}
 	return Leader
@@ -182,14 +163,7 @@ func (n *Neli) stateLocked() State {
 
 // Partitions returns the partitions this contender leads now, in order: those assigned to it,
 // while it is the Leader (see State); none otherwise.
-func (n *Neli) Partitions() []int32 {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.stateLocked() != Leader {
-		return nil
-	}
-	return slices.Clone(n.assigned)
-}
+func (n *Neli) Partitions() []int32 { return n.view.Partitions() }
 
 // Run pulses every MinPollInterval until ctx is done, then closes (allowing two heartbeat
 // timeouts for that). It returns nil when ctx ends it, or the error that stopped it.
@@ -394,22 +368,13 @@ func (n *Neli) acquire(ps []int32) {
 			"start them with one setting", last, n.cfg.LeaderTopic, n.cfg.Partitions, n.cfg.LeaderGroupID)
 		return
 	}
-	n.mu.Lock()
-	beginning := len(n.assigned) == 0
-	n.assigned = slices.Sorted(slices.Values(append(n.assigned, ps...)))
-	n.assigned = slices.Compact(n.assigned)
+	beginning := n.view.Acquire(ps)
 	if beginning {
-		n.fenced = false
-		// The coordinator has just vouched for us: our session outlives a heartbeat timeout from now.
-		n.lastHeartbeat = time.Now()
-	}
-	n.mu.Unlock()
-	if beginning {
-		n.tenure = newTenure()
+		n.tenure = leadership.NewTenure()
 		n.seq = 0
 	}
 	n.kafkaTrouble.OK(n.log)
-	n.log.Info("acquired leadership", "partitions", partitionList(ps))
+	n.log.Info("acquired leadership", "partitions", leadership.List(ps))
 	n.events.Emit(Acquired{Partitions: ps})
 	if beginning {
 		n.sendHeartbeat()
@@ -417,24 +382,11 @@ func (n *Neli) acquire(ps []int32) {
 }
 
 func (n *Neli) revoke(ps []int32) {
-	n.mu.Lock()
-	wasFenced := n.fenced
-	var lost []int32
-	n.assigned = slices.DeleteFunc(n.assigned, func(p int32) bool {
-		if slices.Contains(ps, p) {
-			lost = append(lost, p)
-			return true
-		}
-		return false
-	})
-	if len(n.assigned) == 0 {
-		n.fenced = false
-	}
-	n.mu.Unlock()
+	lost, wasFenced := n.view.Revoke(ps)
 	if len(lost) == 0 {
 		return
 	}
-	n.log.Info("leadership revoked", "partitions", partitionList(lost))
+	n.log.Info("leadership revoked", "partitions", leadership.List(lost))
 	n.events.Emit(Revoked{Partitions: lost})
 	// A contender that fenced itself has run the barrier already.
 	if !wasFenced {
@@ -447,13 +399,7 @@ func (n *Neli) revoke(ps []int32) {
 // that it is still a member, so leadership comes back only through a fresh assignment from the
 // coordinator.
 func (n *Neli) fenceIfSilent() {
-	n.mu.Lock()
-	silent := len(n.assigned) > 0 && !n.fenced && time.Since(n.lastHeartbeat) >= n.cfg.HeartbeatTimeout
-	if silent {
-		n.fenced = true
-	}
-	led := slices.Clone(n.assigned)
-	n.mu.Unlock()
+	led, silent := n.view.FenceIfSilent()
 	if !silent {
 		return
 	}
@@ -468,9 +414,8 @@ func (n *Neli) fenceIfSilent() {
 }
 
 func (n *Neli) holdsAny() bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return len(n.assigned) > 0
+	holds, _ := n.view.Read()
+	return holds
 }
 
 // releaseIfLeft completes the departure of a contender that fenced itself: its partitions are
@@ -483,10 +428,7 @@ func (n *Neli) releaseIfLeft() {
 		return
 	}
 	if parts, err := n.consumer.Assignment(); err == nil && len(parts) == 0 {
-		n.mu.Lock()
-		held := slices.Clone(n.assigned)
-		n.mu.Unlock()
-		n.revoke(held)
+		n.revoke(n.view.Held())
 	}
 }
 
@@ -496,12 +438,6 @@ func (n *Neli) barrier(ps []int32) {
 	}
 }
 
-// heartbeatFanout is how many of its partitions a leader sends a heartbeat to in each round. Any one
-// acknowledged is enough (see sendHeartbeat); with the partitions' leaders spread over the
-// brokers, three usually reach three brokers, so that one broker's loss leaves heartbeats
-// acknowledged.
-const heartbeatFanout = 3
-
 // heartbeat travels with a heartbeat message to its delivery report (kafka.Message.Opaque).
 type heartbeat struct {
 	tenure string
@@ -510,7 +446,7 @@ type heartbeat struct {
 
 // sendHeartbeat sends a round of heartbeats, "name|tenure|seq", each to one of the partitions this
 // contender leads, taking them in turn, so that within a heartbeat timeout every partition led
-// (up to ten rounds of heartbeatFanout) is tried. The producer asks only the partition's leader to
+// (up to ten rounds of leadership.HeartbeatFanout) is tried. The producer asks only the partition's leader to
 // acknowledge (acks=1), and its acknowledgement is the evidence: it shows that this contender
 // reached Kafka after the heartbeat was sent, which is all a heartbeat can prove (membership,
 // and with it every partition, is lost at once or not at all; see doc.go, Safety). Waiting for
@@ -519,17 +455,14 @@ type heartbeat struct {
 // that holds a replica: a crashed broker stays in sync until the controller fences it, 9s by
 // default, longer than the default heartbeat timeout.
 func (n *Neli) sendHeartbeat() {
-	n.mu.Lock()
-	led := slices.Clone(n.assigned)
-	n.mu.Unlock()
-	if len(led) == 0 {
+	beats := n.view.NextBeats()
+	if len(beats) == 0 {
 		return
 	}
 	now := time.Now()
 	n.lastSent = now
 	topic := n.cfg.LeaderTopic
-	for i := range min(heartbeatFanout, len(led)) {
-		partition := led[(n.nextBeat+i)%len(led)]
+	for _, partition := range beats {
 		err := n.produceHeartbeat(topic, partition, now)
 		var kerr kafka.Error
 		if errors.As(err, &kerr) && kerr.Code() == kafka.ErrUnknownPartition && partition != 0 {
@@ -541,7 +474,6 @@ func (n *Neli) sendHeartbeat() {
 			n.heartbeatFailed(err)
 		}
 	}
-	n.nextBeat = (n.nextBeat + heartbeatFanout) % len(led)
 }
 
 func (n *Neli) produceHeartbeat(topic string, partition int32, now time.Time) error {
@@ -589,12 +521,8 @@ func (n *Neli) onDelivery(ev kafka.Event) {
 			n.heartbeatFailed(e.TopicPartition.Error)
 			return
 		}
-		n.mu.Lock()
 		// Once fenced, only a fresh assignment restores leadership (see fenceIfSilent).
-		if len(n.assigned) > 0 && !n.fenced && beat.sentAt.After(n.lastHeartbeat) {
-			n.lastHeartbeat = beat.sentAt
-		}
-		n.mu.Unlock()
+		n.view.Acknowledged(beat.sentAt)
 		n.kafkaTrouble.OK(n.log)
 	case kafka.Error:
 		n.log.Debug("heartbeat producer error", "error", e)
@@ -611,10 +539,7 @@ func (n *Neli) onDelivery(ev kafka.Event) {
 // before the new consumer joins.
 func (n *Neli) replaceConsumer() error {
 	n.fencedMember = false
-	n.mu.Lock()
-	held := slices.Clone(n.assigned)
-	n.mu.Unlock()
-	if len(held) > 0 {
+	if held := n.view.Held(); len(held) > 0 {
 		n.revoke(held)
 	}
 	n.log.Warn("librdkafka fenced the election consumer's own static membership; joining again in its place",
@@ -670,12 +595,6 @@ func (n *Neli) leave() {
 			return
 		}
 	}
-}
-
-func newTenure() string {
-	b := make([]byte, 8)
-	rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // Close leaves the group promptly, so that other contenders are given its partitions at once. A

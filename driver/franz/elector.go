@@ -6,8 +6,6 @@ package franz
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,6 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/internal/leadership"
 	"github.com/goharvest/goharvest/internal/outage"
 	"github.com/goharvest/goharvest/internal/timing"
 	"github.com/goharvest/goharvest/outbox"
@@ -85,6 +84,7 @@ func (c *Client) NewElector(cfg driver.ElectorConfig) (driver.Elector, error) {
 		log:            cfg.Logger.With("group", cfg.LeaderGroupID, "member", cfg.Name),
 		heartbeatEvery: max(cfg.MinPollInterval, cfg.HeartbeatTimeout/10),
 		kafkaTrouble:   &outage.Logger{What: "Kafka", Repeat: outage.LogInterval},
+		view:           leadership.New(cfg.HeartbeatTimeout),
 	}
 	beats, err := kgo.NewClient(e.heartbeatOpts()...)
 	if err != nil {
@@ -128,14 +128,10 @@ type elector struct {
 	tenure     string        // random, new when leadership begins; marks its heartbeats
 	seq        uint64
 	lastSent   time.Time
-	nextBeat   int
 	fatal      error
 
-	// mu guards the leadership view that Leading, Fenced and Partitions read.
-	mu            sync.Mutex
-	assigned      []int32 // sorted
-	fenced        bool
-	lastHeartbeat time.Time // when the newest acknowledged heartbeat was sent
+	// view is what this contender leads, which Leading, Fenced and Partitions read.
+	view *leadership.View
 }
 
 // member is one membership of the group: a kgo group client, whose rebalance callbacks hand each
@@ -266,32 +262,13 @@ func (m *member) close() {
 
 // Leading reports whether this contender leads now. It consults the clock, so a leader whose loop
 // stalled reads as fenced once the heartbeat timeout passes, before the loop notices.
-func (e *elector) Leading() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.leadingLocked()
-}
-
-func (e *elector) leadingLocked() bool {
-	return len(e.assigned) > 0 && !e.fenced && time.Since(e.lastHeartbeat) < e.cfg.HeartbeatTimeout
-}
+func (e *elector) Leading() bool { return e.view.Leading() }
 
 // Fenced reports whether partitions are still assigned but no heartbeat was acknowledged in time.
-func (e *elector) Fenced() bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return len(e.assigned) > 0 && !e.leadingLocked()
-}
+func (e *elector) Fenced() bool { return e.view.Fenced() }
 
 // Partitions returns the partitions this contender leads now: none unless it is leading.
-func (e *elector) Partitions() []int32 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if !e.leadingLocked() {
-		return nil
-	}
-	return slices.Clone(e.assigned)
-}
+func (e *elector) Partitions() []int32 { return e.view.Partitions() }
 
 // maxChangesPerPulse bounds the rebalance callbacks one Pulse serves.
 const maxChangesPerPulse = 100
@@ -345,10 +322,7 @@ func (e *elector) join(ctx context.Context) error {
 			return nil
 		}
 		e.leaving = nil
-		e.mu.Lock()
-		held := slices.Clone(e.assigned)
-		e.mu.Unlock()
-		e.revoke(held)
+		e.revoke(e.view.Held())
 	}
 	if !e.topicReady {
 		err := e.prepareTopic(ctx)
@@ -407,10 +381,7 @@ func (e *elector) watch(m *member) {
 // stalled takes up, on the loop, a member its watchdog let go: what it led is lost (its Barrier
 // runs now, late), and the next join waits for it to have left.
 func (e *elector) stalled(m *member) {
-	e.mu.Lock()
-	held := slices.Clone(e.assigned)
-	e.mu.Unlock()
-	e.revoke(held)
+	e.revoke(e.view.Held())
 	e.member, e.leaving = nil, m.closed
 }
 
@@ -456,46 +427,24 @@ func (e *elector) acquire(ps []int32) {
 			"start them with one setting", last, e.cfg.LeaderTopic, e.cfg.Partitions, e.cfg.LeaderGroupID)
 		return
 	}
-	e.mu.Lock()
-	beginning := len(e.assigned) == 0
-	e.assigned = slices.Compact(slices.Sorted(slices.Values(append(e.assigned, ps...))))
+	beginning := e.view.Acquire(ps)
 	if beginning {
-		e.fenced = false
-		// The coordinator has just vouched for this member: its session outlives a heartbeat
-		// timeout from now.
-		e.lastHeartbeat = time.Now()
-	}
-	e.mu.Unlock()
-	if beginning {
-		e.tenure = newTenure()
+		e.tenure = leadership.NewTenure()
 		e.seq = 0
 	}
 	e.kafkaTrouble.OK(e.log)
-	e.log.Info("acquired leadership", "partitions", partitionList(ps))
+	e.log.Info("acquired leadership", "partitions", leadership.List(ps))
 	if beginning {
 		e.sendHeartbeats()
 	}
 }
 
 func (e *elector) revoke(ps []int32) {
-	e.mu.Lock()
-	wasFenced := e.fenced
-	var lost []int32
-	e.assigned = slices.DeleteFunc(e.assigned, func(p int32) bool {
-		if slices.Contains(ps, p) {
-			lost = append(lost, p)
-			return true
-		}
-		return false
-	})
-	if len(e.assigned) == 0 {
-		e.fenced = false
-	}
-	e.mu.Unlock()
+	lost, wasFenced := e.view.Revoke(ps)
 	if len(lost) == 0 {
 		return
 	}
-	e.log.Info("leadership revoked", "partitions", partitionList(lost))
+	e.log.Info("leadership revoked", "partitions", leadership.List(lost))
 	// A contender that fenced itself has run the Barrier already.
 	if !wasFenced {
 		e.barrier(lost)
@@ -514,13 +463,7 @@ func (e *elector) barrier(ps []int32) {
 // broker, not that it is still a member, so leadership comes back only through a fresh
 // assignment.
 func (e *elector) fenceIfSilent() {
-	e.mu.Lock()
-	silent := len(e.assigned) > 0 && !e.fenced && time.Since(e.lastHeartbeat) >= e.cfg.HeartbeatTimeout
-	if silent {
-		e.fenced = true
-	}
-	led := slices.Clone(e.assigned)
-	e.mu.Unlock()
+	led, silent := e.view.FenceIfSilent()
 	if !silent {
 		return
 	}
@@ -561,25 +504,19 @@ func (e *elector) checkGroupError() error {
 	return e.fatal
 }
 
-// heartbeatFanout is how many of its partitions a leader sends a heartbeat to in each round (see
-// neli's heartbeatFanout): any one acknowledged counts, and three usually reach three brokers.
-const heartbeatFanout = 3
-
-// sendHeartbeats sends a round of heartbeats, "name|tenure|seq", to up to heartbeatFanout of the
-// partitions this contender leads, taking them in turn.
+// sendHeartbeats sends a round of heartbeats, "name|tenure|seq", to up to
+// leadership.HeartbeatFanout of the partitions this contender leads, taking them in turn (see
+// neli's sendHeartbeat).
 func (e *elector) sendHeartbeats() {
-	e.mu.Lock()
-	led := slices.Clone(e.assigned)
-	e.mu.Unlock()
-	if len(led) == 0 {
+	beats := e.view.NextBeats()
+	if len(beats) == 0 {
 		return
 	}
 	now := time.Now()
 	e.lastSent = now
-	for i := range min(heartbeatFanout, len(led)) {
-		e.produceHeartbeat(led[(e.nextBeat+i)%len(led)], now)
+	for _, partition := range beats {
+		e.produceHeartbeat(partition, now)
 	}
-	e.nextBeat = (e.nextBeat + heartbeatFanout) % len(led)
 }
 
 func (e *elector) produceHeartbeat(partition int32, sentAt time.Time) {
@@ -613,12 +550,8 @@ func (e *elector) readAcks() {
 			e.heartbeatFailed(a)
 			continue
 		}
-		e.mu.Lock()
 		// Once fenced, only a fresh assignment restores leadership (see fenceIfSilent).
-		if len(e.assigned) > 0 && !e.fenced && a.sentAt.After(e.lastHeartbeat) {
-			e.lastHeartbeat = a.sentAt
-		}
-		e.mu.Unlock()
+		e.view.Acknowledged(a.sentAt)
 		e.kafkaTrouble.OK(e.log)
 	}
 }
@@ -679,10 +612,7 @@ func (e *elector) Close(ctx context.Context) error {
 		}
 	}
 	// Whatever is still held (after a fence, or a Close cut short) is let go.
-	e.mu.Lock()
-	held := slices.Clone(e.assigned)
-	e.mu.Unlock()
-	e.revoke(held)
+	e.revoke(e.view.Held())
 	beatsClosed := make(chan struct{})
 	go func() {
 		defer close(beatsClosed)
@@ -887,18 +817,4 @@ func (e *elector) permissionError(what string, cause error, grant string) error 
 		return fmt.Errorf("franz: group %s, leader topic %s: this client %s (%w): grant %s", e.cfg.LeaderGroupID, e.cfg.LeaderTopic, what, cause, grant)
 	}
 	return fmt.Errorf("franz: group %s, leader topic %s: this client %s: grant %s", e.cfg.LeaderGroupID, e.cfg.LeaderTopic, what, grant)
-}
-
-func newTenure() string {
-	b := make([]byte, 8)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-func partitionList(ps []int32) string {
-	s := make([]string, len(ps))
-	for i, p := range ps {
-		s[i] = strconv.Itoa(int(p))
-	}
-	return strings.Join(s, ",")
 }
