@@ -11,6 +11,7 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
+	"github.com/goharvest/goharvest/internal/kafkaprops"
 	"github.com/goharvest/goharvest/internal/leadership"
 	"github.com/goharvest/goharvest/internal/rdlog"
 	"github.com/goharvest/goharvest/internal/timing"
@@ -81,20 +82,9 @@ type Config struct {
 }
 
 // OwnedProperties are the Kafka properties NELI sets itself, each with the reason. A user
-// value would break the guarantee that a leader fences itself before another is elected.
-var OwnedProperties = map[string]string{
-	"group.id":                        "set from the leader group ID",
-	"group.instance.id":               "set to one unique to each contender, so that a contender librdkafka drops from the group rejoins in its own place at once (see instanceID)",
-	"enable.auto.commit":              "leader election commits no offsets",
-	"enable.auto.offset.store":        "leader election commits no offsets",
-	"auto.offset.reset":               "leader election commits no offsets and reads nothing it needs from the leader topic",
-	"session.timeout.ms":              "derived from the heartbeat timeout so that a leader fences itself before its partition can be reassigned",
-	"heartbeat.interval.ms":           "derived from the heartbeat timeout",
-	"max.poll.interval.ms":            "derived from the heartbeat timeout",
-	"partition.assignment.strategy":   "leader election relies on cooperative-sticky: balanced, moving as few partitions as it can, each revoked before it is assigned again",
-	"group.protocol":                  "leader election uses the classic group protocol",
-	"go.application.rebalance.enable": "leader election handles rebalances itself",
-}
+// value would break the guarantee that a leader fences itself before another is elected. The
+// table lives in internal/kafkaprops, which the franz client, without cgo, reads too.
+var OwnedProperties = kafkaprops.Election
 
 // WithDefaults returns a copy of c in which every zero field holds its default. KafkaConfig is
 // copied.

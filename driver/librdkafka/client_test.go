@@ -2,14 +2,11 @@ package librdkafka
 
 import (
 	"errors"
-	"maps"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/goharvest/goharvest/driver"
-	"github.com/goharvest/goharvest/internal/kafkaprops"
-	"github.com/goharvest/goharvest/neli"
 )
 
 // settings returns the properties a producer gets from a client with these maps, for a harvester
@@ -51,16 +48,6 @@ func TestOwnedPropertiesAreProblems(t *testing.T) {
 	}
 	if !strings.Contains(problems[2].Reason, "string, number or boolean") {
 		t.Errorf("a list value reads %q", problems[2].Reason)
-	}
-}
-
-// The election's owned properties that both clients refuse (kafkaprops, which needs no cgo) are
-// the ones neli sets, with neli's reasons: kafkaprops holds a copy, since the franz client cannot
-// import neli.
-func TestOwnedPropertiesAreNelis(t *testing.T) {
-	if !maps.Equal(kafkaprops.Election, neli.OwnedProperties) {
-		t.Errorf("kafkaprops.Election differs from neli.OwnedProperties; copy neli's table over:\nkafkaprops: %v\nneli:       %v",
-			kafkaprops.Election, neli.OwnedProperties)
 	}
 }
 

@@ -5,9 +5,8 @@
 // client can import it.
 package kafkaprops
 
-// Election holds the properties that leader election sets itself, each with the reason. It is
-// package neli's OwnedProperties, copied because neli cannot be imported without cgo;
-// driver/librdkafka's TestOwnedPropertiesAreNelis holds the two equal.
+// Election holds the properties that leader election sets itself, each with the reason: package
+// neli's OwnedProperties, kept here because neli cannot be imported without cgo.
 var Election = map[string]string{
 	"group.id":                        "set from the leader group ID",
 	"group.instance.id":               "set to one unique to each contender, so that a contender librdkafka drops from the group rejoins in its own place at once (see instanceID)",
