@@ -142,6 +142,14 @@ func TestFailedClaimOnAnotherServerEndsTheEpoch(t *testing.T) {
 	r, db := newServerRig(t, fastLimits(), "old")
 	r.start()
 	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
+	// The epoch notes the server it starts on before its first claim; a failover before that is
+	// the server it starts on, not a change (the test failed so once: leadership is reported
+	// before the epoch's marker runs).
+	r.waitFor("the epoch's first claim", 5*time.Second, func() bool {
+		r.db.mu.Lock()
+		defer r.db.mu.Unlock()
+		return r.db.marks > 0
+	})
 	first := *r.h.LeaderID()
 	r.db.mu.Lock()
 	r.db.failMk = 1
