@@ -25,11 +25,7 @@ import (
 // The election keeps the elector contract on kfake too. Apache Kafka (TestFranzElectorContract)
 // is what counts; this run needs neither Java nor cgo.
 func TestFranzElectorContractOnKfake(t *testing.T) {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cluster.Close()
+	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	addr := cluster.ListenAddrs()[0]
 	for _, partitions := range []int{1, 2} {
 		t.Run(fmt.Sprint(partitions), func(t *testing.T) {
@@ -50,6 +46,17 @@ func TestFranzElectorContractOnKfake(t *testing.T) {
 }
 
 var kfakeElections atomic.Int32
+
+// startKfake starts a one-broker kfake cluster with opts, closed when the test ends.
+func startKfake(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
+	t.Helper()
+	cluster, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cluster.Close)
+	return cluster
+}
 
 func joinKfake(t *testing.T, addr, group, name string, partitions int, heartbeatTimeout time.Duration, lost func([]int32)) driver.Elector {
 	t.Helper()
@@ -103,11 +110,7 @@ func pulsing(t *testing.T, e driver.Elector, interval time.Duration) {
 // only after that Barrier has returned does the other contender lead. Kafka answering no
 // heartbeat of one contender is a fault only a fake can cause.
 func TestLeaderWhoseHeartbeatsGoUnansweredStepsDown(t *testing.T) {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cluster.Close()
+	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	addr := cluster.ListenAddrs()[0]
 	const heartbeatTimeout = time.Second
 	interval := heartbeatTimeout / 20
@@ -261,11 +264,7 @@ func TestFranzElectorAgainstSilentKafka(t *testing.T) {
 // heartbeat timeout, not an outage ridden out for ever: kfake, as Apache Kafka, allows sessions
 // of 6s or more by default, and a second's heartbeat timeout asks for 2s.
 func TestFranzElectorRefusedSessionIsAnError(t *testing.T) {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cluster.Close()
+	cluster := startKfake(t)
 	e := joinKfake(t, cluster.ListenAddrs()[0], "short", "c0", 1, time.Second, nil)
 	defer e.Close(context.Background())
 	deadline := time.Now().Add(30 * time.Second)
@@ -290,11 +289,7 @@ func TestFranzElectorRefusedSessionIsAnError(t *testing.T) {
 // When its loop resumes, it runs its Barrier and stays a follower. The group is steady when the
 // loop stalls: a rebalance would evict the stalled member anyway, its callbacks unserved.
 func TestFranzElectorWhoseLoopStallsLetsOthersLead(t *testing.T) {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cluster.Close()
+	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	addr := cluster.ListenAddrs()[0]
 	const heartbeatTimeout = time.Second
 	interval := heartbeatTimeout / 20
