@@ -10,7 +10,9 @@ import (
 
 func main() {
 	ctx, stop := reaper.SignalContext()
-	code := reaper.Main(os.Args[1:], reaper.Env{Stdout: os.Stdout, Stderr: os.Stderr, LookupEnv: os.LookupEnv, Context: ctx})
+	reload, stopReload := reaper.ReloadSignal()
+	code := reaper.Main(os.Args[1:], reaper.Env{Stdout: os.Stdout, Stderr: os.Stderr, LookupEnv: os.LookupEnv, Context: ctx, Reload: reload})
+	stopReload()
 	stop()
 	os.Exit(code)
 }

@@ -2,7 +2,6 @@ package reaper
 
 import (
 	"fmt"
-	"log/slog"
 	"slices"
 	"strings"
 
@@ -106,14 +105,17 @@ func merge(base, over *yaml.Node) *yaml.Node {
 
 // resolveOutboxes makes the outboxes an outboxes: sequence lists, each entry merged over the
 // harvest: mapping shared. Both have had their environment expanded.
-func resolveOutboxes(shared, entries *yaml.Node) ([]Outbox, []error) {
+func resolveOutboxes(shared, entries *yaml.Node, defaultName string) ([]Outbox, []error) {
 	if entries.Kind != yaml.SequenceNode || len(entries.Content) == 0 {
 		return nil, []error{fmt.Errorf("line %d: outboxes: lists no outbox; list one or more, or remove the key and configure one under harvest:", entries.Line)}
 	}
 	// Every outbox's harvester is named after the reaper's (harvest.name, or the default made
-	// of host, process and time) and the outbox, so that each has its own series in the one
-	// registry (label harvest) and alerting rules can tell them apart.
-	reaperName := goharvest.Config{Name: sharedName(shared), Logger: slog.New(slog.DiscardHandler)}.WithDefaults().Name
+	// of host, process and time) and the outbox, so that each has its own series (label
+	// harvest) and alerting rules can tell them apart.
+	reaperName := sharedName(shared)
+	if reaperName == "" {
+		reaperName = defaultName
+	}
 	var outboxes []Outbox
 	var errs []error
 	for _, entry := range entries.Content {

@@ -1,11 +1,11 @@
 package reaper_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,6 +18,8 @@ import (
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/leakcheck"
 	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/reaper"
+	"github.com/goharvest/goharvest/internal/syncbuf"
 	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/internal/verifytest"
 )
@@ -30,13 +32,13 @@ func buildReaper(t *testing.T) string {
 
 type reaperProcess struct {
 	cmd    *exec.Cmd
-	stderr *bytes.Buffer
+	stderr *syncbuf.Buffer
 	done   chan struct{}
 }
 
 func startReaper(t *testing.T, bin string, env []string, args ...string) *reaperProcess {
 	t.Helper()
-	p := &reaperProcess{cmd: exec.Command(bin, args...), stderr: &bytes.Buffer{}, done: make(chan struct{})}
+	p := &reaperProcess{cmd: exec.Command(bin, args...), stderr: &syncbuf.Buffer{}, done: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stderr = p.stderr
 	p.cmd.Stdout = p.stderr
@@ -77,6 +79,19 @@ func TestReaperBinaryPublishesAndStopsCleanlyOnSIGTERM(t *testing.T) {
 
 	first := startReaper(t, bin, env, "-f", config)
 	v.WaitDistinct(t, 3000, time.Minute)
+	// reaper reload checks the file and sends SIGHUP, which reloads it rather than ending the
+	// process; this one has not changed.
+	reload := startReaper(t, bin, env, "reload", "-f", config, "-pid", strconv.Itoa(first.cmd.Process.Pid))
+	<-reload.done
+	if code := reload.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("reaper reload: exit %d: %s", code, reload.stderr)
+	}
+	testwait.For(t, 30*time.Second, "the reaper to log its reload", func() bool {
+		return strings.Contains(first.stderr.String(), `"msg":"configuration reloaded"`)
+	})
+	if out := first.stderr.String(); !strings.Contains(out, `"unchanged":1`) {
+		t.Errorf("a SIGHUP with the file unchanged: want it reloaded with the outbox untouched:\n%s", out)
+	}
 	if code := first.stop(t); code != 0 {
 		t.Fatalf("first reaper exited %d after SIGTERM:\n%s", code, first.stderr)
 	}
@@ -152,6 +167,31 @@ func stashBacklog(t *testing.T, dsn string, broker *kafkacluster.Cluster, topic 
 	t.Cleanup(pool.Close)
 	expected := verifytest.StashBacklog(t, pool, topic, t.Name(), keys, perKey, goharvest.String("v"))
 	return pool, expected, verifytest.Start(t, broker.Addr(), topic, t.Name())
+}
+
+// reaper reload refuses a file that does not load, and then signals nothing.
+func TestReaperReloadChecksTheFileFirst(t *testing.T) {
+	bin := buildReaper(t)
+	config := filepath.Join(t.TempDir(), "reaper.yaml")
+	os.WriteFile(config, []byte("harvest:\n  limits:\n    heartbeatTimout: 5s\n"), 0o600)
+	// A process that SIGHUP would end, standing for the reaper.
+	target := exec.Command("sleep", "60")
+	if err := target.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { target.Wait(); close(exited) }()
+	t.Cleanup(func() { target.Process.Kill(); <-exited })
+	p := startReaper(t, bin, nil, "reload", "-f", config, "-pid", strconv.Itoa(target.Process.Pid))
+	<-p.done
+	if code := p.cmd.ProcessState.ExitCode(); code != reaper.ExitUsage || !strings.Contains(p.stderr.String(), "heartbeatTimout") {
+		t.Fatalf("reaper reload with a bad file: exit %d: %s; want %d naming the key", code, p.stderr, reaper.ExitUsage)
+	}
+	select {
+	case <-exited:
+		t.Fatal("reaper reload signalled the process although the file does not load")
+	case <-time.After(200 * time.Millisecond):
+	}
 }
 
 func TestReaperBinaryExitsWithOneLineOnBadConfig(t *testing.T) {

@@ -44,6 +44,9 @@ type File struct {
 	// listed: the file has outboxes:, so every outbox's metrics and logs carry its name
 	// (a harvest:-only file's series stay as they were).
 	listed bool
+	// defaultName names the reaper's harvesters where harvest.name does not: the default of
+	// goharvest.Config.Name, made once per process so that a reload names them as before.
+	defaultName string
 }
 
 // Admin configures the reaper's HTTP endpoints: /metrics (Prometheus), /healthz (liveness:
@@ -74,6 +77,15 @@ type Logging struct {
 // NAME is unset or empty, so secrets need not live in the file. An unset variable without a
 // default is an error naming it.
 func Load(data []byte, lookupEnv func(string) (string, bool)) (File, error) {
+	return load(data, lookupEnv, "")
+}
+
+// load is Load, naming the harvesters that harvest.name leaves unnamed after defaultName, or
+// after goharvest.Config.Name's default when it is "".
+func load(data []byte, lookupEnv func(string) (string, bool), defaultName string) (File, error) {
+	if defaultName == "" {
+		defaultName = goharvest.Config{Logger: slog.New(slog.DiscardHandler)}.WithDefaults().Name
+	}
 	var f File
 	// The strict pass reports unknown keys and values of the wrong type, with their lines; the
 	// values are then read from the document, after expansion and merging.
@@ -115,7 +127,7 @@ func Load(data []byte, lookupEnv func(string) (string, bool)) (File, error) {
 			expand(section, value)
 		}
 	}
-	f = File{}
+	f = File{defaultName: defaultName}
 	if doc.Kind == yaml.MappingNode {
 		if err := doc.Decode(&f); err != nil {
 			return File{}, err
@@ -130,7 +142,7 @@ func Load(data []byte, lookupEnv func(string) (string, bool)) (File, error) {
 		f.Outboxes = []Outbox{{Name: table, Harvest: f.Harvest}}
 	} else {
 		var problems []error
-		f.Outboxes, problems = resolveOutboxes(shared, entries)
+		f.Outboxes, problems = resolveOutboxes(shared, entries, defaultName)
 		errs = append(errs, problems...)
 		f.listed = true
 	}
@@ -222,6 +234,8 @@ const usage = `usage:
   reaper held [-f reaper.yaml]            list the records the running reaper holds back (from admin.address)
   reaper dead-letter ID [-f reaper.yaml]  move outbox record ID into the dead-letter table now
   reaper requeue ID [-f reaper.yaml]      move dead letter ID back into the outbox, as a new record at the tail
+  reaper reload [-f reaper.yaml] [-pid 1] check the file, then have the running reaper (process -pid,
+                                          1 in its image) apply it: a SIGHUP
   reaper rules [-f reaper.yaml] [-sustained 2m]
                                           print Prometheus alerting rules with thresholds derived from the configuration
   reaper --version                        print the version
@@ -236,6 +250,9 @@ type Env struct {
 	LookupEnv      func(string) (string, bool)
 	// Context ends the harvester (as SIGINT or SIGTERM would).
 	Context context.Context
+	// Reload asks a running reaper to read its file again and apply it: ReloadSignal's SIGHUPs,
+	// or nil.
+	Reload <-chan os.Signal
 }
 
 // Main runs the reaper with the given arguments (without the program name) and returns the exit
@@ -261,6 +278,7 @@ func Main(args []string, env Env) int {
 	bytea := flags.Bool("bytea", false, "init: create bytea payload columns")
 	outboxName := flags.String("outbox", "", "the outbox a command concerns, when the file lists several")
 	sustained := flags.Duration("sustained", DefaultSustained, "rules: how long errors or failing readiness last before an alert")
+	pid := flags.Int("pid", 1, "reload: the running reaper's process")
 	if err = flags.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(env.Stdout, usage)
@@ -284,7 +302,7 @@ func Main(args []string, env Env) int {
 	}
 	var id int64
 	switch command {
-	case "run", "init", "held", "rules":
+	case "run", "init", "held", "rules", "reload":
 	case "dead-letter", "requeue":
 		if id, err = strconv.ParseInt(idArg, 10, 64); err != nil || id <= 0 {
 			return fail(ExitUsage, fmt.Errorf("%s needs a record id, got %q (see reaper -h)", command, idArg))
@@ -303,6 +321,14 @@ func Main(args []string, env Env) int {
 	}
 
 	switch command {
+	case "reload":
+		// The file loaded, so the reaper will not refuse it for what Load checks; what only a
+		// harvester's validation finds, its log says.
+		if err := signalReload(*pid); err != nil {
+			return fail(ExitFailed, err)
+		}
+		fmt.Fprintf(env.Stdout, "%s loads; sent SIGHUP to process %d, whose log says what it applied\n", *file, *pid)
+		return ExitOK
 	case "rules":
 		if *sustained <= 0 {
 			return fail(ExitUsage, errors.New("-sustained must be positive (see reaper -h)"))
@@ -339,7 +365,7 @@ func Main(args []string, env Env) int {
 	if err != nil {
 		return fail(ExitUsage, err)
 	}
-	return serve(env, cfg, outboxes, *file)
+	return serve(env, cfg, outboxes, *file, *outboxName)
 }
 
 // initOutboxes creates each outbox's table, with its dead-letter table and, with shards, the
@@ -374,4 +400,25 @@ func initOutboxes(env Env, outboxes []Outbox, bytea, listed bool) error {
 // SignalContext returns a context that ends on SIGINT or SIGTERM.
 func SignalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+// signalReload sends SIGHUP to process pid.
+func signalReload(pid int) error {
+	p, err := os.FindProcess(pid)
+	if err == nil {
+		err = p.Signal(syscall.SIGHUP)
+	}
+	if err != nil {
+		return fmt.Errorf("reload: signal process %d: %w", pid, err)
+	}
+	return nil
+}
+
+// ReloadSignal returns a channel that receives each SIGHUP, for Env.Reload (a SIGHUP would
+// otherwise end the process), and a function that stops it. Its buffer of one makes the
+// SIGHUPs that come while a reload runs one more reload, not many.
+func ReloadSignal() (<-chan os.Signal, func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	return hup, func() { signal.Stop(hup) }
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -23,33 +22,42 @@ import (
 )
 
 // harvester is one outbox's harvester in a running reaper, and the watch that keeps its
-// readiness, counters and last warnings for the admin endpoints.
+// readiness, counters and last warnings for the admin endpoints. Its metrics have a registry of
+// their own, so that a reload can drop an outbox's series with it, and start it again afresh.
 type harvester struct {
-	outbox Outbox
-	h      *goharvest.Harvest
-	w      *watch
+	outbox   Outbox
+	h        *goharvest.Harvest
+	w        *watch
+	registry *prometheus.Registry
+
+	// Set by start.
+	stop func()        // ends the harvester and its watch, and returns once both have
+	done chan struct{} // closed once the harvester has stopped, err set
+	err  error         // why it stopped: nil after a clean stop
 }
 
-// serve runs a harvester for each outbox until ctx ends, with the admin endpoints, and returns
-// the exit code.
+// serve runs a harvester for each outbox until env.Context ends, with the admin endpoints, and
+// returns the exit code. On each signal of env.Reload it reads the file again and applies it
+// (see fleet.reload).
 //
 // The outboxes are independent: each has its own pool, election and producers, so one whose
 // database is down publishes nothing while the others go on. One whose harvester stops with an
 // error (a Kafka ACL refusal, say, which only shows at run time) stays stopped, and /readyz and
-// the status page name it, while the others go on publishing; the reaper exits 1 once every
-// outbox has stopped, or at SIGTERM if any stopped with an error. A file with one outbox
-// therefore exits when its harvester stops, as it always did.
-func serve(env Env, cfg File, outboxes []Outbox, file string) int {
+// the status page name it, while the others go on publishing, until a reload starts it again;
+// the reaper exits 1 once every outbox has stopped, or at SIGTERM if any stopped with an error.
+// A file with one outbox therefore exits when its harvester stops, as it always did.
+func serve(env Env, cfg File, outboxes []Outbox, file, only string) int {
 	fail := func(code int, err error) int {
 		fmt.Fprintln(env.Stderr, "reaper: "+strings.ReplaceAll(err.Error(), "\n", "; "))
 		return code
 	}
-	logger := cfg.Logging.Logger(env.Stderr)
-	registry := prometheus.NewRegistry()
-	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	f := &fleet{env: env, cfg: cfg, file: file, only: only, logger: cfg.Logging.Logger(env.Stderr),
+		process: prometheus.NewRegistry(), exits: make(chan *harvester), quit: make(chan struct{})}
+	f.process.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	defer close(f.quit)
 	var harvesters []*harvester
 	for _, o := range outboxes {
-		r, err := newHarvester(o, cfg, env.Stderr, registry)
+		r, err := f.newHarvester(o, cfg)
 		if err != nil {
 			if !cfg.listed {
 				return fail(ExitUsage, fmt.Errorf("%s: %w", file, err))
@@ -60,19 +68,8 @@ func serve(env Env, cfg File, outboxes []Outbox, file string) int {
 		}
 		harvesters = append(harvesters, r)
 	}
-
-	watchCtx, stopWatch := context.WithCancel(context.Background())
-	var watches sync.WaitGroup
-	for _, r := range harvesters {
-		watches.Go(func() { r.w.run(watchCtx) })
-	}
-	defer func() { stopWatch(); watches.Wait() }()
 	if cfg.listed {
-		logger.Info("reaper starting", "version", Version(), "config", file, "outboxes", len(harvesters))
-		for _, r := range harvesters {
-			logger.Info("outbox starting", "outbox", r.outbox.Name, "line", r.outbox.Line, "leaderGroupID", r.w.cfg.LeaderGroupID,
-				"outboxTable", r.w.cfg.OutboxTable, "kafkaClient", r.w.cfg.KafkaClient)
-		}
+		f.logger.Info("reaper starting", "version", Version(), "config", file, "outboxes", len(harvesters))
 	} else {
 		r := harvesters[0]
 		r.w.cfg.Logger.Info("reaper starting", "version", Version(), "config", file, "kafkaClient", r.w.cfg.KafkaClient)
@@ -82,37 +79,40 @@ func serve(env Env, cfg File, outboxes []Outbox, file string) int {
 		if err != nil {
 			return fail(ExitFailed, fmt.Errorf("admin endpoints: %w", err))
 		}
-		srv := &http.Server{Handler: adminHandler(harvesters, cfg.listed, registry), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: adminHandler(f.list, cfg.listed, f.gatherer()), ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
 		defer srv.Close()
-		logger.Info("serving the status page at /, and /metrics, /healthz, /readyz, /held and /shards", "address", ln.Addr().String())
+		f.logger.Info("serving the status page at /, and /metrics, /healthz, /readyz, /held and /shards", "address", ln.Addr().String())
+	}
+	for _, r := range harvesters {
+		f.start(r)
 	}
 
-	type outcome struct {
-		r   *harvester
-		err error
-	}
-	outcomes := make(chan outcome, len(harvesters))
-	for _, r := range harvesters {
-		go func() {
-			err := r.h.Run(env.Context)
-			r.w.stopped(err)
-			outcomes <- outcome{r, err}
-		}()
+	ending := env.Context.Done()
+	for !f.allStopped() {
+		select {
+		case <-ending:
+			// Every harvester's context ends with this one: wait for them all to stop.
+			ending = nil
+		case <-env.Reload:
+			if env.Context.Err() == nil {
+				f.reload()
+			}
+		case r := <-f.exits:
+			if r.err != nil && f.isCurrent(r) && env.Context.Err() == nil && cfg.listed {
+				r.w.cfg.Logger.Error("outbox stopped on an error; the other outboxes go on, and /readyz names this one until a reload (SIGHUP) or a restart starts it again", "error", r.err)
+			}
+		}
 	}
 	var failed []error
-	for range harvesters {
-		o := <-outcomes
-		if o.err == nil {
-			continue
-		}
-		if !cfg.listed {
-			failed = append(failed, o.err)
-			continue
-		}
-		failed = append(failed, fmt.Errorf("outbox %q stopped: %w", o.r.outbox.Name, o.err))
-		if env.Context.Err() == nil {
-			o.r.w.cfg.Logger.Error("outbox stopped on an error; the other outboxes go on, and /readyz names this one until the reaper is restarted", "error", o.err)
+	for _, r := range f.list() {
+		r.stop()
+		switch {
+		case r.err == nil:
+		case cfg.listed:
+			failed = append(failed, fmt.Errorf("outbox %q stopped: %w", r.outbox.Name, r.err))
+		default:
+			failed = append(failed, r.err)
 		}
 	}
 	if len(failed) > 0 {
@@ -121,14 +121,18 @@ func serve(env Env, cfg File, outboxes []Outbox, file string) int {
 	return ExitOK
 }
 
-// newHarvester makes the harvester of one outbox and its watch, registering their metrics in
-// registry: in a file that lists outboxes, labelled outbox with its name.
-func newHarvester(o Outbox, cfg File, stderr io.Writer, registry *prometheus.Registry) (*harvester, error) {
+// newHarvester makes the harvester of one outbox of file cfg and its watch, with a registry
+// for their metrics: in a file that lists outboxes, labelled outbox with its name.
+func (f *fleet) newHarvester(o Outbox, cfg File) (*harvester, error) {
 	h := o.Harvest
+	if h.Name == "" {
+		h.Name = cfg.defaultName
+	}
 	// The status page shows each outbox's last warnings and errors, so they pass through its own
 	// log on their way.
 	logs := &recentLog{}
-	base := cfg.Logging.Logger(stderr)
+	base := cfg.Logging.Logger(f.env.Stderr)
+	registry := prometheus.NewRegistry()
 	var registerer prometheus.Registerer = registry
 	if cfg.listed {
 		base = base.With("outbox", o.Name)
@@ -136,13 +140,11 @@ func newHarvester(o Outbox, cfg File, stderr io.Writer, registry *prometheus.Reg
 	}
 	h.Logger = slog.New(&capture{next: base.Handler(), log: logs, hideKeys: cfg.Admin.HideKeys})
 	h.MetricsRegisterer = registerer
-	// The settings as the harvester will apply them (New logs what it defaults, so not here),
-	// with its name fixed now, so that the reaper's own metrics carry the same harvest label.
+	// The settings as the harvester will apply them (New logs what it defaults, so not here).
 	quiet := h
 	quiet.Logger = slog.New(slog.DiscardHandler)
 	settings := quiet.WithDefaults()
 	settings.Logger = h.Logger
-	h.Name = settings.Name
 	harvest, err := goharvest.New(h)
 	if err != nil {
 		return nil, err
@@ -156,7 +158,7 @@ func newHarvester(o Outbox, cfg File, stderr io.Writer, registry *prometheus.Reg
 	// name is its table's), so it goes to the registry as it is.
 	registry.MustRegister(info)
 	registerer.MustRegister(ready)
-	return &harvester{outbox: o, h: harvest, w: w}, nil
+	return &harvester{outbox: o, h: harvest, w: w, registry: registry}, nil
 }
 
 // The admin endpoints, for probes, scrapers and operators (examples/kubernetes checks its
@@ -181,10 +183,11 @@ const (
 // With several outboxes (listed), the probes judge them all, each line of an answer naming its
 // outbox, or the one ?outbox=NAME names; /held and /shards need ?outbox=NAME, as they describe
 // one outbox; the status page lists the outboxes, and shows one in full with ?outbox=NAME.
-func adminHandler(harvesters []*harvester, listed bool, registry *prometheus.Registry) http.Handler {
+func adminHandler(list func() []*harvester, listed bool, metrics prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
 	// chosen returns the harvesters a request asks about: the one ?outbox= names, or all.
 	chosen := func(r *http.Request) ([]*harvester, error) {
+		harvesters := list()
 		name := r.URL.Query().Get(OutboxParam)
 		if name == "" {
 			return harvesters, nil
@@ -200,7 +203,7 @@ func adminHandler(harvesters []*harvester, listed bool, registry *prometheus.Reg
 	one := func(rw http.ResponseWriter, r *http.Request) *harvester {
 		hs, err := chosen(r)
 		if err == nil && len(hs) > 1 {
-			err = fmt.Errorf("name an outbox with ?%s=NAME; there are %s", OutboxParam, namesOf(harvesters))
+			err = fmt.Errorf("name an outbox with ?%s=NAME; there are %s", OutboxParam, namesOf(hs))
 		}
 		if err != nil {
 			http.Error(rw, err.Error(), http.StatusNotFound)
@@ -245,18 +248,18 @@ func adminHandler(harvesters []*harvester, listed bool, registry *prometheus.Reg
 	}
 	mux.HandleFunc("GET "+StatusPath+"{$}", func(rw http.ResponseWriter, r *http.Request) {
 		if !listed {
-			harvesters[0].w.serveStatus(rw, r)
+			list()[0].w.serveStatus(rw, r)
 			return
 		}
 		if r.URL.Query().Get(OutboxParam) == "" {
-			serveOverview(rw, harvesters)
+			serveOverview(rw, list())
 			return
 		}
 		if h := one(rw, r); h != nil {
 			h.w.serveStatus(rw, r)
 		}
 	})
-	mux.Handle(MetricsPath, promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	mux.Handle(MetricsPath, promhttp.HandlerFor(metrics, promhttp.HandlerOpts{}))
 	// Liveness: a restart cures a stuck loop, so a running outbox's counts. An outbox stopped on
 	// an error is readiness's to report: restarting the process for it would interrupt the
 	// others, every time, for what is usually a setting to fix.
