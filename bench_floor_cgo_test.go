@@ -1,0 +1,49 @@
+//go:build cgo
+
+package goharvest_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	outboxpkg "github.com/goharvest/goharvest/outbox"
+)
+
+func init() { floorProducers["librdkafka"] = librdkafkaFloorProducer }
+
+// librdkafkaFloorProducer is librdkafka's producer with enable.idempotence (so acks=all), its
+// other settings librdkafka's defaults.
+func librdkafkaFloorProducer(b *testing.B, addr string) (func(context.Context, []outboxpkg.Record) error, func()) {
+	p, err := kafka.NewProducer(&kafka.ConfigMap{"bootstrap.servers": addr, "enable.idempotence": true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() {
+		for range p.Events() { // logs and errors librdkafka reports outside deliveries
+		}
+	}()
+	send := func(ctx context.Context, records []outboxpkg.Record) error {
+		delivered := make(chan kafka.Event, len(records))
+		for _, r := range records {
+			msg := &kafka.Message{TopicPartition: kafka.TopicPartition{Topic: &r.KafkaTopic, Partition: kafka.PartitionAny}, Key: []byte(r.KafkaKey)}
+			if r.KafkaValue != nil {
+				msg.Value = []byte(*r.KafkaValue)
+			}
+			for _, h := range r.KafkaHeaders {
+				msg.Headers = append(msg.Headers, kafka.Header{Key: h.Key, Value: []byte(h.Value)})
+			}
+			if err := p.Produce(msg, delivered); err != nil {
+				return err
+			}
+		}
+		for range records {
+			if m := (<-delivered).(*kafka.Message); m.TopicPartition.Error != nil {
+				return m.TopicPartition.Error
+			}
+		}
+		return nil
+	}
+	return send, p.Close
+}
