@@ -28,6 +28,9 @@ type harvester struct {
 	outbox Outbox
 	h      *goharvest.Harvest
 	w      *watch
+	// metrics holds the harvester's metrics and its goharvest_reaper_ready, apart from the other
+	// outboxes', so that its watch gathers only its own: /metrics gathers them all.
+	metrics *prometheus.Registry
 }
 
 // serve runs a harvester for each outbox until ctx ends, with the admin endpoints, and returns
@@ -48,6 +51,7 @@ func serve(env Env, cfg File, outboxes []Outbox, file string) int {
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	var harvesters []*harvester
+	gatherers := prometheus.Gatherers{registry}
 	for _, o := range outboxes {
 		r, err := newHarvester(o, cfg, env.Stderr, registry)
 		if err != nil {
@@ -59,6 +63,7 @@ func serve(env Env, cfg File, outboxes []Outbox, file string) int {
 			return fail(ExitUsage, fmt.Errorf("%s: %s: %w", file, o.where(), err))
 		}
 		harvesters = append(harvesters, r)
+		gatherers = append(gatherers, r.metrics)
 	}
 
 	watchCtx, stopWatch := context.WithCancel(context.Background())
@@ -82,7 +87,7 @@ func serve(env Env, cfg File, outboxes []Outbox, file string) int {
 		if err != nil {
 			return fail(ExitFailed, fmt.Errorf("admin endpoints: %w", err))
 		}
-		srv := &http.Server{Handler: adminHandler(harvesters, cfg.listed, registry), ReadHeaderTimeout: 5 * time.Second}
+		srv := &http.Server{Handler: adminHandler(harvesters, cfg.listed, gatherers), ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
 		defer srv.Close()
 		logger.Info("serving the status page at /, and /metrics, /healthz, /readyz, /held and /shards", "address", ln.Addr().String())
@@ -121,18 +126,20 @@ func serve(env Env, cfg File, outboxes []Outbox, file string) int {
 	return ExitOK
 }
 
-// newHarvester makes the harvester of one outbox and its watch, registering their metrics in
-// registry: in a file that lists outboxes, labelled outbox with its name.
+// newHarvester makes the harvester of one outbox and its watch, registering their metrics in a
+// registry of their own (in a file that lists outboxes, labelled outbox with its name), and
+// goharvest_reaper_info in registry, the reaper's.
 func newHarvester(o Outbox, cfg File, stderr io.Writer, registry *prometheus.Registry) (*harvester, error) {
 	h := o.Harvest
 	// The status page shows each outbox's last warnings and errors, so they pass through its own
 	// log on their way.
 	logs := &recentLog{}
 	base := cfg.Logging.Logger(stderr)
-	var registerer prometheus.Registerer = registry
+	own := prometheus.NewRegistry()
+	var registerer prometheus.Registerer = own
 	if cfg.listed {
 		base = base.With("outbox", o.Name)
-		registerer = prometheus.WrapRegistererWith(prometheus.Labels{"outbox": o.Name}, registry)
+		registerer = prometheus.WrapRegistererWith(prometheus.Labels{"outbox": o.Name}, own)
 	}
 	h.Logger = slog.New(&capture{next: base.Handler(), log: logs, hideKeys: cfg.Admin.HideKeys})
 	h.MetricsRegisterer = registerer
@@ -147,7 +154,7 @@ func newHarvester(o Outbox, cfg File, stderr io.Writer, registry *prometheus.Reg
 	if err != nil {
 		return nil, err
 	}
-	w := newWatch(harvest, settings, registry, cfg.Admin.HideKeys, logs)
+	w := newWatch(harvest, settings, own, cfg.Admin.HideKeys, logs)
 	if cfg.listed {
 		w.outbox = o.Name
 	}
@@ -156,7 +163,7 @@ func newHarvester(o Outbox, cfg File, stderr io.Writer, registry *prometheus.Reg
 	// name is its table's), so it goes to the registry as it is.
 	registry.MustRegister(info)
 	registerer.MustRegister(ready)
-	return &harvester{outbox: o, h: harvest, w: w}, nil
+	return &harvester{outbox: o, h: harvest, w: w, metrics: own}, nil
 }
 
 // The admin endpoints, for probes, scrapers and operators (examples/kubernetes checks its
@@ -181,7 +188,7 @@ const (
 // With several outboxes (listed), the probes judge them all, each line of an answer naming its
 // outbox, or the one ?outbox=NAME names; /held and /shards need ?outbox=NAME, as they describe
 // one outbox; the status page lists the outboxes, and shows one in full with ?outbox=NAME.
-func adminHandler(harvesters []*harvester, listed bool, registry *prometheus.Registry) http.Handler {
+func adminHandler(harvesters []*harvester, listed bool, registry prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
 	// chosen returns the harvesters a request asks about: the one ?outbox= names, or all.
 	chosen := func(r *http.Request) ([]*harvester, error) {
