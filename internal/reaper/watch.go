@@ -20,7 +20,7 @@ import (
 // methods, its metrics and its log.
 type watch struct {
 	h        *goharvest.Harvest
-	cfg      goharvest.Config // defaults applied
+	cfg      goharvest.Config     // defaults applied
 	registry *prometheus.Registry // the harvester's metrics (not the other outboxes')
 	hideKeys bool
 	logs     *recentLog
