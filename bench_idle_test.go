@@ -158,8 +158,8 @@ func benchIdleOutboxes(b *testing.B, server *pgcluster.Server, broker benchBroke
 		b.ReportMetric(100*brokerUsed.Seconds()/elapsed.Seconds(), "broker-core-%")
 		b.ReportMetric(float64(xacts)/elapsed.Seconds(), "pg-xact/s")
 		b.ReportMetric(float64(procPeakRSS(b, strconv.Itoa(pid)))/(1<<20), "peak-MiB")
-		b.ReportMetric(float64(procStatus(b, pid, "VmRSS:"))/(1<<10), "rss-MiB")
-		b.ReportMetric(float64(procStatus(b, pid, "Threads:")), "threads")
+		b.ReportMetric(float64(procStatus(b, strconv.Itoa(pid), "VmRSS:"))/(1<<10), "rss-MiB")
+		b.ReportMetric(float64(procStatus(b, strconv.Itoa(pid), "Threads:")), "threads")
 		b.ReportMetric(reaperGoroutines(b, admin), "goroutines")
 		b.ReportMetric(float64(connsOf(b, server, "")), "pg-conns")
 		b.ReportMetric(float64(perOutbox), "pg-conns/outbox")
@@ -250,25 +250,6 @@ func freeBenchAddr(b *testing.B) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
-}
-
-// procStatus is a number field of /proc/<pid>/status (in kB for memory).
-func procStatus(b *testing.B, pid int, field string) int64 {
-	status, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		b.Fatal(err)
-	}
-	for line := range strings.Lines(string(status)) {
-		if rest, ok := strings.CutPrefix(line, field); ok {
-			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return n
-		}
-	}
-	b.Fatalf("no %s in /proc/%d/status", field, pid)
-	return 0
 }
 
 // reaperGoroutines reads go_goroutines from the reaper's /metrics.
