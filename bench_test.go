@@ -1065,21 +1065,24 @@ func resetPeakRSS(b *testing.B) {
 func peakRSS(b *testing.B) int64 { return procPeakRSS(b, "self") }
 
 // procPeakRSS is the peak resident memory (VmHWM), in bytes, of the process /proc/<proc>.
-func procPeakRSS(b *testing.B, proc string) int64 {
+func procPeakRSS(b *testing.B, proc string) int64 { return procStatus(b, proc, "VmHWM:") << 10 }
+
+// procStatus is a number field of /proc/<proc>/status (in kB for memory).
+func procStatus(b *testing.B, proc, field string) int64 {
 	status, err := os.ReadFile("/proc/" + proc + "/status")
 	if err != nil {
 		b.Fatal(err)
 	}
 	for line := range strings.Lines(string(status)) {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kib, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+		if rest, ok := strings.CutPrefix(line, field); ok {
+			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
 			if err != nil {
 				b.Fatal(err)
 			}
-			return kib << 10
+			return n
 		}
 	}
-	b.Fatalf("no VmHWM in /proc/%s/status", proc)
+	b.Fatalf("no %s in /proc/%s/status", field, proc)
 	return 0
 }
 

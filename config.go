@@ -249,7 +249,9 @@ type Limits struct {
 
 	// MaxMarkBackoff bounds the wait between marks of an idle outbox. A notification (see
 	// NotifyChannel) ends the wait at once, so this matters only when none comes: then it bounds
-	// how long a record written to an idle outbox may wait to be noticed.
+	// how long a record written to an idle outbox may wait to be noticed. An outbox whose
+	// notifications are known to cover every write (its table has the notification trigger, and
+	// its listening connection works: see driver.CoveringListener) is not polled while idle.
 	// Default: DefaultMaxMarkBackoff. Range: MarkBackoff to 1m.
 	MaxMarkBackoff time.Duration `yaml:"maxMarkBackoff"`
 

@@ -8,8 +8,8 @@
 // HeldRowBinding (what holding back an unpublishable record takes). Every method carries
 // correctness, so a store lacks none of them. What a store may also offer is optional, each an
 // interface of its own, found once by FeaturesOf: Reader (claiming by reading, the default claim
-// strategy), SchemaChecker, Listener, Pinger, BacklogSampler, Sharder, and, for a database that
-// can fail over, RecoveryChecker, StandbyWaiter and ServerIdentifier.
+// strategy), SchemaChecker, Listener (and CoveringListener), Pinger, BacklogSampler, Sharder,
+// and, for a database that can fail over, RecoveryChecker, StandbyWaiter and ServerIdentifier.
 //
 // # Kafka
 //

@@ -140,6 +140,19 @@ type Listener interface {
 	Listen(ctx context.Context, wake func()) error
 }
 
+// CoveringListener is a Listener that can also tell when its notifications cover every write of
+// records: it is listening, its connection answers (asked at least every minute), and the outbox
+// notifies on every insert (a trigger). While they do, the harvester does not poll an idle outbox
+// at all: it claims again only when woken, so that an idle outbox makes no queries (see
+// Limits.MaxMarkBackoff for the polling otherwise).
+type CoveringListener interface {
+	Listener
+	// ListenCovering is Listen, and also calls covered(true) when it knows that every record
+	// written will wake it, and covered(false) as soon as it no longer knows that, and before it
+	// returns. It calls covered from one goroutine, never at once with wake.
+	ListenCovering(ctx context.Context, wake func(), covered func(bool)) error
+}
+
 // ErrNotificationsLost says that a Listener's LISTEN succeeded but notifications do not reach
 // it, as behind a connection pooler in transaction mode.
 var ErrNotificationsLost = errors.New("notifications do not arrive")
@@ -172,6 +185,9 @@ type Features struct {
 	Schema SchemaChecker
 	// Listen wakes the marker when rows are written; nil: the marker polls.
 	Listen Listener
+	// Covering says when Listen's wake-ups cover every write, so that the marker need not poll;
+	// nil: it polls an idle outbox every Limits.MaxMarkBackoff.
+	Covering CoveringListener
 	// Ping answers readiness; nil: readiness does not ask the store.
 	Ping Pinger
 	// Backlog counts the backlog for the metrics; nil: not counted.
@@ -193,6 +209,7 @@ func FeaturesOf(s Store) Features {
 	var f Features
 	f.Schema, _ = s.(SchemaChecker)
 	f.Listen, _ = s.(Listener)
+	f.Covering, _ = s.(CoveringListener)
 	f.Ping, _ = s.(Pinger)
 	f.Backlog, _ = s.(BacklogSampler)
 	f.Shards, _ = s.(Sharder)

@@ -214,7 +214,13 @@ func (c Config) instanceID() string {
 // it (see sendHeartbeat); idempotence, which would require acks=all, has nothing to guard in
 // heartbeats, whose order and duplicates do not matter.
 func (c Config) producerConfig() kafka.ConfigMap {
-	cm := kafka.ConfigMap{"client.id": c.Name + ".heartbeat"}
+	cm := kafka.ConfigMap{"client.id": c.Name + ".heartbeat",
+		// The Go client's channels are made at full size at once, 16 and 8 bytes a slot, and
+		// default to a million slots each (24 MB a producer): a few heartbeats a second, read
+		// at each pulse, need a few, and nothing uses the produce channel.
+		"go.events.channel.size":  1000,
+		"go.produce.channel.size": 0,
+	}
 	for k, v := range c.KafkaConfig {
 		cm[k] = v
 	}

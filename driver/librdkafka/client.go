@@ -56,6 +56,9 @@ const (
 	// took 105-108ms at the median on Apache Kafka 4.4, at 10ms 14ms. Produce retries wait as
 	// long, doubling as before.
 	DefaultRetryBackoff = 10 * time.Millisecond
+	// DefaultEventsChannelSize is go.events.channel.size, the slots of the Go client's channel of
+	// delivery reports, unless set (its default: a million, 16 MB made at once).
+	DefaultEventsChannelSize = 10_000
 )
 
 // Config is the client's settings: librdkafka properties.
@@ -175,6 +178,15 @@ func (c *Client) ProducerSettings(p driver.ProducerConfig) map[string]any {
 	}
 	if _, set := settings["retry.backoff.ms"]; !set {
 		settings["retry.backoff.ms"] = int(DefaultRetryBackoff.Milliseconds())
+	}
+	// The Go client makes its channels at full size at once, and defaults them to a million
+	// slots each (24 MB a producer, which a garbage collection can make resident): its delivery
+	// reports are read as they come (see forward), and nothing uses the produce channel.
+	if _, set := settings["go.events.channel.size"]; !set {
+		settings["go.events.channel.size"] = DefaultEventsChannelSize
+	}
+	if _, set := settings["go.produce.channel.size"]; !set {
+		settings["go.produce.channel.size"] = 0
 	}
 	maps.Copy(settings, map[string]any{
 		"enable.idempotence":  true,

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -21,9 +22,14 @@ import (
 
 // Store is the DatabaseBinding for PostgreSQL, on a pgx connection pool.
 type Store struct {
-	pool     *pgxpool.Pool
-	listen   *pgx.ConnConfig // for the listening connection, which is not the pool's
-	probe    time.Duration   // how long Listen waits for its test notification
+	pool   *pgxpool.Pool
+	listen *pgx.ConnConfig // for the listening connection, which is not the pool's
+	probe  time.Duration   // how long Listen waits for its test notification
+	// answered is when an idle listening connection last answered a check (unix nanoseconds),
+	// 0 when none listens or it has heard a notification since; nil when it does not go the
+	// pool's way (WithListenDataSource), and so cannot answer for it. Shared by the shards'
+	// views. See Ping.
+	answered *atomic.Int64
 	channel  string
 	table    string // quoted
 	markSQL  string
@@ -174,6 +180,24 @@ const execMode = pgx.QueryExecModeCacheDescribe
 // execModeSet matches a data source, key=value or URL, that sets default_query_exec_mode.
 var execModeSet = regexp.MustCompile(`(^|[\s?&])default_query_exec_mode\s*=`)
 
+// The pool's idle connections are closed after DefaultPoolMaxConnIdleTime unused (pgxpool's
+// default: 30 minutes), looked for every DefaultPoolHealthCheckPeriod (pgxpool's: a minute),
+// unless the data source sets pool_max_conn_idle_time or pool_health_check_period. An idle
+// outbox makes no queries while its notifications are covered (see ListenCovering), and so holds
+// only its listening connection; the cost is a new connection for the first statement after a
+// pause longer than this.
+const (
+	DefaultPoolMaxConnIdleTime   = 10 * time.Second
+	DefaultPoolHealthCheckPeriod = 5 * time.Second
+)
+
+// poolIdleSet and poolHealthSet match a data source that sets the pool's idle time or its health
+// check period.
+var (
+	poolIdleSet   = regexp.MustCompile(`(^|[\s?&])pool_max_conn_idle_time\s*=`)
+	poolHealthSet = regexp.MustCompile(`(^|[\s?&])pool_health_check_period\s*=`)
+)
+
 // Option adjusts a Store (see New).
 type Option func(*options)
 
@@ -203,7 +227,8 @@ func WithNotificationProbeTimeout(d time.Duration) Option {
 // New returns a binding to the outbox table through a new connection pool. The
 // pool connects lazily, so a database that is down now is not an error here. The pool's size
 // can be set in dataSource (pool_max_conns); it defaults to pgxpool's (the larger of 4 and the
-// number of CPUs).
+// number of CPUs). The binding holds at most that many connections, and one more while it
+// listens; idle ones close (see DefaultPoolMaxConnIdleTime).
 //
 // The binding keeps no state on a server connection between transactions, so it works through
 // connection poolers in transaction or session mode (PgBouncer and the like): it sends no
@@ -224,6 +249,12 @@ func New(dataSource, outboxTable string, opt ...Option) (*Store, error) {
 	if !execModeSet.MatchString(dataSource) {
 		cfg.ConnConfig.DefaultQueryExecMode = execMode
 	}
+	if !poolIdleSet.MatchString(dataSource) {
+		cfg.MaxConnIdleTime = DefaultPoolMaxConnIdleTime
+	}
+	if !poolHealthSet.MatchString(dataSource) {
+		cfg.HealthCheckPeriod = DefaultPoolHealthCheckPeriod
+	}
 	listen := cfg.ConnConfig.Copy()
 	if opts.listenDataSource != "" {
 		// Parsed as a pool's, so that pool settings copied from the data source (pool_max_conns)
@@ -238,10 +269,15 @@ func New(dataSource, outboxTable string, opt ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
+	var answered *atomic.Int64
+	if opts.listenDataSource == "" {
+		answered = new(atomic.Int64)
+	}
 	return &Store{
 		pool:     pool,
 		listen:   listen,
 		probe:    opts.probe,
+		answered: answered,
 		channel:  outbox.NotifyChannel(outboxTable),
 		table:    table,
 		markSQL:  markStatement(table, "", "id"),
@@ -379,9 +415,14 @@ func (b *Store) Reset(ctx context.Context, leaderID uuid.UUID, ids []int64) (int
 	return int(tag.RowsAffected()), nil
 }
 
-// Listen implements Listener on a connection of its own (to the listen data source, see
-// WithListenDataSource), outside the pool, which it closes on return. It returns nil when ctx is
-// done, and an error when the connection fails.
+// Listen implements Listener: ListenCovering without its reports.
+func (b *Store) Listen(ctx context.Context, wake func()) error {
+	return b.ListenCovering(ctx, wake, func(bool) {})
+}
+
+// ListenCovering implements CoveringListener on a connection of its own (to the listen data
+// source, see WithListenDataSource), outside the pool, which it closes on return. It returns nil
+// when ctx is done, and an error when the connection fails.
 //
 // A LISTEN can succeed and still hear nothing: through a pooler in transaction mode the session
 // that ran it goes back to the pool as soon as it ends, and the pooler drops what the server
@@ -390,12 +431,21 @@ func (b *Store) Reset(ctx context.Context, leaderID uuid.UUID, ids []int64) (int
 // does, it returns an error wrapping ErrNotificationsLost. (Checking that the backend's process
 // ID stays the same across transactions would not do: a pooler with little to do often hands
 // the same server connection back, and the check would pass until it did not.)
-func (b *Store) Listen(ctx context.Context, wake func()) error {
+//
+// Heard, it reports its notifications covering when the table has a trigger that notifies on
+// insert (see coverSQL), and asks that again, on its own connection, after every
+// listenCheckInterval without a notification: the answer is also the proof that the connection
+// still works, which a connection cut without a word (no FIN, no RST) would otherwise hide for as
+// long as TCP's keepalives take. Without such a trigger (a writer that notifies by hand, say) the
+// wake-ups still come, but the harvester polls too.
+func (b *Store) ListenCovering(ctx context.Context, wake func(), covered func(bool)) error {
 	conn, err := pgx.ConnectConfig(ctx, b.listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: connect: %w", b.channel, err)
 	}
 	defer conn.Close(context.Background())
+	defer covered(false)
+	defer b.answeredAt(time.Time{})
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{b.channel}.Sanitize()); err != nil {
 		return fmt.Errorf("listen on %s: %w", b.channel, err)
 	}
@@ -419,19 +469,61 @@ func (b *Store) Listen(ctx context.Context, wake func()) error {
 	case err != nil:
 		return fmt.Errorf("listen on %s: %w", b.channel, err)
 	}
+	// check asks on the listening connection whether the table's trigger notifies on insert.
+	check := func() error {
+		checkCtx, cancel := context.WithTimeout(ctx, b.probe)
+		defer cancel()
+		var notifies bool
+		if err := conn.QueryRow(checkCtx, coverSQL, b.table, b.channel).Scan(&notifies); err != nil {
+			return fmt.Errorf("listen on %s: check the connection and the notification trigger: %w", b.channel, err)
+		}
+		covered(notifies)
+		b.answeredAt(time.Now())
+		return nil
+	}
+	if err := check(); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
 	// Listening, and heard: records written before the LISTEN took effect sent their
 	// notifications to nobody, so look now.
 	wake()
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		waitCtx, cancel := context.WithTimeout(ctx, listenCheckInterval)
+		_, err := conn.WaitForNotification(waitCtx)
+		quiet := err != nil && waitCtx.Err() != nil && ctx.Err() == nil
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case quiet:
+			err = check()
+		case err == nil:
+			b.answeredAt(time.Time{}) // no longer idle: pings go through the pool again
+			wake()
+		}
+		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			return fmt.Errorf("listen on %s: %w", b.channel, err)
 		}
-		wake()
 	}
 }
+
+// listenCheckInterval is how long a listening connection waits for a notification before it asks
+// again whether the table notifies (see ListenCovering), which also proves that the connection
+// still answers. A connection cut without a word is found within this and the probe timeout.
+const listenCheckInterval = 10 * time.Second
+
+// coverSQL says whether the table ($1) has an enabled trigger that fires on INSERT, whose function
+// calls pg_notify and which names the channel ($2), as an argument (as the trigger of
+// outbox.TableDDL does) or in the function's body.
+const coverSQL = `SELECT EXISTS (SELECT 1 FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+  WHERE t.tgrelid = $1::regclass AND NOT t.tgisinternal AND t.tgenabled IN ('O', 'A') AND t.tgtype & 4 <> 0
+    AND p.prosrc LIKE '%pg_notify%' AND (position(convert_to($2, 'UTF8') IN t.tgargs) > 0 OR strpos(p.prosrc, $2) > 0))`
 
 // describeConn names where a connection goes, without its password, for logs.
 func describeConn(c *pgx.ConnConfig) string {
@@ -445,8 +537,33 @@ func (b *Store) Dispose() {
 	}
 }
 
-// Ping checks that the database answers.
-func (b *Store) Ping(ctx context.Context) error { return b.pool.Ping(ctx) }
+// Ping checks that the database answers: through the pool, unless the binding's idle listening
+// connection, which goes the pool's way, answered its last check (see ListenCovering) within
+// listenCheckInterval and the probe timeout. An idle outbox's readiness probes then take no pool
+// connection, which its pool would otherwise keep open for them alone; a database cut off
+// without a word is noticed within that time rather than at once (one that closes its
+// connections, at once).
+func (b *Store) Ping(ctx context.Context) error {
+	if b.answered != nil {
+		if t := b.answered.Load(); t != 0 && time.Since(time.Unix(0, t)) < listenCheckInterval+b.probe {
+			return nil
+		}
+	}
+	return b.pool.Ping(ctx)
+}
+
+// answeredAt records when the idle listening connection answered; the zero time, that it no
+// longer stands for the pool.
+func (b *Store) answeredAt(t time.Time) {
+	if b.answered == nil {
+		return
+	}
+	if t.IsZero() {
+		b.answered.Store(0)
+		return
+	}
+	b.answered.Store(t.UnixNano())
+}
 
 // Backlog counts the outbox's records, up to limit, and finds the oldest's creation time; both
 // walk the primary key, so they stay cheap however large the table.
@@ -474,6 +591,7 @@ var (
 	_ driver.Reader           = (*Store)(nil)
 	_ driver.SchemaChecker    = (*Store)(nil)
 	_ driver.Listener         = (*Store)(nil)
+	_ driver.CoveringListener = (*Store)(nil)
 	_ driver.Pinger           = (*Store)(nil)
 	_ driver.BacklogSampler   = (*Store)(nil)
 	_ driver.Sharder          = (*Store)(nil)

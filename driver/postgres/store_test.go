@@ -508,6 +508,48 @@ func TestListenWakesOnCommit(t *testing.T) {
 	}
 }
 
+// ListenCovering says its wake-ups cover every write while the table has its notification
+// trigger, and stops saying so within a check (10s) of the trigger's going, and again when it is
+// back, so that the harvester polls exactly while a write could go unheard.
+func TestListenCoversWritesWhileTheTriggerIsThere(t *testing.T) {
+	o := newOutbox(t, "app.outbox")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	covered := make(chan bool, 10)
+	done := make(chan error, 1)
+	go func() {
+		done <- o.binding.ListenCovering(ctx, func() {}, func(c bool) { covered <- c })
+	}()
+	expect := func(want bool, within time.Duration, what string) {
+		t.Helper()
+		deadline := time.After(within)
+		for {
+			select {
+			case c := <-covered:
+				if c == want {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("not covered=%v within %v %s", want, within, what)
+			}
+		}
+	}
+	expect(true, 5*time.Second, "once listening")
+	if _, err := o.pool.Exec(ctx, "DROP TRIGGER goharvest_notify ON app.outbox"); err != nil {
+		t.Fatal(err)
+	}
+	expect(false, 20*time.Second, "after the trigger was dropped")
+	if err := goharvest.CreateOutboxTable(ctx, o.dsn, "app.outbox"); err != nil { // the trigger again
+		t.Fatal(err)
+	}
+	expect(true, 20*time.Second, "after the trigger came back")
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("ListenCovering returned %v after its context ended; want nil", err)
+	}
+	expect(false, time.Second, "once it returned")
+}
+
 // Each shard's view marks exactly the rows whose keys outbox.Shard puts in it, oldest first:
 // the Go function and the SQL expression agree, and together the shards cover the outbox.
 func TestShardViewsMarkOnlyTheirRows(t *testing.T) {

@@ -167,6 +167,14 @@ type Epoch struct {
 	// producer's delivery reports (pipeline_txn.go).
 	activity activity
 	written  wake // wakes an idle marker when records are written
+	// covered says that every record written wakes the marker (driver.CoveringListener), which
+	// then does not poll an idle outbox; written by the listen loop. wakes counts the listener's
+	// wake-ups, and emptyAt is one more than that count as it stood before the marker's latest
+	// claim, when that claim found nothing and nothing was in flight or held, else 0: Idle reads
+	// the three.
+	covered atomic.Bool
+	wakes   atomic.Uint64
+	emptyAt atomic.Uint64
 
 	remarkOnce sync.Once
 	remarkCh   chan struct{} // closed (once, by requestRemark) when the epoch should end with a remark
@@ -309,6 +317,14 @@ type Unpurged struct {
 // InFlight returns the keys of the records in flight (see budget), each once, and how many
 // records that is.
 func (p *Epoch) InFlight() (keys []string, records int) { return p.budget.snapshot() }
+
+// Idle reports whether the outbox's rows of this epoch's shard are known to be none, without
+// asking the database: the marker's latest claim found nothing, with nothing in flight or held,
+// and no notification has come since, while notifications cover every write. The backlog
+// sampler then need not query (and so need not hold a connection).
+func (p *Epoch) Idle() bool {
+	return p.covered.Load() && p.emptyAt.Load() == p.wakes.Load()+1
+}
 
 // Held returns the records that hold back their keys now, oldest first.
 func (p *Epoch) Held() []event.HeldRecord { return p.held.list() }

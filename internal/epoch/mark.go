@@ -1,6 +1,7 @@
 package epoch
 
 import (
+	"context"
 	"errors"
 	"hash/fnv"
 	"sync"
@@ -77,6 +78,13 @@ func (b *budget) give(fs ...*flight) (lastMark uint64) {
 	return b.marks
 }
 
+// records returns the count of records in flight.
+func (b *budget) records() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.count
+}
+
 // snapshot returns the keys in flight, each once, and the count.
 func (b *budget) snapshot() (keys []string, records int) {
 	b.mu.Lock()
@@ -113,13 +121,16 @@ func (p *Epoch) markLoop() {
 			p.markerWaits(p.Limits.DrainInterval, p.budget.room)
 			continue
 		}
+		wakes := p.wakes.Load()
+		heldKeys := p.held.heldKeys()
 		began := time.Now()
-		records, err := p.Claim.Claim(p.ctx, room, p.held.heldKeys())
+		records, err := p.Claim.Claim(p.ctx, room, heldKeys)
 		p.Metrics.MarkSeconds.Observe(time.Since(began).Seconds())
 		if err != nil {
 			if p.ctx.Err() != nil {
 				return
 			}
+			p.emptyAt.Store(0)
 			p.DBTrouble.Fail(p.Log, "mark", err)
 			if p.Claim.FailedClaimEndsEpoch() {
 				p.requestRemark("mark failed", err)
@@ -136,10 +147,23 @@ func (p *Epoch) markLoop() {
 		p.DBTrouble.OK(p.Log)
 		setBusy(len(records) > 0)
 		if len(records) == 0 {
+			// Nothing claimed, nothing in flight, no key held (before the claim, which then left
+			// out no key's rows, and after it): the outbox had no rows for this epoch.
+			empty := len(heldKeys) == 0 && p.budget.records() == 0 && len(p.held.heldKeys()) == 0
+			if !empty {
+				p.emptyAt.Store(0)
+			} else if p.emptyAt.Store(wakes + 1); p.covered.Load() {
+				// Every write wakes the marker, and so does the end of that (listenLoop); until
+				// then the outbox holds nothing to claim, and nothing in flight or held can make a
+				// row claimable again, so there is nothing to poll for.
+				p.markerWaits(0, p.written)
+				continue
+			}
 			p.markerWaits(idle, p.written)
 			idle = min(2*idle, p.Limits.MaxMarkBackoff)
 			continue
 		}
+		p.emptyAt.Store(0)
 		idle = p.Limits.MarkBackoff
 		if !p.standbysHold(p.ctx, "await standbys after a mark") {
 			return
@@ -167,16 +191,30 @@ func (p *Epoch) markerWaits(d time.Duration, ch <-chan struct{}) {
 }
 
 // listenLoop has the binding wake the marker when records are written, and keeps it listening
-// through database outages. While it cannot listen, the marker's polling carries on alone.
+// through database outages. While it cannot listen, the marker's polling carries on alone; while
+// a CoveringListener says its wake-ups cover every write, the marker does not poll at all.
 // Notifications that cannot arrive at all (ErrNotificationsLost) are not retried this epoch.
 func (p *Epoch) listenLoop() {
 	l, trouble := p.Features.Listen, p.Notify
 	wake := func() {
 		trouble.OK(p.Log)
+		p.wakes.Add(1)
 		p.written.poke()
 	}
+	covered := func(c bool) {
+		if !p.covered.Swap(c) || c {
+			return
+		}
+		// No longer covered: the marker, which may be waiting for a wake-up alone, polls again.
+		p.written.poke()
+	}
+	listen := l.Listen
+	if c := p.Features.Covering; c != nil {
+		listen = func(ctx context.Context, wake func()) error { return c.ListenCovering(ctx, wake, covered) }
+	}
 	for {
-		err := l.Listen(p.ctx, wake)
+		err := listen(p.ctx, wake)
+		covered(false)
 		if p.ctx.Err() != nil {
 			return
 		}
@@ -188,12 +226,17 @@ func (p *Epoch) listenLoop() {
 	}
 }
 
-// sleep waits for d, for a wake-up on ch (if not nil), or for the pipeline to stop.
+// sleep waits for d (0: for ever), for a wake-up on ch (if not nil), or for the pipeline to
+// stop.
 func (p *Epoch) sleep(d time.Duration, ch <-chan struct{}) {
-	t := time.NewTimer(d)
-	defer t.Stop()
+	var timeout <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
 	select {
-	case <-t.C:
+	case <-timeout:
 	case <-ch:
 	case <-p.ctx.Done():
 	}

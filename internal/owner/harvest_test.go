@@ -49,6 +49,8 @@ type rig struct {
 	registry *prometheus.Registry
 	seqOf    map[int64]int64 // per-key sequence, the order records must be published in
 	nextSeq  map[string]int64
+	// store, when set before start, is what the harvester opens instead of db (a wrapper of it).
+	store driver.DatabaseBinding
 }
 
 // fastLimits lets keys run (MaxKeyRun), so that every test exercises runs and their notes.
@@ -83,9 +85,14 @@ func (r *rig) newHarvest(limits epoch.Limits) *Owner {
 		NoteGroup:       rigNotes.Group,
 		LeaderTopic:     rigNotes.Topic,
 		TransactionalID: "goharvest.g",
-		OpenStore:       func() (driver.DatabaseBinding, error) { return r.db, nil },
-		NewElector:      r.elector.provider,
-		NewProducer:     r.kafka.provider,
+		OpenStore: func() (driver.DatabaseBinding, error) {
+			if r.store != nil {
+				return r.store, nil
+			}
+			return r.db, nil
+		},
+		NewElector:  r.elector.provider,
+		NewProducer: r.kafka.provider,
 	})
 	h.SetEventHandler(r.events.handle)
 	return h
@@ -554,6 +561,71 @@ func TestIdleOutboxBacksOff(t *testing.T) {
 	}
 	id := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k"})[0]
 	r.waitFor("the new record", 3*time.Second, func() bool { return !r.db.exists(id) })
+	r.stop()
+}
+
+// coveringDB is the fake database with a CoveringListener whose notifications and coverage the
+// test sends.
+type coveringDB struct {
+	*fakeDB
+	notify chan struct{} // a write's notification
+	cover  chan bool     // coverage from now on
+}
+
+func (d *coveringDB) Listen(ctx context.Context, wake func()) error {
+	return d.ListenCovering(ctx, wake, func(bool) {})
+}
+
+func (d *coveringDB) ListenCovering(ctx context.Context, wake func(), covered func(bool)) error {
+	covered(true)
+	wake()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case c := <-d.cover:
+			covered(c)
+		case <-d.notify:
+			wake()
+		}
+	}
+}
+
+// While its listener covers every write, an idle outbox is not polled at all; a notification
+// still wakes it, and once the coverage ends it polls again.
+func TestCoveredIdleOutboxIsNotPolled(t *testing.T) {
+	r := newRig(t, fastLimits()) // maxMarkBackoff 20ms: uncovered, 50 marks a second
+	db := &coveringDB{fakeDB: r.db, notify: make(chan struct{}), cover: make(chan bool)}
+	r.store = db
+	r.start()
+	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
+	time.Sleep(200 * time.Millisecond) // the first marks, after the listener's first wake-up
+	before := r.db.markCount()
+	time.Sleep(time.Second)
+	if marks := r.db.markCount() - before; marks != 0 {
+		t.Fatalf("a covered idle outbox was marked %d times in a second; want none", marks)
+	}
+	send := func(what string, ch chan<- struct{}) {
+		select {
+		case ch <- struct{}{}:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the listener did not take the %s", what)
+		}
+	}
+	id := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k"})[0]
+	send("notification", db.notify)
+	r.waitFor("the notified record", 3*time.Second, func() bool { return !r.db.exists(id) })
+
+	select {
+	case db.cover <- false:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the listener did not take the end of its coverage")
+	}
+	before = r.db.markCount()
+	time.Sleep(500 * time.Millisecond)
+	if marks := r.db.markCount() - before; marks < 5 {
+		t.Fatalf("an uncovered idle outbox was marked %d times in half a second; want it polled every 20ms", marks)
+	}
 	r.stop()
 }
 

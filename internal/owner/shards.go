@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/internal/epoch"
@@ -155,6 +157,19 @@ func (h *Owner) sampleBacklog() {
 		if len(led) == 0 {
 			continue
 		}
+		if h.idle(led) {
+			// Known to be empty: no query, so that an idle outbox holds no pool connection.
+			h.metrics.Backlog.Set(0)
+			h.metrics.OldestAge.Set(0)
+			for _, s := range h.shards {
+				if _, leads := led[s.id]; leads {
+					s.backlog.Store(0)
+				} else {
+					s.backlog.Store(-1)
+				}
+			}
+			continue
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), h.cfg.Limits.BacklogSampleInterval)
 		n, oldest, err := sampler.Backlog(ctx, backlogLimit)
 		if err == nil { // else the database's trouble is counted and logged where it matters
@@ -180,6 +195,20 @@ func (h *Owner) sampleBacklog() {
 		}
 		cancel()
 	}
+}
+
+// idle reports whether this harvester leads every shard, led, and each one's epoch knows its rows
+// to be none (epoch.Idle): then the whole outbox is empty, and the backlog sampler need not ask.
+func (h *Owner) idle(led map[int]uuid.UUID) bool {
+	if len(led) != len(h.shards) {
+		return false
+	}
+	for _, s := range h.shards {
+		if p := h.epochOf(s); p == nil || !p.Idle() {
+			return false
+		}
+	}
+	return true
 }
 
 // backlogLimit bounds the count behind goharvest_outbox_backlog_records, so that sampling stays

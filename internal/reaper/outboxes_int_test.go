@@ -3,6 +3,7 @@ package reaper_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -232,4 +233,106 @@ admin:
 	case <-time.After(20 * time.Second):
 		t.Fatalf("the reaper did not stop:\n%s", logs.String())
 	}
+}
+
+// Idle outboxes hold one Postgres connection each, their listener's: an idle leader whose
+// notifications cover every write (a trigger notifies) makes no queries, neither marks nor
+// backlog samples nor readiness pings, and its pool closes its idle connections
+// (postgres.DefaultPoolMaxConnIdleTime). A record written afterwards still wakes its outbox at
+// once.
+func TestIdleOutboxesHoldOneConnectionEach(t *testing.T) {
+	broker := kafkacluster.Shared(t)
+	dsn1, dsn2 := pgtest.NewDatabase(t), pgtest.NewDatabase(t)
+	pool1, pool2 := newPool(t, dsn1), newPool(t, dsn2)
+	outboxes := []testOutbox{
+		{name: "idle-a", table: "outbox", topic: broker.Topic(t, "idle.a", 1), pool: pool1},
+		{name: "idle-b", table: "b_outbox", topic: broker.Topic(t, "idle.b", 1), pool: pool1},
+		{name: "idle-c", table: "outbox", topic: broker.Topic(t, "idle.c", 1), pool: pool2},
+	}
+	dsns := []string{dsn1, dsn1, dsn2}
+	addr := freeAddr(t)
+	yaml := `harvest:
+  baseKafkaConfig:
+    bootstrap.servers: ` + broker.Addr() + `
+  limits:
+    heartbeatTimeout: 1s
+admin:
+  address: ` + addr + `
+outboxes:
+`
+	for i, o := range outboxes {
+		// The application name tells the outboxes' connections apart in pg_stat_activity.
+		yaml += "  - outbox: " + o.name + "\n    leaderGroupID: " + t.Name() + "-" + o.name +
+			"\n    outboxTable: " + o.table + "\n    dataSource: \"" + dsns[i] + " application_name=" + o.name + "\"\n"
+	}
+	config := filepath.Join(t.TempDir(), "reaper.yaml")
+	os.WriteFile(config, []byte(yaml), 0o600)
+	var out bytes.Buffer
+	if code := reaper.Main([]string{"init", "-f", config}, reaper.Env{Stdout: &out, Stderr: &out, LookupEnv: os.LookupEnv, Context: context.Background()}); code != 0 {
+		t.Fatalf("init: exit %d:\n%s", code, out.String())
+	}
+	stop := runReaper(t, config)
+	defer stop()
+	for _, o := range outboxes {
+		v, want := o.stash(t, broker, t.Name()+".1", 1, 1)
+		v.WaitDistinct(t, 1, time.Minute)
+		if report := v.Report(want); !report.OK() {
+			t.Fatalf("outbox %s:\n%s", o.name, report)
+		}
+	}
+
+	conns := func() (map[string]int, string) {
+		rows, err := pool1.Query(context.Background(), `SELECT application_name, count(*) FROM pg_stat_activity
+			WHERE application_name LIKE 'idle-%' GROUP BY application_name`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := map[string]int{}
+		for rows.Next() {
+			var name string
+			var count int
+			if err := rows.Scan(&name, &count); err != nil {
+				t.Fatal(err)
+			}
+			n[name] = count
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return n, fmt.Sprint(n)
+	}
+	oneEach := func() (bool, string) {
+		n, say := conns()
+		for _, o := range outboxes {
+			if n[o.name] != 1 {
+				return false, say
+			}
+		}
+		return true, say
+	}
+	// The pool's connections close once idle for 10s, looked for every 5s.
+	eventually(t, "one connection per idle outbox", 30*time.Second, oneEach)
+	for range 10 {
+		// And stay one: nothing polls.
+		if ok, say := oneEach(); !ok {
+			t.Fatalf("connections per outbox after they idled: %s, want 1 each", say)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if code, body := get("http://" + addr + reaper.ReadyzPath); code != 200 {
+		t.Errorf("/readyz of idle outboxes: %d %q", code, body)
+	}
+	if ok, say := oneEach(); !ok {
+		t.Errorf("connections per outbox after /readyz: %s, want 1 each", say)
+	}
+
+	// A record wakes its idle outbox through its notification, not a poll.
+	began := time.Now()
+	v, want := outboxes[1].stash(t, broker, t.Name()+".2", 1, 1)
+	v.WaitDistinct(t, 1, 10*time.Second)
+	if report := v.Report(want); !report.OK() {
+		t.Fatalf("outbox %s after idling:\n%s", outboxes[1].name, report)
+	}
+	t.Logf("a record written to an idle outbox arrived after %v", time.Since(began).Round(time.Millisecond))
+	stop()
 }

@@ -20,8 +20,8 @@ import (
 // methods, its metrics and its log.
 type watch struct {
 	h        *goharvest.Harvest
-	cfg      goharvest.Config // defaults applied
-	registry *prometheus.Registry
+	cfg      goharvest.Config     // defaults applied
+	registry *prometheus.Registry // the harvester's metrics (not the other outboxes')
 	hideKeys bool
 	logs     *recentLog
 	started  time.Time
@@ -159,8 +159,7 @@ func sum(families []*dto.MetricFamily, name, harvest string) float64 {
 }
 
 // byLabel returns the values of a metric of harvester harvest (its label harvest) keyed by the
-// value of one label ("" for every series when label is ""). The registry holds every
-// outbox's harvester, each named apart.
+// value of one label ("" for every series when label is "").
 func byLabel(families []*dto.MetricFamily, name, label, harvest string) map[string]float64 {
 	values := map[string]float64{}
 	for _, f := range families {
