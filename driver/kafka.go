@@ -39,6 +39,10 @@ type RejectedError struct {
 	// ByGoharvest says the producer refused the message itself (a topic name Kafka cannot
 	// accept, a topic Kafka's metadata says is missing), without sending it.
 	ByGoharvest bool
+	// Unauthorized says the refusal is of this client, not of the message: Kafka does not let it
+	// write the topic (an ACL). Until that is granted the harvester can publish nothing of the
+	// topic, so it is not ready (see Harvest.Ready).
+	Unauthorized bool
 }
 
 func (e *RejectedError) Error() string {

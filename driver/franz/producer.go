@@ -259,7 +259,7 @@ func (p *producer) describe(topic string) error {
 	case found != nil && found.ErrorCode == kerr.TopicAuthorizationFailed.Code:
 		// Kafka hides from a client without DESCRIBE whether the topic exists; WRITE implies it.
 		return &driver.RejectedError{Err: fmt.Errorf("topic %q: this client may not see or write to it (Kafka's metadata: %w): grant WRITE on topic %s",
-			topic, kerr.TopicAuthorizationFailed, topic), ByGoharvest: true}
+			topic, kerr.TopicAuthorizationFailed, topic), ByGoharvest: true, Unauthorized: true}
 	case found == nil || found.ErrorCode != 0 || len(found.Partitions) == 0:
 		reason := error(errors.New("missing"))
 		if found != nil && found.ErrorCode != 0 {
@@ -293,7 +293,7 @@ func deliveryError(topic string, err error) error {
 		return nil
 	case errors.Is(err, kerr.TopicAuthorizationFailed):
 		// kgo's message names neither the topic nor the ACL.
-		return &driver.RejectedError{Err: fmt.Errorf("this client may not write to topic %q: grant WRITE on topic %s: %w", topic, topic, err)}
+		return &driver.RejectedError{Err: fmt.Errorf("this client may not write to topic %q: grant WRITE on topic %s: %w", topic, topic, err), Unauthorized: true}
 	case errors.Is(err, kerr.MessageTooLarge), errors.Is(err, kerr.RecordListTooLarge), errors.Is(err, kerr.InvalidRecord),
 		errors.Is(err, kerr.CorruptMessage), errors.Is(err, kerr.UnknownTopicOrPartition), errors.Is(err, kerr.InvalidTopicException),
 		errors.Is(err, kerr.PolicyViolation):

@@ -108,7 +108,7 @@ func (c *confluentProducer) describe(topic string) error {
 	case ok && t.Error.Code() == kafka.ErrTopicAuthorizationFailed:
 		// Kafka hides from a client without DESCRIBE whether the topic exists; WRITE implies it.
 		return &driver.RejectedError{Err: fmt.Errorf("topic %q: this client may not see or write to it (Kafka's metadata: %s): grant WRITE on topic %s",
-			topic, t.Error, topic), ByGoharvest: true}
+			topic, t.Error, topic), ByGoharvest: true, Unauthorized: true}
 	case !ok || t.Error.Code() != kafka.ErrNoError || len(t.Partitions) == 0:
 		reason := "missing"
 		if ok && t.Error.Code() != kafka.ErrNoError {
@@ -132,7 +132,7 @@ func (c *confluentProducer) forward() {
 				// A client with DESCRIBE on the topic and not WRITE gets this far; Kafka's message
 				// names neither the topic nor the ACL.
 				topic := *e.TopicPartition.Topic
-				err = &driver.RejectedError{Err: fmt.Errorf("this client may not write to topic %q: grant WRITE on topic %s: %w", topic, topic, kerr)}
+				err = &driver.RejectedError{Err: fmt.Errorf("this client may not write to topic %q: grant WRITE on topic %s: %w", topic, topic, kerr), Unauthorized: true}
 			}
 			c.deliveries <- driver.Delivery{Opaque: e.Opaque, Err: err}
 		case kafka.Error:

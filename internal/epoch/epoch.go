@@ -46,7 +46,10 @@ package epoch
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -324,6 +327,18 @@ func (p *Epoch) InFlight() (keys []string, records int) { return p.budget.snapsh
 // sampler then need not query (and so need not hold a connection).
 func (p *Epoch) Idle() bool {
 	return p.covered.Load() && p.emptyAt.Load() == p.wakes.Load()+1
+}
+
+// Unauthorized describes, one line per topic, the records held back because Kafka does not let
+// this client write their topic; empty when none are.
+func (p *Epoch) Unauthorized() []string {
+	refused := p.held.unauthorized()
+	lines := make([]string, 0, len(refused))
+	for _, topic := range slices.Sorted(maps.Keys(refused)) {
+		r := refused[topic]
+		lines = append(lines, fmt.Sprintf("%d records of topic %s held back: %s", r.records, topic, r.err))
+	}
+	return lines
 }
 
 // Held returns the records that hold back their keys now, oldest first.

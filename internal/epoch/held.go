@@ -2,6 +2,7 @@ package epoch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -48,6 +49,8 @@ type heldEntry struct {
 	// loop moves it into the dead-letter table.
 	doom    bool
 	version string
+	// unauthorized: Kafka refused this client the record's topic (driver.RejectedError).
+	unauthorized bool
 }
 
 // heldSet is the pipeline's registry of held records and keys.
@@ -73,9 +76,37 @@ func (s *heldSet) put(f *flight, key string, err error, doom bool) {
 		Since: f.firstFailure}
 	if err != nil {
 		e.Error = err.Error()
+		var rejected *driver.RejectedError
+		e.unauthorized = errors.As(err, &rejected) && rejected.Unauthorized
 	}
 	e.last = time.Now()
 	e.doom, e.version = doom, f.version
+}
+
+// unauthorized returns, by topic, how many held records Kafka refused because this client may
+// not write their topic, with the first such refusal.
+func (s *heldSet) unauthorized() map[string]heldRefusal {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]heldRefusal{}
+	for _, e := range s.records {
+		if !e.unauthorized {
+			continue
+		}
+		r := out[e.Topic]
+		if r.records == 0 {
+			r.err = e.Error
+		}
+		r.records++
+		out[e.Topic] = r
+	}
+	return out
+}
+
+// heldRefusal is what Kafka's refusals of one topic hold back.
+type heldRefusal struct {
+	records int
+	err     string
 }
 
 func (s *heldSet) remove(id int64) {

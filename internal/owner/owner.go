@@ -545,6 +545,13 @@ func (h *Owner) Ready(ctx context.Context) error {
 		if problem != "" {
 			errs = append(errs, fmt.Errorf("elected leader cannot publish: the outbox table does not fit: %s", problem))
 		}
+		// A refused ACL holds back every record of its topic until it is granted: not a bad
+		// record, which holds back its key alone (HeldRecords), but a leader that cannot do its job.
+		for _, p := range h.epochs() {
+			for _, line := range p.Unauthorized() {
+				errs = append(errs, fmt.Errorf("elected leader cannot publish: Kafka refuses this client: %s", line))
+			}
+		}
 	}
 	if h.onStandby.Load() {
 		errs = append(errs, fmt.Errorf("database: %w; not joining the leader election until it does", driver.ErrStandby))
