@@ -1,0 +1,291 @@
+package reaper_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
+	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/reaper"
+	"github.com/goharvest/goharvest/internal/verify"
+	"github.com/goharvest/goharvest/internal/verifytest"
+	"github.com/goharvest/goharvest/outbox"
+	"github.com/goharvest/goharvest/stasher"
+)
+
+// loadOutboxes is how many outboxes TestReaperManyOutboxesUnderLoadWithFaults runs in one
+// reaper, over loadDatabases databases of one Postgres cluster.
+const (
+	loadOutboxes  = 20
+	loadDatabases = 3
+	loadKeys      = 5 // keys each writer writes, one record of each per batch
+)
+
+// loadWriter writes batches of stamped records (one per key, the next sequence number) into one
+// outbox until stopped; a batch the database refuses (it is down, or the table altered) is
+// written again, so that what was committed is always sequences 0 to n-1 of every key.
+type loadWriter struct {
+	o        testOutbox
+	run      string
+	verifier *verifytest.Verifier
+	stop     chan struct{}
+	done     chan struct{}
+	batches  int64 // committed; read after done
+}
+
+func startLoadWriter(t *testing.T, broker *kafkacluster.Cluster, o testOutbox, run string) *loadWriter {
+	w := &loadWriter{o: o, run: run, stop: make(chan struct{}), done: make(chan struct{})}
+	w.verifier = verifytest.Start(t, broker.Addr(), o.topic, run)
+	st, err := stasher.New(o.table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		defer close(w.done)
+		// The pace is the load's, not a wait for a condition: about 50 records a second per
+		// outbox, a thousand in all with 20 outboxes.
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-tick.C:
+			}
+			records := make([]outbox.Record, loadKeys)
+			for k := range loadKeys {
+				records[k] = verify.Record(o.topic, "key-"+strconv.Itoa(k), run, w.batches, goharvest.String("v"))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			if err := st.StashPgx(ctx, o.pool, records...); err == nil {
+				w.batches++
+			}
+			cancel()
+		}
+	}()
+	t.Cleanup(w.halt)
+	return w
+}
+
+// halt stops the writer and waits for it; calling it again does nothing.
+func (w *loadWriter) halt() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+}
+
+// expected is what the writer committed, per key; only after halt.
+func (w *loadWriter) expected() map[string]int64 {
+	m := make(map[string]int64, loadKeys)
+	for k := range loadKeys {
+		m["key-"+strconv.Itoa(k)] = w.batches
+	}
+	return m
+}
+
+// unready returns the outboxes /readyz names, sorted, and its answer.
+func unready(base string) ([]string, int, string) {
+	code, body := get(base + reaper.ReadyzPath)
+	var names []string
+	for line := range strings.Lines(body) {
+		if rest, ok := strings.CutPrefix(line, "outbox "); ok {
+			if name, _, ok := strings.Cut(rest, ":"); ok {
+				names = append(names, name)
+			}
+		}
+	}
+	slices.Sort(names)
+	return names, code, body
+}
+
+// waitUnready waits until /readyz answers 503 naming exactly want.
+func waitUnready(t *testing.T, base string, want []string, within time.Duration) {
+	t.Helper()
+	want = slices.Sorted(slices.Values(want))
+	eventually(t, fmt.Sprintf("/readyz naming exactly %v", want), within, func() (bool, string) {
+		names, code, body := unready(base)
+		if len(want) == 0 {
+			return code == 200, body
+		}
+		return code == 503 && slices.Equal(names, want), body
+	})
+}
+
+// waitProgress waits until every writer not in held has had at least 2 more batches of
+// records arrive than when called: the healthy outboxes publish while the others are held back.
+func waitProgress(t *testing.T, writers []*loadWriter, held []string, within time.Duration) {
+	t.Helper()
+	since := make([]int64, len(writers))
+	for i, w := range writers {
+		since[i] = w.verifier.Distinct()
+	}
+	eventually(t, "every other outbox publishing", within, func() (bool, string) {
+		for i, w := range writers {
+			if slices.Contains(held, w.o.name) {
+				continue
+			}
+			if d := w.verifier.Distinct(); d < since[i]+2*loadKeys {
+				return false, fmt.Sprintf("outbox %s: %d records arrived since, want %d", w.o.name, d-since[i], 2*loadKeys)
+			}
+		}
+		return true, ""
+	})
+}
+
+// arrivedOf returns how many records of each outbox named in names have arrived.
+func arrivedOf(writers []*loadWriter, names []string) map[string]int64 {
+	m := map[string]int64{}
+	for _, w := range writers {
+		if slices.Contains(names, w.o.name) {
+			m[w.o.name] = w.verifier.Distinct()
+		}
+	}
+	return m
+}
+
+// 20 outboxes over 3 databases of one Postgres cluster, in one reaper, under a writer each; three
+// faults in turn, each holding back only its own outboxes while the others publish, and /readyz
+// naming exactly those: a database that refuses connections (ALTER DATABASE ... ALLOW_CONNECTIONS
+// false and its backends terminated, which the reaper sees as a database that is down: it cannot
+// connect), and an outbox table whose kafka_value became text[], which the reaper cannot read. The
+// third fault, a topic without WRITE, needs a broker with ACLs, and is
+// TestReaperOutboxWithoutTopicWriteHoldsBackOnlyItself. Each fault undone, the held outboxes
+// catch up; at the end every outbox has every record its writer committed, in order per key.
+func TestReaperManyOutboxesUnderLoadWithFaults(t *testing.T) {
+	broker := kafkacluster.Shared(t)
+	ctx := context.Background()
+	dsns := make([]string, loadDatabases)
+	pools := make([]*pgxpool.Pool, loadDatabases)
+	dbNames := make([]string, loadDatabases)
+	for i := range dsns {
+		dsns[i] = pgtest.NewDatabase(t)
+		pools[i] = newPool(t, dsns[i])
+		if err := pools[i].QueryRow(ctx, "SELECT current_database()").Scan(&dbNames[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Database 0 holds 2 outboxes, the one stopped; the rest share databases 1 and 2.
+	dbOf := func(i int) int {
+		if i < 2 {
+			return 0
+		}
+		return 1 + i%(loadDatabases-1)
+	}
+	outboxes := make([]testOutbox, loadOutboxes)
+	var yaml strings.Builder
+	for i := range outboxes {
+		name := fmt.Sprintf("ob%02d", i)
+		outboxes[i] = testOutbox{name: name, table: "outbox_" + name, topic: broker.Topic(t, "load."+name, 2), pool: pools[dbOf(i)]}
+		fmt.Fprintf(&yaml, "  - outbox: %s\n    leaderGroupID: load-%s\n    dataSource: %q\n    outboxTable: %s\n",
+			name, name, dsns[dbOf(i)], outboxes[i].table)
+	}
+	addr := freeAddr(t)
+	config := filepath.Join(t.TempDir(), "reaper.yaml")
+	os.WriteFile(config, []byte(`harvest:
+  baseKafkaConfig:
+    bootstrap.servers: `+broker.Addr()+`
+  limits:
+    heartbeatTimeout: 1s
+    minPollInterval: 50ms
+    ioErrorBackoff: 200ms
+outboxes:
+`+yaml.String()+`admin:
+  address: `+addr+`
+`), 0o600)
+	var out strings.Builder
+	if code := reaper.Main([]string{"init", "-f", config}, reaper.Env{Stdout: &out, Stderr: &out, LookupEnv: os.LookupEnv, Context: ctx}); code != 0 ||
+		strings.Count(out.String(), "is ready") != loadOutboxes {
+		t.Fatalf("init: exit %d:\n%s", code, out.String())
+	}
+
+	start := time.Now()
+	stop := runReaper(t, config)
+	defer stop()
+	writers := make([]*loadWriter, loadOutboxes)
+	for i, o := range outboxes {
+		writers[i] = startLoadWriter(t, broker, o, t.Name())
+	}
+	base := "http://" + addr
+	waitUnready(t, base, nil, time.Minute)
+	waitProgress(t, writers, nil, time.Minute)
+	t.Logf("%d outboxes publishing after %v", loadOutboxes, time.Since(start).Round(time.Millisecond))
+
+	// fault holds back the outboxes named held with do, checks that only they are held back, and
+	// undoes it with undo.
+	fault := func(what string, held []string, do, undo func()) {
+		t.Helper()
+		began := time.Now()
+		do()
+		waitUnready(t, base, held, time.Minute)
+		before := arrivedOf(writers, held)
+		waitProgress(t, writers, held, time.Minute)
+		if after := arrivedOf(writers, held); !maps.Equal(before, after) {
+			// A record or two may still have been on its way when readiness turned; more
+			// than that is not held back.
+			for name, n := range after {
+				if n-before[name] > loadKeys {
+					t.Errorf("%s: outbox %s published %d records while held back", what, name, n-before[name])
+				}
+			}
+		}
+		undo()
+		waitUnready(t, base, nil, time.Minute)
+		waitProgress(t, writers, nil, time.Minute)
+		t.Logf("%s: held back %v alone, and undone, in %v", what, held, time.Since(began).Round(time.Millisecond))
+	}
+	exec := func(pool *pgxpool.Pool, sql string, args ...any) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+
+	// (a) Database 0 refuses connections: the two outboxes in it are held back.
+	fault("database 0 down", []string{outboxes[0].name, outboxes[1].name}, func() {
+		exec(pools[1], "ALTER DATABASE "+dbNames[0]+" ALLOW_CONNECTIONS false")
+		exec(pools[1], "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()", dbNames[0])
+	}, func() {
+		exec(pools[1], "ALTER DATABASE "+dbNames[0]+" ALLOW_CONNECTIONS true")
+	})
+
+	// (b) One outbox's kafka_value becomes text[], which the harvester cannot read: only it is
+	// held back (another outbox in the same database goes on). text[] keeps every value, so
+	// undoing it loses nothing.
+	altered := outboxes[3]
+	fault("table "+altered.table+" unreadable", []string{altered.name}, func() {
+		exec(altered.pool, "ALTER TABLE "+altered.table+" ALTER COLUMN kafka_value TYPE text[] USING ARRAY[kafka_value]")
+	}, func() {
+		exec(altered.pool, "ALTER TABLE "+altered.table+" ALTER COLUMN kafka_value TYPE text USING kafka_value[1]")
+	})
+
+	for _, w := range writers {
+		w.halt()
+	}
+	for _, w := range writers {
+		want := w.expected()
+		w.verifier.WaitDistinct(t, w.batches*loadKeys, time.Minute)
+		if report := w.verifier.Report(want); !report.OK() {
+			t.Errorf("outbox %s:\n%s", w.o.name, report)
+		}
+	}
+	var total int64
+	for _, w := range writers {
+		total += w.batches * loadKeys
+	}
+	t.Logf("%d records over %d outboxes, all arrived in order, in %v", total, loadOutboxes, time.Since(start).Round(time.Millisecond))
+	stop()
+}
