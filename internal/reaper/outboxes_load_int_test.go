@@ -29,7 +29,7 @@ import (
 const (
 	loadOutboxes  = 20
 	loadDatabases = 3
-	loadKeys      = 5 // keys each writer writes, one record of each per batch
+	loadKeys      = 5 // keys each writer writes, one record of each per batch, unless told
 )
 
 // loadWriter writes batches of stamped records (one per key, the next sequence number) into one
@@ -38,14 +38,15 @@ const (
 type loadWriter struct {
 	o        testOutbox
 	run      string
+	keys     int
 	verifier *verifytest.Verifier
 	stop     chan struct{}
 	done     chan struct{}
 	batches  int64 // committed; read after done
 }
 
-func startLoadWriter(t *testing.T, broker *kafkacluster.Cluster, o testOutbox, run string) *loadWriter {
-	w := &loadWriter{o: o, run: run, stop: make(chan struct{}), done: make(chan struct{})}
+func startLoadWriter(t *testing.T, broker *kafkacluster.Cluster, o testOutbox, run string, keys int) *loadWriter {
+	w := &loadWriter{o: o, run: run, keys: keys, stop: make(chan struct{}), done: make(chan struct{})}
 	w.verifier = verifytest.Start(t, broker.Addr(), o.topic, run)
 	st, err := stasher.New(o.table)
 	if err != nil {
@@ -53,8 +54,8 @@ func startLoadWriter(t *testing.T, broker *kafkacluster.Cluster, o testOutbox, r
 	}
 	go func() {
 		defer close(w.done)
-		// The pace is the load's, not a wait for a condition: about 50 records a second per
-		// outbox, a thousand in all with 20 outboxes.
+		// The pace is the load's, not a wait for a condition: 10 batches a second (with 5 keys,
+		// 50 records a second per outbox, a thousand in all with 20 outboxes).
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
 		for {
@@ -63,8 +64,8 @@ func startLoadWriter(t *testing.T, broker *kafkacluster.Cluster, o testOutbox, r
 				return
 			case <-tick.C:
 			}
-			records := make([]outbox.Record, loadKeys)
-			for k := range loadKeys {
+			records := make([]outbox.Record, keys)
+			for k := range keys {
 				records[k] = verify.Record(o.topic, "key-"+strconv.Itoa(k), run, w.batches, goharvest.String("v"))
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -90,8 +91,8 @@ func (w *loadWriter) halt() {
 
 // expected is what the writer committed, per key; only after halt.
 func (w *loadWriter) expected() map[string]int64 {
-	m := make(map[string]int64, loadKeys)
-	for k := range loadKeys {
+	m := make(map[string]int64, w.keys)
+	for k := range w.keys {
 		m["key-"+strconv.Itoa(k)] = w.batches
 	}
 	return m
@@ -138,8 +139,8 @@ func waitProgress(t *testing.T, writers []*loadWriter, held []string, within tim
 			if slices.Contains(held, w.o.name) {
 				continue
 			}
-			if d := w.verifier.Distinct(); d < since[i]+2*loadKeys {
-				return false, fmt.Sprintf("outbox %s: %d records arrived since, want %d", w.o.name, d-since[i], 2*loadKeys)
+			if d := w.verifier.Distinct(); d < since[i]+2*int64(w.keys) {
+				return false, fmt.Sprintf("outbox %s: %d records arrived since, want %d", w.o.name, d-since[i], 2*w.keys)
 			}
 		}
 		return true, ""
@@ -217,7 +218,7 @@ outboxes:
 	defer stop()
 	writers := make([]*loadWriter, loadOutboxes)
 	for i, o := range outboxes {
-		writers[i] = startLoadWriter(t, broker, o, t.Name())
+		writers[i] = startLoadWriter(t, broker, o, t.Name(), loadKeys)
 	}
 	base := "http://" + addr
 	waitUnready(t, base, nil, time.Minute)
@@ -277,14 +278,14 @@ outboxes:
 	}
 	for _, w := range writers {
 		want := w.expected()
-		w.verifier.WaitDistinct(t, w.batches*loadKeys, time.Minute)
+		w.verifier.WaitDistinct(t, w.batches*int64(w.keys), time.Minute)
 		if report := w.verifier.Report(want); !report.OK() {
 			t.Errorf("outbox %s:\n%s", w.o.name, report)
 		}
 	}
 	var total int64
 	for _, w := range writers {
-		total += w.batches * loadKeys
+		total += w.batches * int64(w.keys)
 	}
 	t.Logf("%d records over %d outboxes, all arrived in order, in %v", total, loadOutboxes, time.Since(start).Round(time.Millisecond))
 	stop()
