@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/goharvest/goharvest"
@@ -177,8 +178,8 @@ func written(t *testing.T, cons *kafka.Consumer, writers []*loadWriter, names []
 // faults in turn, each holding back only its own outboxes while the others publish, and /readyz
 // naming exactly those: a database that refuses connections (ALTER DATABASE ... ALLOW_CONNECTIONS
 // false and its backends terminated, which the reaper sees as a database that is down: it cannot
-// connect), and an outbox table whose column kafka_value was renamed away, so that the reaper
-// cannot read it. The
+// connect), and an outbox table whose kafka_value became text[], which the reaper cannot read.
+// The
 // third fault, a topic without WRITE, needs a broker with ACLs, and is
 // TestReaperOutboxWithoutTopicWriteHoldsBackOnlyItself. Each fault undone, the held outboxes
 // catch up; at the end every outbox has every record its writer committed, in order per key.
@@ -296,18 +297,30 @@ outboxes:
 		exec(pools[1], "ALTER DATABASE "+dbNames[0]+" ALLOW_CONNECTIONS true")
 	})
 
-	// (b) One outbox's table loses the column kafka_value (renamed away): the harvester cannot
-	// read its rows, on any connection, and only it is held back (another outbox in the same
-	// database goes on). Its writer cannot write either. Renamed back, nothing was lost. A
-	// change of the column's type instead is not seen by a running epoch on every connection
-	// (pgx's cached statement descriptions read the new type's text form as text), so whether
-	// it holds the outbox back depends on when the epoch next starts and checks the schema; see
-	// the issue 38 report.
+	// (b) One outbox's kafka_value becomes text[], a type the harvester cannot read (pgx
+	// refuses to scan text[] as bytes, on old connections and new), and only it is held back
+	// (another outbox in the same database goes on). Its writer cannot write text into it
+	// either, so the same transaction as the ALTER writes rows of another run first: with none
+	// in the table, the harvester would have nothing to read, nothing would fail, and /readyz
+	// would rightly stay ok. text[] keeps every value, so undoing it loses nothing.
 	altered := outboxes[3]
 	fault("table "+altered.table+" unreadable", []string{altered.name}, func() {
-		exec(altered.pool, "ALTER TABLE "+altered.table+" RENAME COLUMN kafka_value TO kafka_value_away")
+		records, _ := verify.Backlog(altered.topic, t.Name()+".unread", loadKeys, 1, goharvest.String("v"))
+		st, err := stasher.New(altered.table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pgx.BeginFunc(ctx, altered.pool, func(tx pgx.Tx) error {
+			if err := st.StashPgx(ctx, tx, records...); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "ALTER TABLE "+altered.table+" ALTER COLUMN kafka_value TYPE text[] USING ARRAY[kafka_value]")
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
 	}, func() {
-		exec(altered.pool, "ALTER TABLE "+altered.table+" RENAME COLUMN kafka_value_away TO kafka_value")
+		exec(altered.pool, "ALTER TABLE "+altered.table+" ALTER COLUMN kafka_value TYPE text USING kafka_value[1]")
 	})
 
 	for _, w := range writers {
