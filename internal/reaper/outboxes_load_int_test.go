@@ -101,6 +101,28 @@ func (w *loadWriter) expected() map[string]int64 {
 	return m
 }
 
+// outboxesFile writes a reaper file of the outboxes in entries (a YAML list's items) on broker,
+// with short timings, harvest's other settings (indented lines) and its admin endpoints at
+// addr, and returns its path.
+func outboxesFile(t *testing.T, broker *kafkacluster.Cluster, name, harvest, entries, addr string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), name+".yaml")
+	if err := os.WriteFile(path, []byte(`harvest:
+  baseKafkaConfig:
+    bootstrap.servers: `+broker.Addr()+`
+`+harvest+`  limits:
+    heartbeatTimeout: 1s
+    minPollInterval: 50ms
+    ioErrorBackoff: 200ms
+outboxes:
+`+entries+`admin:
+  address: `+addr+`
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 // unready returns the outboxes /readyz names, sorted, and its answer.
 func unready(base string) ([]string, int, string) {
 	code, body := get(base + reaper.ReadyzPath)
@@ -212,18 +234,7 @@ func TestReaperManyOutboxesUnderLoadWithFaults(t *testing.T) {
 			name, name, dsns[dbOf(i)], outboxes[i].table)
 	}
 	addr := freeAddr(t)
-	config := filepath.Join(t.TempDir(), "reaper.yaml")
-	os.WriteFile(config, []byte(`harvest:
-  baseKafkaConfig:
-    bootstrap.servers: `+broker.Addr()+`
-  limits:
-    heartbeatTimeout: 1s
-    minPollInterval: 50ms
-    ioErrorBackoff: 200ms
-outboxes:
-`+yaml.String()+`admin:
-  address: `+addr+`
-`), 0o600)
+	config := outboxesFile(t, broker, "reaper", "", yaml.String(), addr)
 	var out strings.Builder
 	if code := reaper.Main([]string{"init", "-f", config}, reaper.Env{Stdout: &out, Stderr: &out, LookupEnv: os.LookupEnv, Context: ctx}); code != 0 ||
 		strings.Count(out.String(), "is ready") != loadOutboxes {

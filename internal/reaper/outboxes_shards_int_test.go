@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -58,21 +57,7 @@ func TestTwoReapersShareOutboxesByShards(t *testing.T) {
 			s.name, s.name, outboxes[i].table, s.shards)
 	}
 	config := func(name, addr string) string {
-		path := filepath.Join(t.TempDir(), name+".yaml")
-		os.WriteFile(path, []byte(`harvest:
-  name: `+name+`
-  baseKafkaConfig:
-    bootstrap.servers: `+broker.Addr()+`
-  dataSource: "`+dsn+`"
-  limits:
-    heartbeatTimeout: 1s
-    minPollInterval: 50ms
-    ioErrorBackoff: 200ms
-outboxes:
-`+entries.String()+`admin:
-  address: `+addr+`
-`), 0o600)
-		return path
+		return outboxesFile(t, broker, name, "  name: "+name+"\n  dataSource: \""+dsn+"\"\n", entries.String(), addr)
 	}
 	addrA, addrB := freeAddr(t), freeAddr(t)
 	configA, configB := config("reaper-a", addrA), config("reaper-b", addrB)
