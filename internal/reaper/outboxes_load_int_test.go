@@ -243,16 +243,18 @@ func TestReaperManyOutboxesUnderLoadWithFaults(t *testing.T) {
 
 	start := time.Now()
 	run := startReaperRun(t, config)
+	var stalled []string // outboxes whose records did not all arrive
 	defer func() {
 		if t.Failed() {
 			// The log lines of the outboxes at fault, which would drown in the others'.
 			var lines []string
 			for line := range strings.Lines(run.logs.String()) {
-				if strings.Contains(line, "ob00") || strings.Contains(line, "ob03") || !strings.Contains(line, "outbox=") {
+				if strings.Contains(line, "ob00") || strings.Contains(line, "ob03") || !strings.Contains(line, "outbox=") ||
+					slices.ContainsFunc(stalled, func(name string) bool { return strings.Contains(line, name) }) {
 					lines = append(lines, line)
 				}
 			}
-			t.Logf("reaper log, outboxes ob00 and ob03:\n%s", strings.Join(lines[max(0, len(lines)-300):], ""))
+			t.Logf("reaper log, outboxes ob00, ob03 and %v:\n%s", stalled, strings.Join(lines[max(0, len(lines)-400):], ""))
 		}
 	}()
 	writers := make([]*loadWriter, loadOutboxes)
@@ -340,7 +342,14 @@ func TestReaperManyOutboxesUnderLoadWithFaults(t *testing.T) {
 	for _, w := range writers {
 		want := w.expected()
 		if !testwait.Until(2*time.Minute, func() bool { return w.verifier.Distinct() >= w.batches*int64(w.keys) }) {
-			t.Errorf("outbox %s: %d of %d records arrived within 2m", w.o.name, w.verifier.Distinct(), w.batches*int64(w.keys))
+			// Whether the harvester or the consumer stalled: the rows left, the topic's end.
+			var rows int
+			w.o.pool.QueryRow(ctx, "SELECT count(*) FROM "+w.o.table).Scan(&rows)
+			_, ready := get(base + reaper.ReadyzPath + "?outbox=" + w.o.name)
+			_, shards := get(base + reaper.ShardsPath + "?outbox=" + w.o.name)
+			t.Errorf("outbox %s: %d of %d records arrived within 2m; %d rows left in its table, its topic's end %v; readyz %q, shards %s",
+				w.o.name, w.verifier.Distinct(), w.batches*int64(w.keys), rows, written(t, cons, writers, []string{w.o.name}), ready, shards)
+			stalled = append(stalled, w.o.name)
 		}
 		if report := w.verifier.Report(want); !report.OK() {
 			t.Errorf("outbox %s:\n%s", w.o.name, report)
