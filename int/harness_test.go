@@ -378,6 +378,9 @@ type reaper struct {
 	// every time it said so.
 	fencedAt   time.Time
 	selfFenced []time.Time
+	// outboxLed holds, for a reaper of several outboxes (whose log lines name their outbox), the
+	// shards it publishes now of each outbox; see leads.
+	outboxLed map[string]map[int]bool
 }
 
 // counts returns the reaper's remarks and fences so far.
@@ -464,11 +467,13 @@ func (p *reaper) scan(out io.Reader) {
 			Time       time.Time `json:"time"`
 			Shard      *int      `json:"shard"`
 			Partitions string    `json:"partitions"`
+			Outbox     string    `json:"outbox"`
 		}
 		if json.Unmarshal(s.Bytes(), &line) != nil {
 			continue
 		}
 		p.mu.Lock()
+		p.scanOutbox(line.Msg, line.Outbox, line.Shard)
 		switch line.Msg {
 		case "leader acquired":
 			p.acquired = append(p.acquired, time.Now())
@@ -522,7 +527,39 @@ func (p *reaper) scan(out io.Reader) {
 	}
 	p.mu.Lock()
 	p.loseAll(time.Now())
+	clear(p.outboxLed)
 	p.mu.Unlock()
+}
+
+// scanOutbox follows, from a log line of a reaper of several outboxes, which shards of each
+// outbox it publishes; the caller holds p.mu.
+func (p *reaper) scanOutbox(msg, outbox string, shard *int) {
+	if p.outboxLed == nil {
+		p.outboxLed = map[string]map[int]bool{}
+	}
+	switch {
+	case outbox == "" && msg == "stopping":
+		clear(p.outboxLed)
+	case outbox == "":
+	case msg == "leader acquired" && shard != nil:
+		if p.outboxLed[outbox] == nil {
+			p.outboxLed[outbox] = map[int]bool{}
+		}
+		p.outboxLed[outbox][*shard] = true
+	case msg == "leader revoked" || msg == "leader fenced" || msg == "stopping":
+		if shard != nil {
+			delete(p.outboxLed[outbox], *shard)
+		} else {
+			delete(p.outboxLed, outbox)
+		}
+	}
+}
+
+// leads reports whether the reaper's log says it publishes a shard of outbox now.
+func (p *reaper) leads(outbox string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.outboxLed[outbox]) > 0
 }
 
 // unloggedLoss is a shard the election took from a reaper whose harvester never said it lost it.

@@ -3,6 +3,7 @@ package reaper_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -89,34 +90,39 @@ type reaperRun struct {
 }
 
 func (r *aclRig) startReaper(t *testing.T, c aclCase, dsn string) *reaperRun {
-	props, err := r.kafka.ClientConfig(c.user)
+	config := filepath.Join(t.TempDir(), "reaper.yaml")
+	os.WriteFile(config, []byte(r.harvestYAML(t, c.user)+`  leaderTopic: `+c.leaderTopic+`
+  leaderGroupID: `+c.group+`
+  dataSource: "`+dsn+`"
+  shards: `+fmt.Sprint(c.shards)+`
+`), 0o600)
+	return startReaperRun(t, config)
+}
+
+// harvestYAML is the start of a reaper file's harvest: for user on r's cluster: the Kafka
+// client and its settings, and short limits.
+func (r *aclRig) harvestYAML(t *testing.T, user string) string {
+	props, err := r.kafka.ClientConfig(user)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var kafkaConfig strings.Builder
-	for _, k := range slices.Sorted(func(yield func(string) bool) {
-		for k := range props {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, k := range slices.Sorted(maps.Keys(props)) {
 		fmt.Fprintf(&kafkaConfig, "    %s: %q\n", k, props[k])
 	}
-	config := filepath.Join(t.TempDir(), "reaper.yaml")
-	os.WriteFile(config, []byte(`harvest:
-  kafkaClient: `+r.client+`
+	return `harvest:
+  kafkaClient: ` + r.client + `
   baseKafkaConfig:
-`+kafkaConfig.String()+`  leaderTopic: `+c.leaderTopic+`
-  leaderGroupID: `+c.group+`
-  dataSource: "`+dsn+`"
-  shards: `+fmt.Sprint(c.shards)+`
-  limits:
+` + kafkaConfig.String() + `  limits:
     heartbeatTimeout: 1s
     minPollInterval: 50ms
     ioErrorBackoff: 200ms
     maxKeyRun: 10
-`), 0o600)
+`
+}
+
+// startReaperRun runs the reaper of config in this process until the test ends.
+func startReaperRun(t *testing.T, config string) *reaperRun {
 	ctx, cancel := context.WithCancel(context.Background())
 	run := &reaperRun{cancel: cancel, done: make(chan int, 1), logs: &syncbuf.Buffer{}, config: config}
 	go func() {

@@ -204,7 +204,7 @@ func checkDashboard(t *testing.T, prom *promServer) {
 	if err := json.Unmarshal(data, &d); err != nil {
 		t.Fatal(err)
 	}
-	grafana := strings.NewReplacer(`$__rate_interval`, "30s", `$harvest`, ".*", `$shard`, ".*")
+	grafana := strings.NewReplacer(`$__rate_interval`, "30s", `$outbox`, ".*", `$harvest`, ".*", `$shard`, ".*")
 	queries := map[string]string{} // by where the dashboard holds them
 	var variables []string
 	for _, v := range d.Templating.List {
@@ -223,7 +223,7 @@ func checkDashboard(t *testing.T, prom *promServer) {
 			t.Errorf("variable %s does not query the data source variable", v.Name)
 		}
 	}
-	for _, want := range []string{"datasource", "harvest", "shard"} {
+	for _, want := range []string{"datasource", "outbox", "harvest", "shard"} {
 		if !slices.Contains(variables, want) {
 			t.Errorf("the dashboard has no variable %s", want)
 		}
@@ -245,6 +245,13 @@ func checkDashboard(t *testing.T, prom *promServer) {
 				t.Errorf("panel %q query %d does not use the data source variable", p.Title, i)
 			}
 			queries[fmt.Sprintf("panel %q query %d", p.Title, i)] = target.Expr
+			// A reaper of several outboxes serves a harvester's series under the label outbox;
+			// every selector that picks a harvest must pick the outbox too. A reaper of one
+			// outbox has no such label, which All (.*) still matches: this reaper's series,
+			// queried below, are such.
+			if strings.Count(target.Expr, `harvest=~"$harvest"`) != strings.Count(target.Expr, `outbox=~"$outbox", harvest=~"$harvest"`) {
+				t.Errorf("panel %q query %d selects a harvest and not its outbox: %s", p.Title, i, target.Expr)
+			}
 		}
 	}
 	if panels < 10 {
