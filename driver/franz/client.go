@@ -13,10 +13,14 @@
 // with FromProperties, which refuses what it cannot honour. Its leader election (NewElector) is
 // Fast NELI, as package neli's, on kgo's group client.
 //
-// It needs a cluster whose transaction.version is 2 or more (KIP-890 part 2: the default of
-// clusters created by Kafka 4.0 and later): notes are written with TxnOffsetCommit v5 or later,
-// which adds the notes group to the transaction itself. InitTransactions refuses an older cluster with a
-// KafkaConfigError.
+// It runs either of Kafka's transaction protocols, as the cluster's transaction.version feature
+// says when InitTransactions asks. At 2 or more (KIP-890 part 2: the default of clusters created
+// by Kafka 4.0 and later) a produce adds its partition to the transaction, and a note is written
+// with TxnOffsetCommit v5 or later, which adds the notes group to the transaction itself. Below 2
+// (Kafka 3.x, or a cluster upgraded to 4.x without raising it) kgo adds partitions with
+// AddPartitionsToTxn, and a note is written as librdkafka writes it: AddOffsetsToTxn for its
+// group once per transaction, then TxnOffsetCommit v4, on a second kgo client of the producer's
+// that holds TxnOffsetCommit to v4 (see producer.notes).
 package franz
 
 import (
@@ -30,6 +34,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/goharvest/goharvest/driver"
 )
@@ -173,7 +179,22 @@ func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, err
 	if err != nil {
 		return nil, fmt.Errorf("franz: create client: %w", err)
 	}
-	return newProducer(cl, p.TransactionalID, txnTimeout, maxQueued), nil
+	// The notes client of a cluster without KIP-890 part 2 (see producer.notes): the same
+	// brokers, security and client ID as the producer, no transactional ID of its own, and
+	// TxnOffsetCommit and EndTxn held to v4, which kgo offers no other way to pin on one request
+	// (v5 of each is KIP-890 part 2's).
+	notesOpts := []kgo.Opt{kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultRetryBackoffMax)), kgo.MetadataMinAge(DefaultMetadataMinAge)}
+	notesOpts = append(notesOpts, c.cfg.Opts...)
+	notesOpts = append(notesOpts, c.cfg.ProducerOpts...)
+	versions := kversion.Stable()
+	versions.SetMaxKeyVersion(int16(kmsg.TxnOffsetCommit), maxTV1Version)
+	versions.SetMaxKeyVersion(int16(kmsg.EndTxn), maxTV1Version)
+	notesOpts = append(notesOpts, kgo.SeedBrokers(c.cfg.SeedBrokers...), kgo.WithLogger(slogLogger{logger}), kgo.MaxVersions(versions))
+	if clientID := cmp.Or(c.cfg.ClientID, p.ClientID); clientID != "" {
+		notesOpts = append(notesOpts, kgo.ClientID(clientID))
+	}
+	newNotes := func() (*kgo.Client, error) { return kgo.NewClient(notesOpts...) }
+	return newProducer(cl, newNotes, p.TransactionalID, txnTimeout, maxQueued), nil
 }
 
 // backoff returns a retry backoff for kgo.RetryBackoffFn shaped as kgo's own: first after the

@@ -1,0 +1,235 @@
+//go:build cgo
+
+package franz_test
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/driver/drivertest"
+	"github.com/goharvest/goharvest/driver/franz"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
+	"github.com/goharvest/goharvest/internal/kafkatest"
+)
+
+// On a cluster whose transaction.version is 1 (a Kafka 4.x cluster formatted so, as one upgraded
+// from 3.x runs until the feature is raised), the producer runs Kafka's first transaction
+// protocol: kgo adds partitions with AddPartitionsToTxn, and WriteNote sends AddOffsetsToTxn and
+// TxnOffsetCommit v4. It keeps the producer contract there, its notes read back, through either
+// driver, and a fenced producer is refused.
+func TestFirstTransactionProtocol(t *testing.T) {
+	c := kafkacluster.Start(t, kafkacluster.Feature("transaction.version", 1))
+	if level := transactionVersion(t, c.Addr()); level != 1 {
+		t.Fatalf("the cluster's transaction.version is %d, want 1", level)
+	}
+	run := time.Now().UnixNano()
+	var names atomic.Int32
+	name := func(what string) string { return fmt.Sprintf("franz-tv1-%s-%d-%d", what, run, names.Add(1)) }
+	sent := &requestCounter{}
+	cfg := franz.Config{SeedBrokers: []string{c.Addr()}, Opts: []kgo.Opt{kgo.WithHooks(sent)}}
+	newTV1Producer := func(t *testing.T, txnID string) driver.KafkaProducer {
+		t.Helper()
+		p, err := franz.New(cfg).NewProducer(driver.ProducerConfig{TransactionalID: txnID, ClientID: "franz-tv1",
+			DeliveryTimeout: 30 * time.Second, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+
+	t.Run("Contract", func(t *testing.T) {
+		drivertest.RunProducer(t, drivertest.Kafka{
+			NewProducer: newTV1Producer,
+			Topic:       func(t *testing.T) string { return c.Topic(t, name("contract"), 1) },
+			NoteGroup:   func(t *testing.T) string { return name("contract-notes") },
+			Committed: func(t *testing.T, topic string, want int) []drivertest.Message {
+				return kafkatest.ReadCommitted(t, c.Addr(), topic, want, 5*time.Second)
+			},
+		})
+		// The first protocol's requests, and so not KIP-890 part 2's implicit adds.
+		for _, key := range []kmsg.Key{kmsg.AddPartitionsToTxn, kmsg.AddOffsetsToTxn, kmsg.TxnOffsetCommit} {
+			if sent.count(key) == 0 {
+				t.Errorf("no %s request was sent", key.Name())
+			}
+		}
+	})
+
+	t.Run("NotesReadBack", func(t *testing.T) {
+		topic := c.Topic(t, name("notes"), 1)
+		place := driver.NotePlace{Group: name("notes"), Topic: topic}
+		txnID := name("notes")
+		msg := driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("v")}
+		writer := open(t, newTV1Producer(t, txnID))
+		writer.publish(t, place, "goharvest/2:first", msg)
+		writer.publish(t, place, "goharvest/2:second", msg) // one AddOffsetsToTxn a transaction
+		if got := open(t, newTV1Producer(t, txnID)).readNote(t, place); got != "goharvest/2:second" {
+			t.Fatalf("the next franz producer read %q, want the last committed note", got)
+		}
+		if got := committedMetadata(t, c.Addr(), place); got != "goharvest/2:second" {
+			t.Fatalf("the group's committed offset has metadata %q, want the note", got)
+		}
+		rdkafka := open(t, newLibrdkafkaProducer(t, c.Addr(), txnID))
+		if got := rdkafka.readNote(t, place); got != "goharvest/2:second" {
+			t.Fatalf("the librdkafka producer read %q, want the franz producer's note", got)
+		}
+	})
+
+	// As TestNoteOfAFailedTransactionNeverCommits: kgo sends no EndTxn for a transaction whose
+	// every message failed before AddPartitionsToTxn, so the producer ends the note's itself.
+	t.Run("NoteOfAFailedTransactionNeverCommits", func(t *testing.T) {
+		topic := c.Topic(t, name("failed-note"), 1)
+		place := driver.NotePlace{Group: name("failed-note"), Topic: topic}
+		txnID := name("failed-note")
+		p := open(t, newTV1Producer(t, txnID))
+		if err := p.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := p.send(driver.Message{Topic: topic, Key: []byte("k"), Value: make([]byte, 2<<20)}); err != nil {
+			t.Fatal(err)
+		}
+		if d := <-p.reports; d.Err == nil {
+			t.Fatal("a message too large to send was reported delivered")
+		}
+		if err := p.WriteNote(timeout(t, 30*time.Second), place, "goharvest/2:aborted"); err != nil {
+			t.Fatalf("WriteNote: %v", err)
+		}
+		var txnErr *driver.TxnError
+		if err := p.CommitTransaction(timeout(t, 30*time.Second)); !errors.As(err, &txnErr) || !txnErr.Abortable {
+			t.Fatalf("the commit of a transaction whose message failed returned %v, want an abortable TxnError", err)
+		}
+		if err := p.AbortTransaction(timeout(t, 30*time.Second)); err != nil {
+			t.Fatalf("AbortTransaction: %v", err)
+		}
+		p.publish(t, place, "", driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("next")})
+		if got := open(t, newTV1Producer(t, txnID)).readNote(t, place); got != "" {
+			t.Fatalf("ReadNote = %q after the note's transaction aborted, want \"\"", got)
+		}
+	})
+
+	// A producer fenced by a newer one of its transactional ID (a newer epoch) has its messages,
+	// its note and its commit refused, fatally, and nothing it sent is committed.
+	t.Run("FencedProducerIsRefused", func(t *testing.T) {
+		topic := c.Topic(t, name("fenced"), 1)
+		place := driver.NotePlace{Group: name("fenced"), Topic: topic}
+		txnID := name("fenced")
+		old := open(t, newTV1Producer(t, txnID))
+		old.publish(t, place, "goharvest/2:before", driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("before")})
+		if err := old.BeginTransaction(); err != nil {
+			t.Fatal(err)
+		}
+		if err := old.send(driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("in flight")}); err != nil {
+			t.Fatal(err)
+		}
+		old.await(t, 1)
+		newer := open(t, newTV1Producer(t, txnID)) // InitProducerID: a newer epoch, the old transaction aborted
+		var txnErr *driver.TxnError
+		if err := old.WriteNote(timeout(t, 30*time.Second), place, "goharvest/2:deposed"); !errors.As(err, &txnErr) || !txnErr.Fatal {
+			t.Errorf("the fenced producer's WriteNote returned %v, want a fatal TxnError", err)
+		}
+		if err := old.CommitTransaction(timeout(t, 30*time.Second)); !errors.As(err, &txnErr) || !txnErr.Fatal {
+			t.Fatalf("the fenced producer's commit returned %v, want a fatal TxnError", err)
+		}
+		if err := old.BeginTransaction(); !errors.As(err, &txnErr) || !txnErr.Fatal {
+			t.Errorf("BeginTransaction after the fatal commit returned %v, want a fatal TxnError", err)
+		}
+		if got := newer.readNote(t, place); got != "goharvest/2:before" {
+			t.Errorf("the newer producer read %q, want the note before the fencing", got)
+		}
+		if got := kafkatest.ReadCommitted(t, c.Addr(), topic, 2, 5*time.Second); len(got) != 1 || string(got[0].Value) != "before" {
+			t.Errorf("a consumer received %d messages (%v), want only the one committed before the fencing", len(got), got)
+		}
+	})
+}
+
+// transactionVersion returns the transaction.version the cluster at addr has finalized.
+func transactionVersion(t *testing.T, addr string) int16 {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(timeout(t, 30*time.Second), cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range resp.FinalizedFeatures {
+		if f.Name == "transaction.version" {
+			return f.MaxVersionLevel
+		}
+	}
+	return 0
+}
+
+// committedMetadata returns the metadata of place's committed offset, as a consumer of the group
+// sees it (OffsetFetch, read_committed).
+func committedMetadata(t *testing.T, addr string, place driver.NotePlace) string {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrOffsetFetchRequest()
+	req.Group, req.RequireStable = place.Group, true
+	rt := kmsg.NewOffsetFetchRequestTopic()
+	rt.Topic, rt.Partitions = place.Topic, []int32{place.Partition}
+	req.Topics = append(req.Topics, rt)
+	resp, err := req.RequestWith(timeout(t, 30*time.Second), cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	topics := resp.Topics
+	if len(resp.Groups) > 0 {
+		for _, gt := range resp.Groups[0].Topics {
+			for _, pt := range gt.Partitions {
+				if pt.Partition == place.Partition && pt.Metadata != nil {
+					return *pt.Metadata
+				}
+			}
+		}
+	}
+	for _, tt := range topics {
+		for _, pt := range tt.Partitions {
+			if pt.Partition == place.Partition && pt.Metadata != nil {
+				return *pt.Metadata
+			}
+		}
+	}
+	return ""
+}
+
+// requestCounter is a kgo hook that counts the requests its clients write, by key.
+type requestCounter struct {
+	mu   sync.Mutex
+	sent map[int16]int
+}
+
+func (r *requestCounter) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if err != nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.sent == nil {
+		r.sent = map[int16]int{}
+	}
+	r.sent[key]++
+}
+
+func (r *requestCounter) count(key kmsg.Key) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sent[int16(key)]
+}
+
+var _ kgo.HookBrokerWrite = (*requestCounter)(nil)
