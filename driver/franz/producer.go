@@ -62,7 +62,10 @@ type producer struct {
 	// kip890p2 says the cluster runs KIP-890 part 2 (its transaction.version is 2 or more), as
 	// InitTransactions found: kgo then adds partitions by producing, and WriteNote's
 	// TxnOffsetCommit (v5 or later) adds the notes group to the transaction itself. Otherwise
-	// WriteNote sends AddOffsetsToTxn first, and TxnOffsetCommit on notes.
+	// WriteNote sends AddOffsetsToTxn first, and TxnOffsetCommit on notes. It holds for the
+	// producer's life: on a cluster raised to transaction.version 2 meanwhile, kgo opts in at a
+	// transaction's end, and the first protocol's notes still commit and abort with the second's
+	// transactions (TestTransactionVersionRaisedWhileProducing).
 	kip890p2 bool
 	// notes is the client WriteNote sends TxnOffsetCommit on when kip890p2 is false, made by
 	// InitTransactions then: kgo negotiates the highest version both sides know, and offers no

@@ -3,14 +3,17 @@
 package franz_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -233,3 +236,116 @@ func (r *requestCounter) count(key kmsg.Key) int {
 }
 
 var _ kgo.HookBrokerWrite = (*requestCounter)(nil)
+
+// A cluster whose transaction.version is raised to 2 while the producer runs (as
+// kafka-features.sh upgrade does): kgo opts in to KIP-890 part 2 at a transaction's end once a
+// new connection shows it the feature, while the producer writes its notes as it found at
+// InitTransactions (AddOffsetsToTxn, TxnOffsetCommit v4), which a transaction of the second
+// protocol accepts too. Its notes commit and abort with their transactions, and the next producer
+// of the ID, which finds the second protocol, reads the last committed one.
+func TestTransactionVersionRaisedWhileProducing(t *testing.T) {
+	c := kafkacluster.Start(t, kafkacluster.Feature("transaction.version", 1))
+	run := time.Now().UnixNano()
+	topic := c.Topic(t, fmt.Sprintf("franz-tv-raised-%d", run), 1)
+	place := driver.NotePlace{Group: fmt.Sprintf("franz-tv-raised-%d", run), Topic: topic}
+	txnID := fmt.Sprintf("franz-tv-raised-%d", run)
+	msg := driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("v")}
+	logs := &logRecorder{}
+	// kgo learns the cluster's features from ApiVersions, on each new connection: connections
+	// idle for a second are closed, so that it learns of the upgrade within the test.
+	cfg := franz.Config{SeedBrokers: []string{c.Addr()}, Opts: []kgo.Opt{kgo.ConnIdleTimeout(time.Second)}}
+	prod, err := franz.New(cfg).NewProducer(driver.ProducerConfig{TransactionalID: txnID, ClientID: "franz-tv-raised",
+		DeliveryTimeout: 30 * time.Second, Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := open(t, prod)
+	p.publish(t, place, "goharvest/2:tv1", msg)
+	setTransactionVersion(t, c.Addr(), 2)
+	if level := transactionVersion(t, c.Addr()); level != 2 {
+		t.Fatalf("the cluster's transaction.version is %d after the upgrade, want 2", level)
+	}
+	time.Sleep(3 * time.Second) // the producer's connections idle out
+	for i := range 3 {
+		p.publish(t, place, fmt.Sprintf("goharvest/2:tv2-%d", i), msg)
+	}
+	if !logs.logged("opting in") {
+		t.Fatal("kgo did not log that it opted in to KIP-890 part 2 after the upgrade (has its message changed?)")
+	}
+	// An aborted note after the change.
+	if err := p.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.send(msg); err != nil {
+		t.Fatal(err)
+	}
+	p.await(t, 1)
+	if err := p.WriteNote(timeout(t, 30*time.Second), place, "goharvest/2:aborted"); err != nil {
+		t.Fatalf("WriteNote: %v", err)
+	}
+	if err := p.AbortTransaction(timeout(t, 30*time.Second)); err != nil {
+		t.Fatalf("AbortTransaction: %v", err)
+	}
+	p.publish(t, place, "goharvest/2:last", msg)
+	if got := open(t, newProducer(t, c.Addr(), txnID)).readNote(t, place); got != "goharvest/2:last" {
+		t.Fatalf("the next producer read %q, want the last committed note", got)
+	}
+}
+
+// logRecorder is a slog.Handler that keeps the messages logged.
+type logRecorder struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msgs = append(l.msgs, r.Message)
+	return nil
+}
+func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logRecorder) WithGroup(string) slog.Handler      { return l }
+
+func (l *logRecorder) logged(substr string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, m := range l.msgs {
+		if strings.Contains(m, substr) {
+			return true
+		}
+	}
+	return false
+}
+
+// setTransactionVersion upgrades (or downgrades) the cluster's transaction.version to level.
+func setTransactionVersion(t *testing.T, addr string, level int16) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrUpdateFeaturesRequest()
+	req.TimeoutMillis = 30_000
+	f := kmsg.NewUpdateFeaturesRequestFeatureUpdate()
+	f.Feature, f.MaxVersionLevel = "transaction.version", level
+	f.UpgradeType = 1 // upgrade; 2 safe downgrade
+	if level < transactionVersion(t, addr) {
+		f.UpgradeType = 2
+	}
+	req.FeatureUpdates = append(req.FeatureUpdates, f)
+	resp, err := req.RequestWith(timeout(t, 30*time.Second), cl)
+	if err == nil {
+		err = kerr.ErrorForCode(resp.ErrorCode)
+	}
+	for _, r := range resp.Results {
+		if err == nil {
+			err = kerr.ErrorForCode(r.ErrorCode)
+		}
+	}
+	if err != nil {
+		t.Fatalf("update transaction.version to %d: %v", level, err)
+	}
+}
