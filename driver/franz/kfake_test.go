@@ -61,14 +61,22 @@ func runContractOnKfake(t *testing.T, opts ...kfake.Opt) {
 	})
 }
 
-// createTopic creates topic, of one partition, on the cluster at addr.
-func createTopic(t *testing.T, addr, topic string) string {
+// plainClient returns a kgo client of the cluster at addr, for a test's own requests, closed when
+// the test ends.
+func plainClient(t *testing.T, addr string) *kgo.Client {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// createTopic creates topic, of one partition, on the cluster at addr.
+func createTopic(t *testing.T, addr, topic string) string {
+	t.Helper()
+	cl := plainClient(t, addr)
 	req := kmsg.NewPtrCreateTopicsRequest()
 	rt := kmsg.NewCreateTopicsRequestTopic()
 	rt.Topic, rt.NumPartitions, rt.ReplicationFactor = topic, 1, 1

@@ -76,6 +76,9 @@ type producer struct {
 	notes *kgo.Client
 	// offsetsAdded are the groups AddOffsetsToTxn added to the open transaction (kip890p2 false).
 	offsetsAdded map[string]bool
+	// offsetsAsked says WriteNote sent AddOffsetsToTxn in the open transaction, answered or not:
+	// its abort must then end it itself (see abortNotes).
+	offsetsAsked bool
 }
 
 // ending is a transaction's end, commit or abort, under way on a goroutine of its own.
@@ -182,6 +185,7 @@ func (p *producer) BeginTransaction() error {
 	p.mu.Lock()
 	p.inTxn, p.produced, p.failure = true, 0, nil
 	clear(p.offsetsAdded)
+	p.offsetsAsked = false
 	p.mu.Unlock()
 	return nil
 }
@@ -469,9 +473,9 @@ func (p *producer) abort(ctx context.Context) error {
 		return &driver.TxnError{Err: fmt.Errorf("abort transaction: %w", err), Retriable: !fatal(err), Fatal: fatal(err)}
 	}
 	p.mu.Lock()
-	notesAdded := !p.kip890p2 && len(p.offsetsAdded) > 0
+	asked := !p.kip890p2 && p.offsetsAsked
 	p.mu.Unlock()
-	if notesAdded {
+	if asked {
 		if err := p.abortNotes(ctx); err != nil {
 			return &driver.TxnError{Err: fmt.Errorf("abort transaction: %w", err), Retriable: !fatal(err), Fatal: fatal(err)}
 		}
@@ -479,13 +483,13 @@ func (p *producer) abort(ctx context.Context) error {
 	return nil
 }
 
-// abortNotes ends, under the first protocol, a transaction that WriteNote added a group to, in
-// case kgo did not: kgo sends EndTxn only when AddPartitionsToTxn added a partition, so a
+// abortNotes ends, under the first protocol, a transaction that WriteNote may have added a group
+// to, in case kgo did not: kgo sends EndTxn only when AddPartitionsToTxn added a partition, so a
 // transaction whose every message failed before that would stay open at the broker with its
 // note, and the next transaction, of the same producer epoch, would commit it. Sent again after
 // kgo's EndTxn, the abort is answered as a retry (NONE), or CONCURRENT_TRANSACTIONS while the
-// markers are written; INVALID_TXN_STATE says no transaction is open, which is what abortNotes
-// wants.
+// markers are written; INVALID_TXN_STATE says no transaction is open (AddOffsetsToTxn never
+// reached the broker), which is what abortNotes wants.
 func (p *producer) abortNotes(ctx context.Context) error {
 	id, epoch, err := p.cl.ProducerID(ctx)
 	if err != nil {
@@ -510,6 +514,7 @@ func (p *producer) abortNotes(ctx context.Context) error {
 	}
 	p.mu.Lock()
 	clear(p.offsetsAdded)
+	p.offsetsAsked = false
 	p.mu.Unlock()
 	return nil
 }
@@ -581,6 +586,9 @@ func (p *producer) WriteNote(ctx context.Context, place driver.NotePlace, note s
 	if !kip890p2 {
 		cl = notes // TxnOffsetCommit v4 at most
 		if !added {
+			p.mu.Lock()
+			p.offsetsAsked = true
+			p.mu.Unlock()
 			err = retryConcurrent(ctx, func() error { return p.addOffsets(ctx, id, epoch, place.Group) })
 			if err == nil {
 				p.mu.Lock()

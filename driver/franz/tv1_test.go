@@ -89,33 +89,7 @@ func TestFirstTransactionProtocol(t *testing.T) {
 	// As TestNoteOfAFailedTransactionNeverCommits: kgo sends no EndTxn for a transaction whose
 	// every message failed before AddPartitionsToTxn, so the producer ends the note's itself.
 	t.Run("NoteOfAFailedTransactionNeverCommits", func(t *testing.T) {
-		topic := c.Topic(t, name("failed-note"), 1)
-		place := driver.NotePlace{Group: name("failed-note"), Topic: topic}
-		txnID := name("failed-note")
-		p := open(t, newTV1Producer(t, txnID))
-		if err := p.BeginTransaction(); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.send(driver.Message{Topic: topic, Key: []byte("k"), Value: make([]byte, 2<<20)}); err != nil {
-			t.Fatal(err)
-		}
-		if d := <-p.reports; d.Err == nil {
-			t.Fatal("a message too large to send was reported delivered")
-		}
-		if err := p.WriteNote(timeout(t, 30*time.Second), place, "goharvest/2:aborted"); err != nil {
-			t.Fatalf("WriteNote: %v", err)
-		}
-		var txnErr *driver.TxnError
-		if err := p.CommitTransaction(timeout(t, 30*time.Second)); !errors.As(err, &txnErr) || !txnErr.Abortable {
-			t.Fatalf("the commit of a transaction whose message failed returned %v, want an abortable TxnError", err)
-		}
-		if err := p.AbortTransaction(timeout(t, 30*time.Second)); err != nil {
-			t.Fatalf("AbortTransaction: %v", err)
-		}
-		p.publish(t, place, "", driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("next")})
-		if got := open(t, newTV1Producer(t, txnID)).readNote(t, place); got != "" {
-			t.Fatalf("ReadNote = %q after the note's transaction aborted, want \"\"", got)
-		}
+		noteOfAFailedTransactionNeverCommits(t, c, name("failed-note"), newTV1Producer)
 	})
 
 	// A producer fenced by a newer one of its transactional ID (a newer epoch) has its messages,
@@ -156,11 +130,7 @@ func TestFirstTransactionProtocol(t *testing.T) {
 // transactionVersion returns the transaction.version the cluster at addr has finalized.
 func transactionVersion(t *testing.T, addr string) int16 {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := plainClient(t, addr)
 	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(timeout(t, 30*time.Second), cl)
 	if err != nil {
 		t.Fatal(err)
@@ -177,11 +147,7 @@ func transactionVersion(t *testing.T, addr string) int16 {
 // sees it (OffsetFetch, read_committed).
 func committedMetadata(t *testing.T, addr string, place driver.NotePlace) string {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := plainClient(t, addr)
 	req := kmsg.NewPtrOffsetFetchRequest()
 	req.Group, req.RequireStable = place.Group, true
 	rt := kmsg.NewOffsetFetchRequestTopic()
@@ -322,11 +288,7 @@ func (l *logRecorder) logged(substr string) bool {
 // setTransactionVersion upgrades (or downgrades) the cluster's transaction.version to level.
 func setTransactionVersion(t *testing.T, addr string, level int16) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := plainClient(t, addr)
 	req := kmsg.NewPtrUpdateFeaturesRequest()
 	req.TimeoutMillis = 30_000
 	f := kmsg.NewUpdateFeaturesRequestFeatureUpdate()
