@@ -181,7 +181,9 @@ func TestFencedProducerCannotCommit(t *testing.T) {
 // CONCURRENT_TRANSACTIONS until the markers are written, and it asks again after 20ms and after
 // retry.backoff.ms (librdkafka.DefaultRetryBackoff). The franz client speaks the second (KIP-890
 // part 2): the broker itself holds the first produce until the markers are written, and the note
-// is asked again after 2ms.
+// is asked again after 2ms. On kafka-tv1, Apache Kafka formatted with transaction.version 1 (as a
+// cluster upgraded from 3.x runs), franz speaks the first protocol too, and asks again after 2ms
+// (franz.DefaultConcurrentTransactionsBackoff).
 func BenchmarkTransactionCycle(b *testing.B) {
 	clients := map[string]func(addr string) driver.Kafka{
 		"librdkafka": func(addr string) driver.Kafka {
@@ -189,13 +191,28 @@ func BenchmarkTransactionCycle(b *testing.B) {
 		},
 		"franz": func(addr string) driver.Kafka { return franz.New(franz.Config{SeedBrokers: []string{addr}}) },
 	}
-	for _, broker := range []string{"kafka", "kfake"} {
+	var tv1 *kafkacluster.Cluster // started by the first kafka-tv1 run, for both clients
+	b.Cleanup(func() {
+		if tv1 != nil {
+			tv1.Close(b.Failed())
+		}
+	})
+	for _, broker := range []string{"kafka", "kafka-tv1", "kfake"} {
 		for _, client := range []string{"librdkafka", "franz"} {
 			b.Run(broker+"/"+client, func(b *testing.B) {
 				var addr string
-				if broker == "kafka" {
+				switch broker {
+				case "kafka":
 					addr = kafkacluster.Shared(b).Addr()
-				} else {
+				case "kafka-tv1":
+					if tv1 == nil {
+						var err error
+						if tv1, err = kafkacluster.New(kafkacluster.Feature("transaction.version", 1)); err != nil {
+							b.Fatal(err)
+						}
+					}
+					addr = tv1.Addr()
+				default:
 					addr = kafkatest.Start(b).Addr()
 				}
 				benchTransactionCycle(b, clients[client](addr), fmt.Sprintf("cycle-%s-%s-%d", broker, client, time.Now().UnixNano()))

@@ -13,10 +13,14 @@
 // with FromProperties, which refuses what it cannot honour. Its leader election (NewElector) is
 // Fast NELI, as package neli's, on kgo's group client.
 //
-// It needs a cluster whose transaction.version is 2 or more (KIP-890 part 2: the default of
-// clusters created by Kafka 4.0 and later): notes are written with TxnOffsetCommit v5 or later,
-// which adds the notes group to the transaction itself. InitTransactions refuses an older cluster with a
-// KafkaConfigError.
+// It runs either of Kafka's transaction protocols, as the cluster's transaction.version feature
+// says when InitTransactions asks. At 2 or more (KIP-890 part 2: the default of clusters created
+// by Kafka 4.0 and later) a produce adds its partition to the transaction, and a note is written
+// with TxnOffsetCommit v5 or later, which adds the notes group to the transaction itself. Below 2
+// (Kafka 3.x, or a cluster upgraded to 4.x without raising it) kgo adds partitions with
+// AddPartitionsToTxn, and a note is written as librdkafka writes it: AddOffsetsToTxn for its
+// group once per transaction, then TxnOffsetCommit v4, on a second kgo client of the producer's
+// that holds TxnOffsetCommit to v4 (see producer.notes).
 package franz
 
 import (
@@ -30,6 +34,8 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/goharvest/goharvest/driver"
 )
@@ -67,6 +73,16 @@ const (
 	// written (KIP-890's answer for clients that predate it): at 5s, such a produce waited up to
 	// 5s, milliseconds after the commit. Config.Opts can set another.
 	DefaultMetadataMinAge = 10 * time.Millisecond
+	// DefaultConcurrentTransactionsBackoff is kgo.ConcurrentTransactionsBackoff, the wait before
+	// kgo asks again when the transaction coordinator answers CONCURRENT_TRANSACTIONS (kgo waits
+	// longer once the answer has lasted a second); kgo's own is 20ms. On a cluster without
+	// KIP-890 part 2 (transaction.version below 2) each transaction's first AddPartitionsToTxn
+	// is answered so until the previous transaction's markers are written, milliseconds after its
+	// commit: a transaction of one record and its note, back to back on Kafka 4.4 with
+	// transaction.version 1, took p50 27-30ms at 20ms and 8-9ms at this. Under KIP-890 part 2 the
+	// broker holds the produce instead, and the answer is rare. WriteNote waits as long before
+	// it asks again. Config.Opts can set another.
+	DefaultConcurrentTransactionsBackoff = 2 * time.Millisecond
 	// DefaultMaxQueued is how many messages a producer holds, queued or in flight, before Produce
 	// returns driver.ErrQueueFull: librdkafka's queue.buffering.max.messages default.
 	DefaultMaxQueued = 100_000
@@ -88,8 +104,9 @@ type Config struct {
 	// therefore win: the transactional ID, acks, partitioner, linger, transaction timeout,
 	// buffer limit, topic creation on demand and logger, and the client ID and delivery timeout
 	// (see ClientID and DeliveryTimeout). (Idempotence comes with the transactional ID.) Opts may
-	// replace goharvest's retry backoff (DefaultRetryBackoff) and metadata age (DefaultMetadataMinAge),
-	// which come before them.
+	// replace goharvest's retry backoff (DefaultRetryBackoff), metadata age (DefaultMetadataMinAge)
+	// and CONCURRENT_TRANSACTIONS backoff (DefaultConcurrentTransactionsBackoff), which come
+	// before them.
 	ProducerOpts []kgo.Opt
 	// ClientID is the producers' kgo.ClientID; "" means driver.ProducerConfig's.
 	ClientID string
@@ -140,7 +157,7 @@ func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, err
 	// No compression unless configured, as librdkafka's default (kgo's is snappy): the same
 	// properties give the same records, and the clients compare on equal terms.
 	opts := []kgo.Opt{kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultRetryBackoffMax)), kgo.MetadataMinAge(DefaultMetadataMinAge),
-		kgo.ProducerBatchCompression(kgo.NoCompression())}
+		kgo.ConcurrentTransactionsBackoff(DefaultConcurrentTransactionsBackoff), kgo.ProducerBatchCompression(kgo.NoCompression())}
 	opts = append(opts, c.cfg.Opts...)
 	opts = append(opts, c.cfg.ProducerOpts...)
 	opts = append(opts,
@@ -173,7 +190,22 @@ func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, err
 	if err != nil {
 		return nil, fmt.Errorf("franz: create client: %w", err)
 	}
-	return newProducer(cl, p.TransactionalID, txnTimeout, maxQueued), nil
+	// The notes client of a cluster without KIP-890 part 2 (see producer.notes): the same
+	// brokers, security and client ID as the producer, no transactional ID of its own, and
+	// TxnOffsetCommit and EndTxn held to v4, which kgo offers no other way to pin on one request
+	// (v5 of each is KIP-890 part 2's).
+	notesOpts := []kgo.Opt{kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultRetryBackoffMax)), kgo.MetadataMinAge(DefaultMetadataMinAge)}
+	notesOpts = append(notesOpts, c.cfg.Opts...)
+	notesOpts = append(notesOpts, c.cfg.ProducerOpts...)
+	versions := kversion.Stable()
+	versions.SetMaxKeyVersion(int16(kmsg.TxnOffsetCommit), maxTV1Version)
+	versions.SetMaxKeyVersion(int16(kmsg.EndTxn), maxTV1Version)
+	notesOpts = append(notesOpts, kgo.SeedBrokers(c.cfg.SeedBrokers...), kgo.WithLogger(slogLogger{logger}), kgo.MaxVersions(versions))
+	if clientID := cmp.Or(c.cfg.ClientID, p.ClientID); clientID != "" {
+		notesOpts = append(notesOpts, kgo.ClientID(clientID))
+	}
+	newNotes := func() (*kgo.Client, error) { return kgo.NewClient(notesOpts...) }
+	return newProducer(cl, newNotes, p.TransactionalID, txnTimeout, maxQueued), nil
 }
 
 // backoff returns a retry backoff for kgo.RetryBackoffFn shaped as kgo's own: first after the

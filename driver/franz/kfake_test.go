@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/drivertest"
@@ -23,8 +24,18 @@ import (
 // The producer keeps the contract on kfake, franz-go's fake cluster, too. Apache Kafka
 // (TestFranzProducerContract) is what counts; this run needs neither Java nor cgo, so a
 // CGO_ENABLED=0 build runs the contract as well, in seconds.
-func TestFranzProducerContractOnKfake(t *testing.T) {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1))
+func TestFranzProducerContractOnKfake(t *testing.T) { runContractOnKfake(t) }
+
+// And on a kfake that plays a Kafka 3.9 broker, whose transactions run the first protocol
+// (no transaction.version): partitions added with AddPartitionsToTxn, notes after
+// AddOffsetsToTxn with TxnOffsetCommit v4. TestFranzProducerContractTV1 runs it on Apache Kafka.
+func TestFranzProducerContractOnKfake39(t *testing.T) {
+	runContractOnKfake(t, kfake.MaxVersions(kversion.V3_9_0()))
+}
+
+// runContractOnKfake runs the producer contract on a kfake cluster of one broker with opts.
+func runContractOnKfake(t *testing.T, opts ...kfake.Opt) {
+	cluster, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,14 +61,22 @@ func TestFranzProducerContractOnKfake(t *testing.T) {
 	})
 }
 
-// createTopic creates topic, of one partition, on the cluster at addr.
-func createTopic(t *testing.T, addr, topic string) string {
+// plainClient returns a kgo client of the cluster at addr, for a test's own requests, closed when
+// the test ends.
+func plainClient(t *testing.T, addr string) *kgo.Client {
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(addr))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
+	t.Cleanup(cl.Close)
+	return cl
+}
+
+// createTopic creates topic, of one partition, on the cluster at addr.
+func createTopic(t *testing.T, addr, topic string) string {
+	t.Helper()
+	cl := plainClient(t, addr)
 	req := kmsg.NewPtrCreateTopicsRequest()
 	rt := kmsg.NewCreateTopicsRequestTopic()
 	rt.Topic, rt.NumPartitions, rt.ReplicationFactor = topic, 1, 1

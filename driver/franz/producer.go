@@ -23,7 +23,9 @@ import (
 // (flush, then EndTxn) runs on a goroutine of its own too, an ending: a call that runs out of time
 // leaves it going, and the next call waits for it again, as the contract asks of a commit.
 type producer struct {
-	cl         *kgo.Client
+	cl *kgo.Client
+	// newNotes makes the notes client: see notes.
+	newNotes   func() (*kgo.Client, error)
 	txnID      string
 	txnTimeout time.Duration
 	maxQueued  int
@@ -56,6 +58,27 @@ type producer struct {
 	end *ending
 	// fatal, once set, is why the producer is unusable (fenced, say).
 	fatal error
+
+	// kip890p2 says the cluster runs KIP-890 part 2 (its transaction.version is 2 or more), as
+	// InitTransactions found: kgo then adds partitions by producing, and WriteNote's
+	// TxnOffsetCommit (v5 or later) adds the notes group to the transaction itself. Otherwise
+	// WriteNote sends AddOffsetsToTxn first, and TxnOffsetCommit on notes. It holds for the
+	// producer's life: on a cluster raised to transaction.version 2 meanwhile, kgo opts in at a
+	// transaction's end, and the first protocol's notes still commit and abort with the second's
+	// transactions (TestTransactionVersionRaisedWhileProducing).
+	kip890p2 bool
+	// notes is the client WriteNote sends TxnOffsetCommit on when kip890p2 is false, made by
+	// InitTransactions then: kgo negotiates the highest version both sides know, and offers no
+	// way to pin one request lower, while Kafka 4.x brokers offer TxnOffsetCommit v5 whatever
+	// their transaction.version, and v5 without KIP-890 part 2 is not the protocol the broker's
+	// transaction runs. Its only request versions held down are TxnOffsetCommit's and EndTxn's,
+	// to v4 (see abortNotes). Close closes it.
+	notes *kgo.Client
+	// offsetsAdded are the groups AddOffsetsToTxn added to the open transaction (kip890p2 false).
+	offsetsAdded map[string]bool
+	// offsetsAsked says WriteNote sent AddOffsetsToTxn in the open transaction, answered or not:
+	// its abort must then end it itself (see abortNotes).
+	offsetsAsked bool
 }
 
 // ending is a transaction's end, commit or abort, under way on a goroutine of its own.
@@ -65,9 +88,9 @@ type ending struct {
 	err    error // written before done is closed
 }
 
-func newProducer(cl *kgo.Client, txnID string, txnTimeout time.Duration, maxQueued int) *producer {
+func newProducer(cl *kgo.Client, newNotes func() (*kgo.Client, error), txnID string, txnTimeout time.Duration, maxQueued int) *producer {
 	ctx, stop := context.WithCancel(context.Background())
-	p := &producer{cl: cl, txnID: txnID, txnTimeout: txnTimeout, maxQueued: maxQueued, ctx: ctx, stop: stop,
+	p := &producer{cl: cl, newNotes: newNotes, txnID: txnID, txnTimeout: txnTimeout, maxQueued: maxQueued, ctx: ctx, stop: stop,
 		reports: newMailbox(), deliveries: make(chan driver.Delivery, 1024)}
 	p.topics = topiccheck.New(p.describe)
 	p.idle = sync.NewCond(&p.mu)
@@ -75,12 +98,26 @@ func newProducer(cl *kgo.Client, txnID string, txnTimeout time.Duration, maxQueu
 	return p
 }
 
-// InitTransactions checks that the cluster runs transactions as the producer needs (see the
-// package doc), then registers the transactional ID: kgo's InitProducerID, which fences every
-// earlier producer of the ID and returns once the coordinator has ended their transactions.
+// InitTransactions finds which transaction protocol the cluster runs (see the package doc), then
+// registers the transactional ID: kgo's InitProducerID, which fences every earlier producer of
+// the ID and returns once the coordinator has ended their transactions.
 func (p *producer) InitTransactions(ctx context.Context) error {
-	if err := p.checkTransactionVersion(ctx); err != nil {
+	level, err := p.transactionVersion(ctx)
+	if err != nil {
 		return err
+	}
+	p.mu.Lock()
+	p.kip890p2 = level >= kip890p2Version
+	needNotes := !p.kip890p2 && p.notes == nil
+	p.mu.Unlock()
+	if needNotes {
+		notes, err := p.newNotes()
+		if err != nil {
+			return &driver.KafkaConfigError{Err: fmt.Errorf("create the notes client: %w", err)}
+		}
+		p.mu.Lock()
+		p.notes = notes
+		p.mu.Unlock()
 	}
 	if _, _, err := p.cl.ProducerID(ctx); err != nil {
 		return initError(p.txnID, err)
@@ -88,19 +125,25 @@ func (p *producer) InitTransactions(ctx context.Context) error {
 	return nil
 }
 
-// minTransactionVersion is the cluster's transaction.version that the producer needs: 2, KIP-890
-// part 2, under which kgo adds partitions to a transaction by producing to them, and
-// TxnOffsetCommit v5 adds the notes group. On an older cluster kgo would send AddOffsetsToTxn
-// itself for a group it consumes, and WriteNote would have to; it does not yet.
-const minTransactionVersion = 2
+// kip890p2Version is the cluster's transaction.version from which its transactions run KIP-890
+// part 2. kgo takes the same level (and the same answer, ApiVersions' finalized features) when it
+// begins a transaction.
+const kip890p2Version = 2
 
-func (p *producer) checkTransactionVersion(ctx context.Context) error {
+// maxTV1Version is the last TxnOffsetCommit and EndTxn version of the first protocol: v5 of
+// TxnOffsetCommit adds the group to the transaction itself, and v5 of EndTxn bumps the epoch, both
+// KIP-890 part 2's.
+const maxTV1Version = 4
+
+// transactionVersion asks the cluster for its transaction.version: 0 when it finalized none (a
+// cluster before Kafka 4.0, or upgraded without it).
+func (p *producer) transactionVersion(ctx context.Context) (int16, error) {
 	resp, err := kmsg.NewPtrApiVersionsRequest().RequestWith(ctx, p.cl)
 	if err == nil {
 		err = kerr.ErrorForCode(resp.ErrorCode)
 	}
 	if err != nil {
-		return &driver.TxnError{Err: fmt.Errorf("ask the cluster's transaction.version: %w", err), Retriable: true}
+		return 0, &driver.TxnError{Err: fmt.Errorf("ask the cluster's transaction.version: %w", err), Retriable: true}
 	}
 	var level int16
 	for _, f := range resp.FinalizedFeatures {
@@ -108,11 +151,7 @@ func (p *producer) checkTransactionVersion(ctx context.Context) error {
 			level = f.MaxVersionLevel
 		}
 	}
-	if level < minTransactionVersion {
-		return &driver.KafkaConfigError{Err: fmt.Errorf("the cluster's transaction.version is %d; the franz driver needs %d or more (KIP-890 part 2, Kafka 4.0+): "+
-			"kafka-features.sh upgrade --feature transaction.version=2", level, minTransactionVersion)}
-	}
-	return nil
+	return level, nil
 }
 
 // initError classifies a failed InitTransactions of the producer with transactional ID txnID:
@@ -145,6 +184,8 @@ func (p *producer) BeginTransaction() error {
 	}
 	p.mu.Lock()
 	p.inTxn, p.produced, p.failure = true, 0, nil
+	clear(p.offsetsAdded)
+	p.offsetsAsked = false
 	p.mu.Unlock()
 	return nil
 }
@@ -431,11 +472,58 @@ func (p *producer) abort(ctx context.Context) error {
 		// kgo heals an abort whose outcome is unknown on the next try (see EndTransaction).
 		return &driver.TxnError{Err: fmt.Errorf("abort transaction: %w", err), Retriable: !fatal(err), Fatal: fatal(err)}
 	}
+	p.mu.Lock()
+	asked := !p.kip890p2 && p.offsetsAsked
+	p.mu.Unlock()
+	if asked {
+		if err := p.abortNotes(ctx); err != nil {
+			return &driver.TxnError{Err: fmt.Errorf("abort transaction: %w", err), Retriable: !fatal(err), Fatal: fatal(err)}
+		}
+	}
+	return nil
+}
+
+// abortNotes ends, under the first protocol, a transaction that WriteNote may have added a group
+// to, in case kgo did not: kgo sends EndTxn only when AddPartitionsToTxn added a partition, so a
+// transaction whose every message failed before that would stay open at the broker with its
+// note, and the next transaction, of the same producer epoch, would commit it. Sent again after
+// kgo's EndTxn, the abort is answered as a retry (NONE), or CONCURRENT_TRANSACTIONS while the
+// markers are written; INVALID_TXN_STATE says no transaction is open (AddOffsetsToTxn never
+// reached the broker), which is what abortNotes wants.
+func (p *producer) abortNotes(ctx context.Context) error {
+	id, epoch, err := p.cl.ProducerID(ctx)
+	if err != nil {
+		return fmt.Errorf("producer ID: %w", err)
+	}
+	p.mu.Lock()
+	notes := p.notes
+	p.mu.Unlock()
+	req := kmsg.NewPtrEndTxnRequest()
+	req.TransactionalID = p.txnID
+	req.ProducerID, req.ProducerEpoch = id, epoch
+	req.Commit = false
+	err = retryConcurrent(ctx, func() error {
+		resp, err := req.RequestWith(ctx, notes) // EndTxn v4 at most, as TxnOffsetCommit
+		if err != nil {
+			return err
+		}
+		return kerr.ErrorForCode(resp.ErrorCode)
+	})
+	if err != nil && !errors.Is(err, kerr.InvalidTxnState) {
+		return fmt.Errorf("end the notes' transaction: %w", err)
+	}
+	p.mu.Lock()
+	clear(p.offsetsAdded)
+	p.offsetsAsked = false
+	p.mu.Unlock()
 	return nil
 }
 
 // fatal reports whether err leaves the producer unusable: fenced by a newer producer of its
 // transactional ID, or refused for good. Under KIP-890 part 2, kgo recovers from none of these.
+// Under the first protocol kgo would re-register after INVALID_PRODUCER_EPOCH (KIP-588: the
+// coordinator bumped the epoch to abort a transaction that outlived its timeout); the producer
+// takes it as fatal all the same: the epoch ends, and the next one registers a new producer.
 func fatal(err error) bool {
 	for _, code := range []error{kerr.ProducerFenced, kerr.InvalidProducerEpoch, kerr.InvalidProducerIDMapping,
 		kerr.TransactionalIDAuthorizationFailed, kerr.ClusterAuthorizationFailed, kerr.InvalidTxnState,
@@ -449,11 +537,13 @@ func fatal(err error) bool {
 
 // WriteNote sends a TxnOffsetCommit for place with the producer's ID and epoch, by hand: kgo
 // commits offsets in a transaction only for a group it consumes as a member, and the notes group
-// has no members. Under KIP-890 part 2 (see checkTransactionVersion) TxnOffsetCommit v5 adds the
-// group to the transaction, so the note commits or aborts with it; kgo's EndTransaction ends the
-// transaction because its messages added their partitions. A transaction without a message would
-// leave the note pending at the broker, since kgo ends only a transaction that produced; so
-// WriteNote refuses one.
+// has no members. The note must commit or abort with the transaction, so its group is in the
+// transaction first: under KIP-890 part 2 (kip890p2) TxnOffsetCommit v5 adds it; under the first
+// protocol WriteNote sends AddOffsetsToTxn for the group (once a transaction), and then
+// TxnOffsetCommit v4 on the notes client, as the Java client and librdkafka do. kgo's
+// EndTransaction ends the transaction because its messages added their partitions. A
+// transaction without a message would leave the note pending at the broker, since kgo ends only a
+// transaction that produced; so WriteNote refuses one.
 //
 // The note is the metadata of offset 0 of the partition, as the librdkafka driver writes it, so
 // that either driver reads the other's notes.
@@ -463,6 +553,7 @@ func (p *producer) WriteNote(ctx context.Context, place driver.NotePlace, note s
 	if err == nil && p.produced == 0 {
 		err = &driver.TxnError{Err: errors.New("a note needs a message in its transaction")}
 	}
+	kip890p2, notes, added := p.kip890p2, p.notes, p.offsetsAdded[place.Group]
 	p.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("write note: %w", err)
@@ -491,20 +582,40 @@ func (p *producer) WriteNote(ctx context.Context, place driver.NotePlace, note s
 	topic.Partitions = append(topic.Partitions, part)
 	req.Topics = append(req.Topics, topic)
 
-	err = retryConcurrent(ctx, func() error {
-		resp, err := req.RequestWith(ctx, p.cl)
-		if err != nil {
-			return err
-		}
-		for _, t := range resp.Topics {
-			for _, pt := range t.Partitions {
-				if err := kerr.ErrorForCode(pt.ErrorCode); err != nil {
-					return err
+	cl := p.cl
+	if !kip890p2 {
+		cl = notes // TxnOffsetCommit v4 at most
+		if !added {
+			p.mu.Lock()
+			p.offsetsAsked = true
+			p.mu.Unlock()
+			err = retryConcurrent(ctx, func() error { return p.addOffsets(ctx, id, epoch, place.Group) })
+			if err == nil {
+				p.mu.Lock()
+				if p.offsetsAdded == nil {
+					p.offsetsAdded = map[string]bool{}
 				}
+				p.offsetsAdded[place.Group] = true
+				p.mu.Unlock()
 			}
 		}
-		return nil
-	})
+	}
+	if err == nil {
+		err = retryConcurrent(ctx, func() error {
+			resp, err := req.RequestWith(ctx, cl)
+			if err != nil {
+				return err
+			}
+			for _, t := range resp.Topics {
+				for _, pt := range t.Partitions {
+					if err := kerr.ErrorForCode(pt.ErrorCode); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+	}
 	switch {
 	case err == nil:
 		return nil
@@ -516,11 +627,30 @@ func (p *producer) WriteNote(ctx context.Context, place driver.NotePlace, note s
 	return &driver.TxnError{Err: err, Abortable: !fatal(err), Fatal: fatal(err)}
 }
 
+// addOffsets sends AddOffsetsToTxn for group with the producer's ID and epoch: under the first
+// transaction protocol, the group's offsets partition joins the transaction, so that its
+// TxnOffsetCommit commits or aborts with it.
+func (p *producer) addOffsets(ctx context.Context, id int64, epoch int16, group string) error {
+	req := kmsg.NewPtrAddOffsetsToTxnRequest()
+	req.TransactionalID = p.txnID
+	req.ProducerID, req.ProducerEpoch = id, epoch
+	req.Group = group
+	resp, err := req.RequestWith(ctx, p.cl)
+	if err != nil {
+		return fmt.Errorf("add the group to the transaction: %w", err)
+	}
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return fmt.Errorf("add the group to the transaction: %w", err)
+	}
+	return nil
+}
+
 // concurrentBackoff is how long WriteNote waits before asking again while the transaction
 // coordinator answers CONCURRENT_TRANSACTIONS: it is still writing the previous transaction's
 // markers, which takes milliseconds. At kgo's ConcurrentTransactionsBackoff default, 20ms, the
-// wait was most of a note's time (p50 23ms on Kafka 4.4, against 7ms at this).
-const concurrentBackoff = 2 * time.Millisecond
+// wait was most of a note's time (p50 23ms on Kafka 4.4, against 7ms at this). kgo's own requests
+// wait as long by default (DefaultConcurrentTransactionsBackoff).
+const concurrentBackoff = DefaultConcurrentTransactionsBackoff
 
 // retryConcurrent calls f until it returns something other than CONCURRENT_TRANSACTIONS, or ctx
 // ends.
@@ -670,6 +800,12 @@ func (p *producer) Close() {
 	p.topics.Close()
 	p.ends.Wait()
 	p.cl.Close()
+	p.mu.Lock()
+	notes := p.notes
+	p.mu.Unlock()
+	if notes != nil {
+		notes.Close()
+	}
 	p.mu.Lock()
 	for p.queued > 0 {
 		p.idle.Wait()

@@ -152,10 +152,18 @@ func TestFullQueueRefusesAtOnce(t *testing.T) {
 func TestNoteOfAFailedTransactionNeverCommits(t *testing.T) {
 	c := kafkacluster.Shared(t)
 	run := time.Now().UnixNano()
-	topic := c.Topic(t, fmt.Sprintf("franz-failed-note-%d", run), 1)
-	place := driver.NotePlace{Group: fmt.Sprintf("franz-failed-note-%d", run), Topic: topic}
-	txnID := fmt.Sprintf("franz-failed-note-%d", run)
-	p := open(t, newProducer(t, c.Addr(), txnID))
+	noteOfAFailedTransactionNeverCommits(t, c, fmt.Sprintf("franz-failed-note-%d", run),
+		func(t *testing.T, txnID string) driver.KafkaProducer { return newProducer(t, c.Addr(), txnID) })
+}
+
+// noteOfAFailedTransactionNeverCommits is TestNoteOfAFailedTransactionNeverCommits on cluster c,
+// with producers from newP, and name as topic, notes group and transactional ID.
+func noteOfAFailedTransactionNeverCommits(t *testing.T, c *kafkacluster.Cluster, name string,
+	newP func(t *testing.T, txnID string) driver.KafkaProducer) {
+	t.Helper()
+	topic := c.Topic(t, name, 1)
+	place := driver.NotePlace{Group: name, Topic: topic}
+	p := open(t, newP(t, name))
 	if err := p.BeginTransaction(); err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +184,7 @@ func TestNoteOfAFailedTransactionNeverCommits(t *testing.T) {
 		t.Fatalf("AbortTransaction: %v", err)
 	}
 	p.publish(t, place, "", driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("next")})
-	if got := open(t, newProducer(t, c.Addr(), txnID)).readNote(t, place); got != "" {
+	if got := open(t, newP(t, name)).readNote(t, place); got != "" {
 		t.Fatalf("ReadNote = %q after the note's transaction aborted, want \"\"", got)
 	}
 }

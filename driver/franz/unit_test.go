@@ -1,17 +1,12 @@
 package franz_test
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kversion"
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/franz"
@@ -73,29 +68,5 @@ func TestCallsOutOfOrderAreRefused(t *testing.T) {
 	var rejected *driver.RejectedError
 	if err := p.Produce(driver.Message{Topic: "no such topic!"}); !errors.As(err, &rejected) || !rejected.ByGoharvest {
 		t.Errorf("Produce to an invalid topic name returned %v, want a RejectedError by goharvest", err)
-	}
-}
-
-// A cluster whose transactions predate KIP-890 part 2 (transaction.version below 2) is refused
-// when the producer registers, with a KafkaConfigError that says how to upgrade it: WriteNote
-// cannot add the notes group to a transaction there (see the package doc). kfake, franz-go's
-// fake cluster, plays a Kafka 3.9 broker.
-func TestOlderTransactionProtocolIsRefused(t *testing.T) {
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.MaxVersions(kversion.V3_9_0()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cluster.Close()
-	p, err := franz.New(franz.Config{SeedBrokers: cluster.ListenAddrs()}).NewProducer(driver.ProducerConfig{
-		TransactionalID: "t", Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	var configErr *driver.KafkaConfigError
-	if err := p.InitTransactions(ctx); !errors.As(err, &configErr) || !strings.Contains(err.Error(), "transaction.version=2") {
-		t.Fatalf("InitTransactions on a Kafka 3.9 cluster returned %v, want a KafkaConfigError naming transaction.version", err)
 	}
 }

@@ -60,7 +60,8 @@ type options struct {
 	config        map[string]string
 	proxied       bool
 	groupDefaults bool
-	security      security // see security.go
+	features      map[string]int // with Feature: finalized at format, over the version's defaults
+	security      security       // see security.go
 }
 
 // GroupDefaults keeps Kafka's own group timings (a 6s minimum session, a first rebalance held
@@ -74,6 +75,19 @@ func Nodes(n int) Option { return func(o *options) { o.nodes = n } }
 // BrokerConfig sets broker properties on every node, over the defaults. Say why at the call.
 func BrokerConfig(props map[string]string) Option {
 	return func(o *options) { maps.Copy(o.config, props) }
+}
+
+// Feature formats the cluster with feature name finalized at level instead of the Kafka
+// version's default (kafka-storage format --feature name=level), as a cluster upgraded from an
+// older version may run: Feature("transaction.version", 1) gives Kafka 4.x transactions without
+// KIP-890 part 2. Kafka refuses a level its version does not know.
+func Feature(name string, level int) Option {
+	return func(o *options) {
+		if o.features == nil {
+			o.features = map[string]int{}
+		}
+		o.features[name] = level
+	}
 }
 
 // Cluster is a running Kafka cluster.
@@ -312,6 +326,9 @@ func (c *Cluster) format(o options) error {
 		args := []string{"format", "--cluster-id", clusterID, "--config", filepath.Join(n.dir, "server.properties")}
 		if c.sec != nil {
 			args = append(args, c.sec.formatArgs()...)
+		}
+		for _, name := range slices.Sorted(maps.Keys(o.features)) {
+			args = append(args, "--feature", fmt.Sprintf("%s=%d", name, o.features[name]))
 		}
 		if out, err := c.java(time.Minute, "kafka.tools.StorageTool", args...); err != nil {
 			return fmt.Errorf("kafkacluster: format node %d: %w\n%s", n.ID, err, out)
