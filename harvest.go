@@ -192,5 +192,7 @@ func (h *Harvest) Healthy() error { return h.owner.Healthy() }
 // nothing, and Ready says so, with how long, how many failures and the last error. Such a
 // leader publishes nothing, and Ready is what says so: with claimStrategy mark it has no epoch
 // running most of the time, so goharvest_leader reads 0 then too; with read (the default) its
-// epoch goes on, reading again, and goharvest_leader stays 1.
+// epoch goes on, reading again, and goharvest_leader stays 1. Nor is a leader ready while Kafka
+// refuses this client a topic it has records for (driver.RejectedError.Unauthorized): every
+// record of that topic waits until the ACL is granted.
 func (h *Harvest) Ready(ctx context.Context) error { return h.owner.Ready(ctx) }
