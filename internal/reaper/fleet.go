@@ -66,16 +66,8 @@ func (f *fleet) gatherer() prometheus.Gatherer {
 	})
 }
 
-// start runs r's harvester and its watch, and adds r to the outboxes listed (where it is not
-// already, replacing one of the same name).
+// start runs r's harvester and its watch; r is already among the outboxes listed.
 func (f *fleet) start(r *harvester) {
-	f.mu.Lock()
-	if i := slices.IndexFunc(f.current, func(c *harvester) bool { return c.outbox.Name == r.outbox.Name }); i >= 0 {
-		f.current[i] = r
-	} else {
-		f.current = append(f.current, r)
-	}
-	f.mu.Unlock()
 	if f.cfg.listed {
 		f.logger.Info("outbox starting", "outbox", r.outbox.Name, "line", r.outbox.Line, "leaderGroupID", r.w.cfg.LeaderGroupID,
 			"outboxTable", r.w.cfg.OutboxTable, "kafkaClient", r.w.cfg.KafkaClient)
@@ -184,24 +176,26 @@ func (f *fleet) apply() error {
 	}
 
 	// Stop first: an outbox's table or election group may pass to a new outbox of another name.
+	// The endpoints see the old list until the new one replaces it whole, in the file's order.
 	for _, r := range stops {
 		r.stop()
 	}
-	f.mu.Lock()
-	f.current = slices.DeleteFunc(f.current, func(r *harvester) bool { return slices.Contains(stops, r) })
-	f.mu.Unlock()
+	next.Outboxes = outboxes
 	f.cfg.Outboxes, f.cfg.Harvest = next.Outboxes, next.Harvest
+	byName := map[string]*harvester{}
+	for _, r := range append(slices.Clone(kept), starts...) {
+		byName[r.outbox.Name] = r
+	}
+	current := make([]*harvester, len(outboxes))
+	for i, o := range outboxes {
+		current[i] = byName[o.Name]
+	}
+	f.mu.Lock()
+	f.current = current
+	f.mu.Unlock()
 	for _, r := range starts {
 		f.start(r)
 	}
-	// Keep the file's order, for the status page and the probes' answers.
-	order := map[string]int{}
-	for i, o := range outboxes {
-		order[o.Name] = i
-	}
-	f.mu.Lock()
-	slices.SortStableFunc(f.current, func(a, b *harvester) int { return order[a.outbox.Name] - order[b.outbox.Name] })
-	f.mu.Unlock()
 	slices.Sort(stopped)
 	f.logger.Info("configuration reloaded", "started", started, "restarted", restarted, "stopped", stopped, "unchanged", len(kept))
 	return nil

@@ -68,6 +68,7 @@ func serve(env Env, cfg File, outboxes []Outbox, file, only string) int {
 		}
 		harvesters = append(harvesters, r)
 	}
+	f.current = harvesters // before the endpoints can ask for them
 	if cfg.listed {
 		f.logger.Info("reaper starting", "version", Version(), "config", file, "outboxes", len(harvesters))
 	} else {
