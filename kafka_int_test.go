@@ -182,8 +182,8 @@ func TestFencedProducerCannotCommit(t *testing.T) {
 // retry.backoff.ms (librdkafka.DefaultRetryBackoff). The franz client speaks the second (KIP-890
 // part 2): the broker itself holds the first produce until the markers are written, and the note
 // is asked again after 2ms. On kafka-tv1, Apache Kafka formatted with transaction.version 1 (as a
-// cluster upgraded from 3.x runs), franz speaks the first protocol too, and asks again after 2ms
-// (franz.DefaultConcurrentTransactionsBackoff).
+// cluster upgraded from 3.x runs), franz speaks the first protocol too, and asks again after
+// kgo's 20ms.
 func BenchmarkTransactionCycle(b *testing.B) {
 	clients := map[string]func(addr string) driver.Kafka{
 		"librdkafka": func(addr string) driver.Kafka {

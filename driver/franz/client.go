@@ -73,16 +73,6 @@ const (
 	// written (KIP-890's answer for clients that predate it): at 5s, such a produce waited up to
 	// 5s, milliseconds after the commit. Config.Opts can set another.
 	DefaultMetadataMinAge = 10 * time.Millisecond
-	// DefaultConcurrentTransactionsBackoff is kgo.ConcurrentTransactionsBackoff, the wait before
-	// kgo asks again when the transaction coordinator answers CONCURRENT_TRANSACTIONS (kgo waits
-	// longer once the answer has lasted a second); kgo's own is 20ms. On a cluster without
-	// KIP-890 part 2 (transaction.version below 2) each transaction's first AddPartitionsToTxn
-	// is answered so until the previous transaction's markers are written, milliseconds after its
-	// commit: a transaction of one record and its note, back to back on Kafka 4.4 with
-	// transaction.version 1, took p50 27-30ms at 20ms and 8-9ms at this. Under KIP-890 part 2 the
-	// broker holds the produce instead, and the answer is rare. WriteNote waits as long before
-	// it asks again. Config.Opts can set another.
-	DefaultConcurrentTransactionsBackoff = 2 * time.Millisecond
 	// DefaultMaxQueued is how many messages a producer holds, queued or in flight, before Produce
 	// returns driver.ErrQueueFull: librdkafka's queue.buffering.max.messages default.
 	DefaultMaxQueued = 100_000
@@ -104,9 +94,11 @@ type Config struct {
 	// therefore win: the transactional ID, acks, partitioner, linger, transaction timeout,
 	// buffer limit, topic creation on demand and logger, and the client ID and delivery timeout
 	// (see ClientID and DeliveryTimeout). (Idempotence comes with the transactional ID.) Opts may
-	// replace goharvest's retry backoff (DefaultRetryBackoff), metadata age (DefaultMetadataMinAge)
-	// and CONCURRENT_TRANSACTIONS backoff (DefaultConcurrentTransactionsBackoff), which come
-	// before them.
+	// replace goharvest's retry backoff (DefaultRetryBackoff) and metadata age (DefaultMetadataMinAge),
+	// which come before them. kgo's own wait on CONCURRENT_TRANSACTIONS stays its default (20ms,
+	// longer as the answer lasts): InitProducerID gets that answer for as long as a deposed
+	// leader's transaction takes to abort, and at 2ms a successor would ask up to 500 times in
+	// its first second, per shard.
 	ProducerOpts []kgo.Opt
 	// ClientID is the producers' kgo.ClientID; "" means driver.ProducerConfig's.
 	ClientID string
@@ -157,7 +149,7 @@ func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, err
 	// No compression unless configured, as librdkafka's default (kgo's is snappy): the same
 	// properties give the same records, and the clients compare on equal terms.
 	opts := []kgo.Opt{kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultRetryBackoffMax)), kgo.MetadataMinAge(DefaultMetadataMinAge),
-		kgo.ConcurrentTransactionsBackoff(DefaultConcurrentTransactionsBackoff), kgo.ProducerBatchCompression(kgo.NoCompression())}
+		kgo.ProducerBatchCompression(kgo.NoCompression())}
 	opts = append(opts, c.cfg.Opts...)
 	opts = append(opts, c.cfg.ProducerOpts...)
 	opts = append(opts,

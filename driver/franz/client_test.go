@@ -51,7 +51,6 @@ func TestNewProducerAppliesConfig(t *testing.T) {
 			{"delivery timeout", kgo.RecordDeliveryTimeout, 30 * time.Second},
 			{"transaction timeout", kgo.TransactionTimeout, DefaultTransactionTimeout},
 			{"linger", kgo.ProducerLinger, DefaultLinger},
-			{"CONCURRENT_TRANSACTIONS backoff", kgo.ConcurrentTransactionsBackoff, DefaultConcurrentTransactionsBackoff},
 		})
 		if codecs := cl.OptValue(kgo.ProducerBatchCompression).([]kgo.CompressionCodec); len(codecs) != 1 || codecs[0] != kgo.NoCompression() {
 			t.Errorf("compression %v, want none, as librdkafka's default", codecs)

@@ -648,9 +648,9 @@ func (p *producer) addOffsets(ctx context.Context, id int64, epoch int16, group 
 // concurrentBackoff is how long WriteNote waits before asking again while the transaction
 // coordinator answers CONCURRENT_TRANSACTIONS: it is still writing the previous transaction's
 // markers, which takes milliseconds. At kgo's ConcurrentTransactionsBackoff default, 20ms, the
-// wait was most of a note's time (p50 23ms on Kafka 4.4, against 7ms at this). kgo's own requests
-// wait as long by default (DefaultConcurrentTransactionsBackoff).
-const concurrentBackoff = DefaultConcurrentTransactionsBackoff
+// wait was most of a note's time (p50 23ms on Kafka 4.4, against 7ms at this). Only the note's
+// own requests wait this little; kgo's keep its default (see Config.Opts).
+const concurrentBackoff = 2 * time.Millisecond
 
 // retryConcurrent calls f until it returns something other than CONCURRENT_TRANSACTIONS, or ctx
 // ends.

@@ -21,7 +21,8 @@ func TestExampleConfigsKeepTheirKafkaSettings(t *testing.T) {
 	owned := map[string]any{"enable.idempotence": true, "acks": "all", "go.delivery.reports": true, "transactional.id": "goharvest.billing-api"}
 	// goharvest's producer defaults that neither example sets.
 	defaults := map[string]any{"reconnect.backoff.max.ms": int(librdkafka.DefaultReconnectBackoffMax.Milliseconds()),
-		"retry.backoff.ms": int(librdkafka.DefaultRetryBackoff.Milliseconds())}
+		"retry.backoff.ms":       int(librdkafka.DefaultRetryBackoff.Milliseconds()),
+		"go.events.channel.size": librdkafka.DefaultEventsChannelSize, "go.produce.channel.size": 0}
 	for name, want := range map[string]map[string]any{
 		"reaper.yaml": {
 			"bootstrap.servers": "localhost:9092", "compression.type": "lz4",
