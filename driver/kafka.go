@@ -177,6 +177,21 @@ type Elector interface {
 	Close(ctx context.Context) error
 }
 
+// RestingElector is an Elector that can say how long it may go without a Pulse. The owner loop
+// pulses every MinPollInterval while anything is in motion; once every shard it leads has its
+// epoch running and none is starting, it pulses only when Wake is signalled or Rest has passed.
+// That is most of what an idle outbox costs the process, many outboxes in one reaper over.
+type RestingElector interface {
+	Elector
+	// Wake is signalled when the election needs a Pulse at once: the group hands over or takes
+	// back partitions, or a heartbeat failed.
+	Wake() <-chan struct{}
+	// Rest is how long, from now, the election can do without a Pulse: until its next heartbeat
+	// is due or its leadership would lapse, and never more than a tenth of the heartbeat
+	// timeout; 0 while it joins or leaves the group. It is called on the goroutine that pulses.
+	Rest() time.Duration
+}
+
 // ErrQueueFull is returned by Produce when the producer's queue has no room.
 var ErrQueueFull = errors.New("producer queue full")
 

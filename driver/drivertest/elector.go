@@ -56,7 +56,9 @@ func RunElector(t *testing.T, open func(t *testing.T) Election) {
 	}
 }
 
-// contender is an elector that the suite pulses from a loop of its own, as the engine does.
+// contender is an elector that the suite pulses from a loop of its own, as the engine does: every
+// PulseEvery, or, for an elector that can rest (driver.RestingElector), when it asks to be, as the
+// engine pulses one whose shards are at rest; every rule then holds with the elector resting.
 type contender struct {
 	driver.Elector
 	name   string
@@ -71,11 +73,17 @@ func join(t *testing.T, e Election, name string) *contender {
 	t.Helper()
 	c := &contender{name: name, stop: make(chan struct{}), done: make(chan struct{})}
 	c.Elector = e.Join(t, func([]int32) {})
+	resting, _ := c.Elector.(driver.RestingElector)
+	var wake <-chan struct{}
+	if resting != nil {
+		wake = resting.Wake()
+	}
 	go func() {
 		defer close(c.done)
-		ticker := time.NewTicker(e.PulseEvery)
-		defer ticker.Stop()
+		timer := time.NewTimer(e.PulseEvery)
+		defer timer.Stop()
 		for {
+			began := time.Now()
 			ctx, cancel := context.WithTimeout(context.Background(), e.Within)
 			_, err := c.Pulse(ctx)
 			cancel()
@@ -85,10 +93,16 @@ func join(t *testing.T, e Election, name string) *contender {
 				c.mu.Unlock()
 				return
 			}
+			wait := e.PulseEvery
+			if resting != nil {
+				wait = max(wait, resting.Rest())
+			}
+			timer.Reset(time.Until(began.Add(wait)))
 			select {
 			case <-c.stop:
 				return
-			case <-ticker.C:
+			case <-wake:
+			case <-timer.C:
 			}
 		}
 	}()

@@ -32,6 +32,8 @@ var (
 	_ driver.Kafka   = (*Client)(nil)
 	_ driver.Elector = (*elector)(nil)
 	_ driver.Pinger  = (*elector)(nil)
+
+	_ driver.RestingElector = (*elector)(nil)
 )
 
 // NewElector joins the leader election on kgo's group client, from its first Pulse on. It
@@ -85,6 +87,7 @@ func (c *Client) NewElector(cfg driver.ElectorConfig) (driver.Elector, error) {
 		heartbeatEvery: max(cfg.MinPollInterval, cfg.HeartbeatTimeout/10),
 		kafkaTrouble:   &outage.Logger{What: "Kafka", Repeat: outage.LogInterval},
 		view:           leadership.New(cfg.HeartbeatTimeout),
+		wake:           make(chan struct{}, 1),
 	}
 	beats, err := kgo.NewClient(e.heartbeatOpts()...)
 	if err != nil {
@@ -113,6 +116,9 @@ type elector struct {
 	acks   []beatResult
 	// lastPulse is when Pulse last began (UnixNano); a member's watchdog reads it.
 	lastPulse atomic.Int64
+	// wake is signalled (without blocking) when the loop should pulse at once: a rebalance
+	// callback waits for it, a heartbeat failed, or group management reported an error.
+	wake chan struct{}
 	// groupErr is the newest error of a member's group management, posted by kgo's hook.
 	groupErr struct {
 		sync.Mutex
@@ -165,7 +171,7 @@ func (e *elector) groupOpts(m *member) []kgo.Opt {
 	h := e.cfg.HeartbeatTimeout
 	post := func(assigned bool) func(context.Context, *kgo.Client, map[string][]int32) {
 		return func(_ context.Context, _ *kgo.Client, parts map[string][]int32) {
-			m.post(change{assigned: assigned, partitions: slices.Sorted(slices.Values(parts[e.cfg.LeaderTopic]))})
+			m.post(change{assigned: assigned, partitions: slices.Sorted(slices.Values(parts[e.cfg.LeaderTopic]))}, e.poke)
 		}
 	}
 	// The client ID and backoff first, so that those of the user's (in opts) win.
@@ -222,11 +228,44 @@ func (h groupErrorHook) OnGroupManageError(err error) {
 	h.e.groupErr.Lock()
 	h.e.groupErr.err = err
 	h.e.groupErr.Unlock()
+	h.e.poke()
 }
 
-// post hands c to Pulse and waits until it is applied, or until the member is let go.
-func (m *member) post(c change) {
+// poke signals wake, without waiting: one pending signal serves any number of reasons.
+func (e *elector) poke() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Wake is signalled when the election needs a Pulse at once (see driver.RestingElector).
+func (e *elector) Wake() <-chan struct{} { return e.wake }
+
+// Rest is how long the election can do without a Pulse (see driver.RestingElector): a member
+// that leads needs one when its next heartbeat is due, or before its leadership lapses should
+// no acknowledgement come; one that leads nothing only serves the group's callbacks, which
+// signal Wake. A contender joining or leaving the group, fenced, or stopped on an error has none.
+func (e *elector) Rest() time.Duration {
+	e.loop.Lock()
+	defer e.loop.Unlock()
+	if e.closed || e.fatal != nil || e.member == nil || e.leaving != nil {
+		return 0
+	}
+	rest := e.heartbeatEvery
+	if holds, leading := e.view.Read(); holds {
+		if !leading {
+			return 0
+		}
+		rest = min(rest, time.Until(e.lastSent.Add(e.heartbeatEvery)), time.Until(e.view.Lapses()))
+	}
+	return max(rest, 0)
+}
+
+// post hands c to Pulse, waking it, and waits until it is applied, or until the member is let go.
+func (m *member) post(c change, wake func()) {
 	c.done = make(chan struct{})
+	wake()
 	select {
 	case m.changes <- c:
 	case <-m.retired:
@@ -531,6 +570,11 @@ func (e *elector) produceHeartbeat(partition int32, sentAt time.Time) {
 		e.acksMu.Lock()
 		e.acks = append(e.acks, beatResult{tenure: tenure, sentAt: sentAt, partition: partition, err: err})
 		e.acksMu.Unlock()
+		if err != nil {
+			// An acknowledgement can wait for the next Pulse: it counts from when the heartbeat
+			// was sent. A failure may call for a retry on partition 0, or stop the election.
+			e.poke()
+		}
 	})
 }
 
@@ -628,8 +672,14 @@ func (e *elector) Close(ctx context.Context) error {
 	return err
 }
 
-// Ping asks Kafka for the leader topic's metadata, to check that the cluster answers.
+// Ping checks that the cluster answers. A leader knows already: a broker acknowledged one of its
+// heartbeats within the heartbeat timeout, or it would not lead. Anyone else asks for the leader
+// topic's metadata. Readiness asks every few seconds per outbox, and a leader's answer costs Kafka
+// no request.
 func (e *elector) Ping(ctx context.Context) error {
+	if e.view.Leading() {
+		return nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.HeartbeatTimeout)
 	defer cancel()
 	if _, err := e.topicMetadata(ctx); err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/drivertest"
 	"github.com/goharvest/goharvest/driver/franz"
+	"github.com/goharvest/goharvest/internal/testwait"
 )
 
 // The election keeps the elector contract on kfake too. Apache Kafka (TestFranzElectorContract)
@@ -76,10 +77,12 @@ func joinKfake(t *testing.T, addr, group, name string, partitions int, heartbeat
 	return e
 }
 
-// pulsing pulses e every interval until the test ends, then closes it. A Pulse error fails the
-// test.
+// pulsing pulses e every interval until the test ends, then closes it, resting as long as e asks
+// and waking when it says, as the engine's loop does when its shards are at rest (see
+// driver.RestingElector). A Pulse error fails the test.
 func pulsing(t *testing.T, e driver.Elector, interval time.Duration) {
 	stop, done := make(chan struct{}), make(chan struct{})
+	resting := e.(driver.RestingElector)
 	go func() {
 		defer close(done)
 		for {
@@ -90,7 +93,8 @@ func pulsing(t *testing.T, e driver.Elector, interval time.Duration) {
 			select {
 			case <-stop:
 				return
-			case <-time.After(interval):
+			case <-resting.Wake():
+			case <-time.After(max(interval, resting.Rest())):
 			}
 		}
 	}()
@@ -365,5 +369,124 @@ func TestFranzElectorWhoseLoopStallsLetsOthersLead(t *testing.T) {
 	}
 	if stalled.barriers.Load() == 0 {
 		t.Error("the contender whose loop stalled never ran its Barrier for the partition it lost")
+	}
+}
+
+// A leader can rest between its heartbeats, at most a tenth of the heartbeat timeout, and its
+// Wake is signalled when the group takes a partition back, so that the Barrier runs at once
+// rather than after the rest.
+func TestFranzElectorRestsBetweenHeartbeatsAndWakesForTheGroup(t *testing.T) {
+	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	addr := cluster.ListenAddrs()[0]
+	const heartbeatTimeout = 2 * time.Second
+	group := fmt.Sprintf("kfake-rest-%d", kfakeElections.Add(1))
+	var revoked atomic.Int32
+	first := joinKfake(t, addr, group, "c1", 2, heartbeatTimeout, func(ps []int32) { revoked.Add(int32(len(ps))) })
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		first.Close(ctx)
+	})
+	resting := first.(driver.RestingElector)
+	if rest := resting.Rest(); rest != 0 {
+		t.Fatalf("Rest %v before joining the group; want 0", rest)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(first.Partitions()) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("the lone contender did not lead both partitions within 30s")
+		}
+		if _, err := first.Pulse(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-resting.Wake():
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	for range 5 {
+		rest := resting.Rest()
+		if rest <= 0 || rest > heartbeatTimeout/10 {
+			t.Fatalf("Rest %v while leading; want within (0, %v]", rest, heartbeatTimeout/10)
+		}
+		time.Sleep(rest)
+		if _, err := first.Pulse(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !first.Leading() {
+		t.Fatal("stopped leading while resting between heartbeats")
+	}
+
+	// A second contender joins; the group takes one partition back from the first, whose loop
+	// only pulses when woken.
+	select {
+	case <-resting.Wake():
+	default:
+	}
+	second := joinKfake(t, addr, group, "c2", 2, heartbeatTimeout, func([]int32) {})
+	pulsing(t, second, 10*time.Millisecond)
+	select {
+	case <-resting.Wake():
+	case <-time.After(30 * time.Second):
+		t.Fatal("no wake within 30s of a second contender joining")
+	}
+	for revoked.Load() == 0 {
+		if time.Now().After(deadline.Add(30 * time.Second)) {
+			t.Fatal("the first contender's Barrier never ran")
+		}
+		if _, err := first.Pulse(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-resting.Wake():
+		case <-time.After(resting.Rest()):
+		}
+	}
+}
+
+// A leader's Ping asks Kafka nothing: its acknowledged heartbeats say that the cluster answers.
+// A contender that leads nothing asks for the leader topic's metadata each time.
+func TestFranzElectorPingAsksKafkaOnlyWhenNotLeading(t *testing.T) {
+	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	var metadata atomic.Int32
+	cluster.ControlKey(int16(kmsg.Metadata), func(kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		metadata.Add(1)
+		return nil, nil, false
+	})
+	addr := cluster.ListenAddrs()[0]
+	group := fmt.Sprintf("kfake-ping-%d", kfakeElections.Add(1))
+	const heartbeatTimeout = 2 * time.Second
+	leader := joinKfake(t, addr, group, "c1", 1, heartbeatTimeout, func([]int32) {})
+	pulsing(t, leader, 10*time.Millisecond)
+	if !testwait.Until(30*time.Second, leader.Leading) {
+		t.Fatal("no leader within 30s")
+	}
+	standby := joinKfake(t, addr, group, "c2", 1, heartbeatTimeout, func([]int32) {})
+	pulsing(t, standby, 10*time.Millisecond)
+
+	const pings = 20
+	for _, c := range []struct {
+		name    string
+		e       driver.Elector
+		leading bool
+	}{{"the leader", leader, true}, {"the standby", standby, false}} {
+		before := metadata.Load()
+		for range pings {
+			if err := c.e.(driver.Pinger).Ping(t.Context()); err != nil {
+				t.Fatalf("%s: Ping: %v", c.name, err)
+			}
+		}
+		// The clients' own metadata refreshes (every heartbeat timeout) add a few.
+		asked := metadata.Load() - before
+		switch {
+		case c.e.Leading() != c.leading:
+			t.Fatalf("%s: leading %v during the pings", c.name, c.e.Leading())
+		case c.leading && asked >= pings/2:
+			t.Errorf("%s: %d metadata requests over %d pings; want none of its own", c.name, asked, pings)
+		case !c.leading && asked < pings:
+			t.Errorf("%s: %d metadata requests over %d pings; want one each", c.name, asked, pings)
+		}
 	}
 }

@@ -57,6 +57,17 @@ func (v *View) Leading() bool {
 	return leading
 }
 
+// Lapses returns when the contender's leadership lapses unless another heartbeat is acknowledged
+// first: a heartbeat timeout after the newest acknowledged one was sent. Zero unless it leads.
+func (v *View) Lapses() time.Time {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.leadingLocked() {
+		return time.Time{}
+	}
+	return v.lastHeartbeat.Add(v.timeout)
+}
+
 // Fenced reports whether partitions are assigned but the contender does not lead them: it fenced
 // itself, or no heartbeat was acknowledged within the timeout.
 func (v *View) Fenced() bool {

@@ -631,7 +631,21 @@ type fakeElector struct {
 	mu       sync.Mutex
 	current  *memory.Elector
 	revoked  <-chan struct{} // of the last revoke; nil before one
+	// rest, when set before the harvester starts, makes the contender a driver.RestingElector
+	// that asks for that rest, and whose wake every change of state signals.
+	rest time.Duration
+	wake chan struct{}
 }
+
+// restingElector is a contender that can rest (driver.RestingElector).
+type restingElector struct {
+	*memory.Elector
+	wake <-chan struct{}
+	rest time.Duration
+}
+
+func (e *restingElector) Wake() <-chan struct{} { return e.wake }
+func (e *restingElector) Rest() time.Duration   { return e.rest }
 
 func newFakeElector() *fakeElector { return &fakeElector{election: memory.NewElection(1)} }
 
@@ -639,7 +653,23 @@ func (e *fakeElector) provider(barrier func([]int32)) (driver.Elector, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.current = e.election.Join(barrier)
+	if e.rest > 0 {
+		e.wake = make(chan struct{}, 1)
+		return &restingElector{Elector: e.current, wake: e.wake, rest: e.rest}, nil
+	}
 	return e.current, nil
+}
+
+// poke signals a resting contender's wake, as a change of its state does.
+func (e *fakeElector) poke() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.wake != nil {
+		select {
+		case e.wake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 func (e *fakeElector) elector() *memory.Elector {
@@ -655,6 +685,7 @@ func (e *fakeElector) revoke() {
 	e.mu.Lock()
 	e.revoked = done
 	e.mu.Unlock()
+	e.poke()
 }
 
 // revokeDone reports whether the last revoke's barrier has returned.
@@ -681,6 +712,7 @@ func (e *fakeElector) set(s electionState) {
 	default:
 		e.revoke()
 	}
+	e.poke()
 }
 
 func (e *fakeElector) pulses() int  { return e.elector().Pulses() }

@@ -352,12 +352,21 @@ func (h *Owner) emit(e event.Event) { h.events.Emit(e) }
 // never overlap. Starting an epoch talks to the database and to Kafka, which may be slow; it runs
 // on a goroutine of its own (see epochStart) while this loop keeps pulsing, so that the group
 // never waits on it.
+//
+// It pulses every MinPollInterval, or, at rest (see atRest) with an election that can say how
+// long it may wait (driver.RestingElector), when the election asks: an idle outbox's loop then
+// wakes about twice a heartbeat timeout's tenth, rather than ten times a second.
 func (h *Owner) run() {
 	defer close(h.done)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ticker := time.NewTicker(h.cfg.Limits.MinPollInterval)
-	defer ticker.Stop()
+	resting, _ := h.elector.(driver.RestingElector)
+	var electorWake <-chan struct{} // nil, never ready, unless the election can rest
+	if resting != nil {
+		electorWake = resting.Wake()
+	}
+	timer := time.NewTimer(h.cfg.Limits.MinPollInterval)
+	defer timer.Stop()
 
 	if !h.awaitPrimary() {
 		h.shutdown(nil)
@@ -366,21 +375,41 @@ func (h *Owner) run() {
 	var err error
 loop:
 	for {
-		h.lastPulse.Store(time.Now().UnixNano())
+		began := time.Now()
+		h.lastPulse.Store(began.UnixNano())
 		if _, err = h.elector.Pulse(ctx); err != nil {
 			break
 		}
 		if err = h.tend(ctx); err != nil {
 			break
 		}
+		wait := h.cfg.Limits.MinPollInterval
+		if resting != nil && h.atRest() {
+			wait = max(wait, resting.Rest())
+		}
+		timer.Reset(time.Until(began.Add(wait)))
 		select {
 		case <-h.stopCh:
 			break loop
 		case <-h.wake:
-		case <-ticker.C:
+		case <-electorWake:
+		case <-timer.C:
 		}
 	}
 	h.shutdown(err)
+}
+
+// atRest reports whether the owner loop has nothing to do until the election changes: every
+// shard led has its epoch running, and no shard is starting one, waiting to start one again, or
+// running one it no longer leads. An epoch's end, and a start's, wake the loop (see signal).
+func (h *Owner) atRest() bool {
+	led := h.elector.Partitions()
+	for _, s := range h.shards {
+		if s.starting != nil || (h.epochOf(s) != nil) != slices.Contains(led, int32(s.id)) {
+			return false
+		}
+	}
+	return true
 }
 
 // tend brings every shard in line with the election: it ends the epochs of shards no longer led
