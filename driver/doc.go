@@ -16,12 +16,15 @@
 // A KafkaProducer publishes one leader epoch's records in transactions, under a transactional ID
 // that every harvester of a shard shares, so that a new epoch fences every earlier one. Its
 // transactions also carry the epoch's notes (NotePlace), which tell a successor what was
-// published. An Elector is the leader election: whoever it says leads a shard publishes it.
+// published. An Elector is the leader election: whoever it says leads a shard publishes it. An
+// elector may also be a Pinger, and a RestingElector, which says how long the engine's loop may
+// go without pulsing it while the loop has nothing else to do.
 //
 // # Drivers
 //
-// Package driver/postgres is the Postgres store, on pgx; package driver/librdkafka the Kafka
-// client, on librdkafka (cgo), with the election of package neli. Every driver is
+// Package driver/postgres is the Postgres store, on pgx; package driver/librdkafka a Kafka
+// client on librdkafka (cgo), with the election of package neli; package driver/franz a Kafka
+// client on franz-go, in pure Go, with an election of its own. Every driver is
 // held to the same contract: package drivertest's suites (RunStore, RunProducer, RunElector) hold
 // each store, producer and election, the in-memory ones of package memory included, to the rules
 // the engine relies on, and a driver outside this module runs them from its own tests.
