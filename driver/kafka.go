@@ -188,7 +188,8 @@ type RestingElector interface {
 	Wake() <-chan struct{}
 	// Rest is how long, from now, the election can do without a Pulse: until its next heartbeat
 	// is due or its leadership would lapse, and never more than a tenth of the heartbeat
-	// timeout; 0 while it joins or leaves the group. It is called on the goroutine that pulses.
+	// timeout; 0 while it has no place in the group, or has a change of it waiting for a Pulse.
+	// It is called on the goroutine that pulses.
 	Rest() time.Duration
 }
 

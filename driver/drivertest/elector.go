@@ -25,6 +25,9 @@ type Election struct {
 	// Within bounds how long electing a leader, or handing over to the next, may take; a minute
 	// if zero.
 	Within time.Duration
+	// PulseSteadily pulses every PulseEvery even an elector that can rest, as the engine does
+	// while its shards' epochs start and end; otherwise such an elector rests as it asks.
+	PulseSteadily bool
 }
 
 func (e Election) withDefaults() Election {
@@ -58,7 +61,7 @@ func RunElector(t *testing.T, open func(t *testing.T) Election) {
 
 // contender is an elector that the suite pulses from a loop of its own, as the engine does: every
 // PulseEvery, or, for an elector that can rest (driver.RestingElector), when it asks to be, as the
-// engine pulses one whose shards are at rest; every rule then holds with the elector resting.
+// engine pulses one whose shards are at rest (unless Election.PulseSteadily).
 type contender struct {
 	driver.Elector
 	name   string
@@ -74,6 +77,9 @@ func join(t *testing.T, e Election, name string) *contender {
 	c := &contender{name: name, stop: make(chan struct{}), done: make(chan struct{})}
 	c.Elector = e.Join(t, func([]int32) {})
 	resting, _ := c.Elector.(driver.RestingElector)
+	if e.PulseSteadily {
+		resting = nil
+	}
 	var wake <-chan struct{}
 	if resting != nil {
 		wake = resting.Wake()

@@ -146,6 +146,10 @@ type elector struct {
 type member struct {
 	cl      *kgo.Client
 	changes chan change
+	// posting counts the callbacks waiting for Pulse to take their change: the loop may not rest
+	// while one does, since the wake it signalled may have been spent by a Pulse that came too
+	// early to take the change.
+	posting atomic.Int32
 	// retired is closed when the loop lets the member go: its callbacks then return at once.
 	retired    chan struct{}
 	retireOnce sync.Once
@@ -245,11 +249,13 @@ func (e *elector) Wake() <-chan struct{} { return e.wake }
 // Rest is how long the election can do without a Pulse (see driver.RestingElector): a member
 // that leads needs one when its next heartbeat is due, or before its leadership lapses should
 // no acknowledgement come; one that leads nothing only serves the group's callbacks, which
-// signal Wake. A contender joining or leaving the group, fenced, or stopped on an error has none.
+// signal Wake. A contender with no member in the group (or one let go), one with a callback
+// waiting, a fenced one and one stopped on an error have none.
 func (e *elector) Rest() time.Duration {
 	e.loop.Lock()
 	defer e.loop.Unlock()
-	if e.closed || e.fatal != nil || e.member == nil || e.leaving != nil {
+	m := e.member
+	if e.closed || e.fatal != nil || m == nil || e.leaving != nil || m.isRetired() || m.posting.Load() > 0 {
 		return 0
 	}
 	rest := e.heartbeatEvery
@@ -265,10 +271,13 @@ func (e *elector) Rest() time.Duration {
 // post hands c to Pulse, waking it, and waits until it is applied, or until the member is let go.
 func (m *member) post(c change, wake func()) {
 	c.done = make(chan struct{})
+	m.posting.Add(1)
 	wake()
 	select {
 	case m.changes <- c:
+		m.posting.Add(-1)
 	case <-m.retired:
+		m.posting.Add(-1)
 		return
 	}
 	select {
@@ -672,12 +681,17 @@ func (e *elector) Close(ctx context.Context) error {
 	return err
 }
 
-// Ping checks that the cluster answers. A leader knows already: a broker acknowledged one of its
-// heartbeats within the heartbeat timeout, or it would not lead. Anyone else asks for the leader
-// topic's metadata. Readiness asks every few seconds per outbox, and a leader's answer costs Kafka
-// no request.
+// pingHeard is how many heartbeat intervals old a leader's newest acknowledged heartbeat may be for
+// Ping to take it as the cluster's answer: the loop reads acknowledgements at least once an
+// interval, even at rest, so a leader in touch with Kafka always has one that recent.
+const pingHeard = 3
+
+// Ping checks that the cluster answers. A leader whose heartbeats a broker acknowledged within the
+// last pingHeard heartbeat intervals knows already; anyone else asks for the leader topic's
+// metadata. Readiness asks every few seconds per outbox, and a leader's answer costs Kafka no
+// request.
 func (e *elector) Ping(ctx context.Context) error {
-	if e.view.Leading() {
+	if e.view.HeardWithin(pingHeard * e.heartbeatEvery) {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.HeartbeatTimeout)

@@ -68,6 +68,14 @@ func (v *View) Lapses() time.Time {
 	return v.lastHeartbeat.Add(v.timeout)
 }
 
+// HeardWithin reports whether the contender leads, with its newest acknowledged heartbeat (or its
+// assignment, when none came since) sent within d.
+func (v *View) HeardWithin(d time.Duration) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.leadingLocked() && time.Since(v.lastHeartbeat) < d
+}
+
 // Fenced reports whether partitions are assigned but the contender does not lead them: it fenced
 // itself, or no heartbeat was acknowledged within the timeout.
 func (v *View) Fenced() bool {
