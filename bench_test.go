@@ -611,7 +611,7 @@ func (c benchHarvesterConfig) config() goharvest.Config {
 	switch c.Client {
 	case "", "librdkafka":
 	case "franz":
-		cfg.BaseKafkaConfig, cfg.Kafka = nil, franz.New(franz.Config{SeedBrokers: []string{c.Broker}})
+		cfg.BaseKafkaConfig, cfg.Kafka = nil, franz.New(franz.Config{SeedBrokers: strings.Split(c.Broker, ",")})
 	default:
 		panic(fmt.Sprintf("%s=%q: want librdkafka or franz", EnvBenchClient, c.Client))
 	}

@@ -180,8 +180,9 @@ func TestFencedProducerCannotCommit(t *testing.T) {
 // protocol: its AddPartitionsToTxn and its note's AddOffsetsToTxn are answered
 // CONCURRENT_TRANSACTIONS until the markers are written, and it asks again after 20ms and after
 // retry.backoff.ms (librdkafka.DefaultRetryBackoff). The franz client speaks the second (KIP-890
-// part 2): the broker itself holds the first produce until the markers are written, and the note
-// is asked again after 2ms. On kafka-tv1, Apache Kafka formatted with transaction.version 1 (as a
+// part 2): the broker itself holds the first produce until the markers are written, asking
+// itself again every add.partitions.to.txn.retry.backoff.ms (20ms by default, 1ms on
+// kafka-retry1ms, a broker setting), and the note is asked again after 2ms. On kafka-tv1, Apache Kafka formatted with transaction.version 1 (as a
 // cluster upgraded from 3.x runs), franz speaks the first protocol too, and asks again after
 // kgo's 20ms.
 func BenchmarkTransactionCycle(b *testing.B) {
@@ -191,19 +192,30 @@ func BenchmarkTransactionCycle(b *testing.B) {
 		},
 		"franz": func(addr string) driver.Kafka { return franz.New(franz.Config{SeedBrokers: []string{addr}}) },
 	}
-	var tv1 *kafkacluster.Cluster // started by the first kafka-tv1 run, for both clients
+	var tv1, fast *kafkacluster.Cluster // started by their first run, for both clients
 	b.Cleanup(func() {
-		if tv1 != nil {
-			tv1.Close(b.Failed())
+		for _, c := range []*kafkacluster.Cluster{tv1, fast} {
+			if c != nil {
+				c.Close(b.Failed())
+			}
 		}
 	})
-	for _, broker := range []string{"kafka", "kafka-tv1", "kfake"} {
+	for _, broker := range []string{"kafka", "kafka-retry1ms", "kafka-tv1", "kfake"} {
 		for _, client := range []string{"librdkafka", "franz"} {
 			b.Run(broker+"/"+client, func(b *testing.B) {
 				var addr string
 				switch broker {
 				case "kafka":
 					addr = kafkacluster.Shared(b).Addr()
+				case "kafka-retry1ms":
+					if fast == nil {
+						var err error
+						if fast, err = kafkacluster.New(kafkacluster.BrokerConfig(map[string]string{
+							"add.partitions.to.txn.retry.backoff.ms": "1"})); err != nil {
+							b.Fatal(err)
+						}
+					}
+					addr = fast.Addr()
 				case "kafka-tv1":
 					if tv1 == nil {
 						var err error
