@@ -183,7 +183,7 @@ func (f *fleet) apply() error {
 	next.Outboxes = outboxes
 	f.cfg.Outboxes, f.cfg.Harvest = next.Outboxes, next.Harvest
 	byName := map[string]*harvester{}
-	for _, r := range append(slices.Clone(kept), starts...) {
+	for _, r := range slices.Concat(kept, starts) {
 		byName[r.outbox.Name] = r
 	}
 	current := make([]*harvester, len(outboxes))
