@@ -21,20 +21,20 @@ NESTED_MODULES := examples/kubernetes
 # tests run once with each claim strategy (read, the default, and mark).
 ENGINE_PACKAGES := ./driver ./driver/memory ./driver/drivertest ./event ./internal/epoch ./internal/owner
 
-# The fault suite's scenarios that make test also runs with the franz client (the reapers'
-# default is librdkafka): a failover, split brain, broker faults and the shard scenarios.
+# The fault suite's scenarios that make test also runs with the librdkafka client (the reapers'
+# default is franz): a failover, split brain, broker faults and the shard scenarios.
 # make chaos runs every scenario with each client.
-FRANZ_SCENARIOS := ^(TestFailover|TestSplitBrainFrozenLeaderResumes|TestBrokerFaults|TestShards.*)$$
+LIBRDKAFKA_SCENARIOS := ^(TestFailover|TestSplitBrainFrozenLeaderResumes|TestBrokerFaults|TestShards.*)$$
 
 ## test: format check, vet, the engine's tests and the pure-Go Kafka driver's (on kfake) without
 ## cgo, then every test (integration tests included) under the race detector, and some of the
-## fault suite's scenarios again with the franz client
+## fault suite's scenarios again with the librdkafka client
 test: lint kafka
 	CGO_ENABLED=0 $(GO) test -count=1 $(ENGINE_PACKAGES)
 	GOHARVEST_TEST_CLAIM=mark CGO_ENABLED=0 $(GO) test -count=1 ./internal/owner
 	CGO_ENABLED=0 $(GO) test -count=1 ./driver/franz
 	$(GO) test -race -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./...
-	GOHARVEST_TEST_KAFKA_CLIENT=franz $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -run '$(FRANZ_SCENARIOS)' ./int
+	GOHARVEST_TEST_KAFKA_CLIENT=librdkafka $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -run '$(LIBRDKAFKA_SCENARIOS)' ./int
 	for m in $(NESTED_MODULES); do (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
 
 ## kafka: fetch the pinned Apache Kafka broker (internal/kafkacluster.DefaultVersion) from Maven
@@ -138,8 +138,8 @@ image:
 
 ## image-binary: the image's reaper alone, static, in IMAGE_DIR (bin/image); needs no container
 ## engine. KAFKA_CLIENT=librdkafka (the default): with cgo and musl (Debian: musl-tools), both
-## Kafka clients, librdkafka's the default. KAFKA_CLIENT=franz: CGO_ENABLED=0, no C compiler or
-## musl, the franz client only (the default, and librdkafka refused).
+## Kafka clients (franz the default, librdkafka a line of YAML away). KAFKA_CLIENT=franz:
+## CGO_ENABLED=0, no C compiler or musl, the franz client only (librdkafka refused).
 # The build tag musl selects confluent-kafka-go's static librdkafka for musl; netgo and osusergo
 # keep the Go side's name and user lookups in Go (a build without cgo has nothing else); the
 # linker stamps the version that reaper --version prints.

@@ -53,7 +53,7 @@ var floorProducers = map[string]func(b *testing.B, addr string) (send func(conte
 func floorProducer(b *testing.B, addr string) (func(context.Context, []outboxpkg.Record) error, func()) {
 	client := os.Getenv(EnvBenchClient)
 	if client == "" {
-		client = "librdkafka"
+		client = "franz"
 	}
 	newProducer, ok := floorProducers[client]
 	if !ok {

@@ -57,7 +57,7 @@ func BenchmarkIdleOutboxes(b *testing.B) {
 	broker := startBenchBroker(b)
 	client := os.Getenv(EnvBenchClient)
 	if client == "" {
-		client = "librdkafka"
+		client = "franz"
 	}
 	var bin string
 	if client == "franz" {

@@ -470,7 +470,7 @@ type benchBroker struct {
 	pids func() []int
 }
 
-// EnvBenchClient picks the harvesters' Kafka client: "librdkafka" (the default) or "franz".
+// EnvBenchClient picks the harvesters' Kafka client: "franz" (the default) or "librdkafka".
 // make bench passes CLIENT on.
 const EnvBenchClient = "GOHARVEST_BENCH_CLIENT"
 
@@ -609,8 +609,9 @@ func (c benchHarvesterConfig) config() goharvest.Config {
 		MetricsRegisterer: prometheus.NewRegistry(),
 	}
 	switch c.Client {
-	case "", "librdkafka":
-	case "franz":
+	case "librdkafka":
+		cfg.KafkaClient = goharvest.KafkaClientLibrdkafka
+	case "", "franz":
 		cfg.BaseKafkaConfig, cfg.Kafka = nil, franz.New(franz.Config{SeedBrokers: strings.Split(c.Broker, ",")})
 	default:
 		panic(fmt.Sprintf("%s=%q: want librdkafka or franz", EnvBenchClient, c.Client))

@@ -95,8 +95,7 @@ type KafkaConfigMap map[string]any
 type Config struct {
 	// KafkaClient chooses the Kafka client that the harvester makes from BaseKafkaConfig and
 	// ProducerKafkaConfig: KafkaClientLibrdkafka or KafkaClientFranz. Default:
-	// DefaultKafkaClient(), librdkafka's in a build with cgo and franz-go's without. It must be
-	// empty when Kafka is set.
+	// DefaultKafkaClient(), franz-go's. It must be empty when Kafka is set.
 	KafkaClient KafkaClient `yaml:"kafkaClient"`
 
 	// BaseKafkaConfig holds the properties of the Kafka client that KafkaClient chooses, shared by

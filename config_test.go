@@ -31,7 +31,7 @@ func TestWithDefaults(t *testing.T) {
 		name      string
 		got, want any
 	}{
-		{"KafkaClient", got.KafkaClient, KafkaClientLibrdkafka}, // these tests run with cgo
+		{"KafkaClient", got.KafkaClient, KafkaClientFranz},
 		{"bootstrap.servers", got.BaseKafkaConfig["bootstrap.servers"], DefaultBootstrapServers},
 		{"DataSource", got.DataSource, DefaultDataSource},
 		{"ListenDataSource", got.ListenDataSource, DefaultDataSource},
@@ -159,8 +159,8 @@ func TestValidateNamesFieldAndRange(t *testing.T) {
 			[]string{"baseKafkaConfig.group.id", "leader group ID"}},
 		{"idempotence off", func(c *Config) { c.ProducerKafkaConfig["enable.idempotence"] = false },
 			[]string{"producerKafkaConfig.enable.idempotence"}},
-		{"nested value", func(c *Config) { c.ProducerKafkaConfig["x"] = map[string]any{} },
-			[]string{"producerKafkaConfig.x", "string, number or boolean"}},
+		{"nested value", func(c *Config) { c.ProducerKafkaConfig["linger.ms"] = map[string]any{} },
+			[]string{"producerKafkaConfig.linger.ms", "string, number or boolean"}},
 		{"no bootstrap servers", func(c *Config) { c.BaseKafkaConfig["bootstrap.servers"] = " " },
 			[]string{"baseKafkaConfig.bootstrap.servers"}},
 		// The Kafka client is chosen by KafkaClient or set in Kafka, not both; each client's

@@ -9,10 +9,6 @@ import (
 	"github.com/goharvest/goharvest/driver/librdkafka"
 )
 
-// librdkafkaBuilt says that this build has the librdkafka client, which needs cgo. Only this file
-// and kafka_nocgo.go say whether it has; the rest of the package asks them.
-const librdkafkaBuilt = true
-
 // librdkafkaClient is the librdkafka client with BaseKafkaConfig and ProducerKafkaConfig.
 func librdkafkaClient(c Config) (driver.Kafka, error) {
 	return librdkafka.New(c.librdkafkaConfig()), nil

@@ -8,10 +8,6 @@ import (
 	"github.com/goharvest/goharvest/driver"
 )
 
-// librdkafkaBuilt says that this build lacks the librdkafka client, which needs cgo (see
-// kafka_librdkafka.go).
-const librdkafkaBuilt = false
-
 var errNoLibrdkafka = fmt.Errorf("KafkaClient (kafkaClient): %q needs cgo, and this program was built without it; choose %q, or build with cgo (CGO_ENABLED=1 and gcc)",
 	KafkaClientLibrdkafka, KafkaClientFranz)
 

@@ -11,11 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/goharvest/goharvest"
-	"github.com/goharvest/goharvest/driver"
-	"github.com/goharvest/goharvest/driver/franz"
 	outboxpkg "github.com/goharvest/goharvest/outbox"
 )
 
@@ -38,9 +35,8 @@ type shardedRun struct {
 	events eventRecorder
 	mu     sync.Mutex
 	live   map[string]*runningHarvester
-	// kafka, when set, makes each harvester's Kafka client (Config.Kafka); else the default
-	// client's.
-	kafka func(name string) driver.Kafka
+	// client is each harvester's Kafka client (Config.KafkaClient).
+	client goharvest.KafkaClient
 }
 
 type runningHarvester struct {
@@ -53,10 +49,8 @@ func (sr *shardedRun) start(name string) {
 	sr.r.t.Helper()
 	h := sr.r.harvesterWith("sharded", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil,
 		func(c *goharvest.Config) {
-			c.Shards, c.Name = sr.shards, name
-			if sr.kafka != nil {
-				c.Kafka, c.BaseKafkaConfig = sr.kafka(name), nil
-			}
+			c.Shards, c.Name, c.KafkaClient = sr.shards, name, sr.client
+			c.BaseKafkaConfig["client.id"] = name
 		})
 	h.SetEventHandler(sr.events.record)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -137,29 +131,21 @@ func (sr *shardedRun) waitBalanced(within time.Duration, lo, hi int) map[int]str
 }
 
 // Three harvesters publish eight shards at once, two or three each; while they drain a backlog,
-// one stops and another joins. Every record arrives, no key goes backwards. On each Kafka client:
-// the default (librdkafka) and the pure-Go one (driver/franz).
+// one stops and another joins. Every record arrives, no key goes backwards. On each Kafka client.
 func TestShardedHarvestersShareTheOutboxAndHandOver(t *testing.T) {
-	t.Run("librdkafka", func(t *testing.T) { shareTheOutboxAndHandOver(t, nil) })
-	t.Run("franz", func(t *testing.T) {
-		shareTheOutboxAndHandOver(t, func(addr, name string) driver.Kafka {
-			return franz.New(franz.Config{SeedBrokers: []string{addr}, Opts: []kgo.Opt{kgo.ClientID(name)}})
-		})
-	})
+	for _, client := range []goharvest.KafkaClient{goharvest.KafkaClientFranz, goharvest.KafkaClientLibrdkafka} {
+		t.Run(string(client), func(t *testing.T) { shareTheOutboxAndHandOver(t, client) })
+	}
 }
 
-// shareTheOutboxAndHandOver runs TestShardedHarvestersShareTheOutboxAndHandOver with the Kafka
-// clients client makes, or the default ones if it is nil.
-func shareTheOutboxAndHandOver(t *testing.T, client func(addr, name string) driver.Kafka) {
+// shareTheOutboxAndHandOver runs TestShardedHarvestersShareTheOutboxAndHandOver on client.
+func shareTheOutboxAndHandOver(t *testing.T, client goharvest.KafkaClient) {
 	const shards, keys, perKey = 8, 400, 50
 	r := newIntRig(t)
 	r.shardIndex(shards)
 	expected := r.load(keys, perKey)
 	v := r.verifier()
-	sr := &shardedRun{r: r, shards: shards, live: map[string]*runningHarvester{}}
-	if client != nil {
-		sr.kafka = func(name string) driver.Kafka { return client(r.addr, name) }
-	}
+	sr := &shardedRun{r: r, shards: shards, client: client, live: map[string]*runningHarvester{}}
 	for _, name := range []string{"h0", "h1", "h2"} {
 		sr.start(name)
 	}

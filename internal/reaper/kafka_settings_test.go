@@ -13,8 +13,8 @@ import (
 
 // The example files' Kafka settings reach the librdkafka client as they reached the producer
 // before the client became a driver of its own (issue 35): the reaper leaves Config.Kafka unset,
-// so the harvester makes the default client from baseKafkaConfig and producerKafkaConfig, and
-// gives each producer these properties. The expected maps were the root package's
+// so the harvester makes its client from baseKafkaConfig and producerKafkaConfig, and the
+// librdkafka client gives each producer these properties. The expected maps were the root package's
 // producerSettings output for the same files.
 func TestExampleConfigsKeepTheirKafkaSettings(t *testing.T) {
 	vars := env(map[string]string{"DATABASE_URL": "postgres://app@db/billing", "KAFKA_PASSWORD": "s3cret"})
@@ -38,7 +38,7 @@ func TestExampleConfigsKeepTheirKafkaSettings(t *testing.T) {
 	} {
 		h := loadExample(t, name, vars).Harvest.WithDefaults()
 		if h.Kafka != nil {
-			t.Fatalf("%s: the reaper set Config.Kafka; this test reads the default client's settings", name)
+			t.Fatalf("%s: the reaper set Config.Kafka; this test reads the client's settings from the maps", name)
 		}
 		got := librdkafka.New(librdkafka.Config{Properties: h.BaseKafkaConfig, ProducerProperties: h.ProducerKafkaConfig}).
 			ProducerSettings(driver.ProducerConfig{
