@@ -354,8 +354,9 @@ func (h *Owner) emit(e event.Event) { h.events.Emit(e) }
 // never waits on it.
 //
 // It pulses every MinPollInterval, or, at rest (see atRest) with an election that can say how
-// long it may wait (driver.RestingElector), when the election asks: an idle outbox's loop then
-// wakes about twice a heartbeat timeout's tenth, rather than ten times a second.
+// long it may wait (driver.RestingElector), when the election asks, within maxRestFraction: an
+// idle outbox's loop then wakes about twice a heartbeat timeout's tenth, rather than ten times a
+// second.
 func (h *Owner) run() {
 	defer close(h.done)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -385,7 +386,7 @@ loop:
 		}
 		wait := h.cfg.Limits.MinPollInterval
 		if resting != nil && h.atRest() {
-			wait = max(wait, resting.Rest())
+			wait = max(wait, min(resting.Rest(), h.cfg.Limits.HeartbeatTimeout/maxRestFraction))
 		}
 		timer.Reset(time.Until(began.Add(wait)))
 		select {
@@ -398,6 +399,11 @@ loop:
 	}
 	h.shutdown(err)
 }
+
+// maxRestFraction bounds the owner loop's rest to a quarter of the heartbeat timeout, whatever the
+// election asks: an election that errs in its Rest then costs a late pulse, not a loop that
+// Healthy (two heartbeat timeouts without a pulse) calls stuck.
+const maxRestFraction = 4
 
 // atRest reports whether the owner loop has nothing to do until the election changes: every
 // shard led has its epoch running, and no shard is starting one, waiting to start one again, or

@@ -6,12 +6,14 @@ import (
 )
 
 // An owner whose election can rest (driver.RestingElector) pulses as seldom as the election asks
-// once its epochs run, and at once when the election wakes it; while an epoch start hangs it
-// pulses every MinPollInterval, whatever the election would allow.
+// once its epochs run, up to a quarter of the heartbeat timeout, and at once when the election
+// wakes it; while an epoch start hangs it pulses every MinPollInterval, whatever the election
+// would allow.
 func TestOwnerRestsWhileAtRest(t *testing.T) {
-	limits := fastLimits() // MinPollInterval 10ms
+	limits := fastLimits() // MinPollInterval 10ms, HeartbeatTimeout 1s
 	r := newRig(t, limits)
-	// Longer than the test: the loop pulses only when something wakes it.
+	// Longer than the test: the loop rests as long as the owner allows, a quarter of the
+	// heartbeat timeout, unless something wakes it.
 	r.elector.rest = time.Hour
 	ids := r.load(5, 5)
 	r.kafka.initHang = true
@@ -26,10 +28,16 @@ func TestOwnerRestsWhileAtRest(t *testing.T) {
 	r.waitEmpty(10 * time.Second)
 	r.checkOrder(ids)
 
-	// At rest: the epoch runs, and the loop waits for the election.
+	// At rest: the epoch runs, and the loop waits as long as the owner allows, 250ms, not the
+	// hour the election asked for: over longer than Healthy's two heartbeat timeouts it pulses
+	// about ten times (250 at MinPollInterval), and Healthy holds.
 	r.waitFor("the loop at rest", 5*time.Second, func() bool { return r.h.pulseAge() > 200*time.Millisecond })
-	if n := r.pulsesWithin(300 * time.Millisecond); n > 0 {
-		t.Fatalf("%d pulses in 300ms at rest; the election asked for none", n)
+	window := 2*limits.HeartbeatTimeout + 500*time.Millisecond
+	if n := r.pulsesWithin(window); n < 3 || n > 30 {
+		t.Fatalf("%d pulses in %v at rest; a rest bounded by a quarter of the heartbeat timeout gives about 10", n, window)
+	}
+	if err := r.h.Healthy(); err != nil {
+		t.Fatalf("at rest: %v", err)
 	}
 	// Records written at rest are the epoch's business, not the loop's.
 	more := r.load(3, 3)
