@@ -22,9 +22,11 @@ NESTED_MODULES := examples/kubernetes
 ENGINE_PACKAGES := ./driver ./driver/memory ./driver/drivertest ./event ./internal/epoch ./internal/owner
 
 # The fault suite's scenarios that make test also runs with the librdkafka client (the reapers'
-# default is franz): a failover, split brain, broker faults and the shard scenarios.
+# default is franz): a failover, split brain, broker faults and the shard scenarios, and those
+# that exist for librdkafka's own ways (a commit resumed after its call ran out of time, a member
+# evicted when it stops polling, a reconnect backoff that kept a crashed coordinator's shards waiting).
 # make chaos runs every scenario with each client.
-LIBRDKAFKA_SCENARIOS := ^(TestFailover|TestSplitBrainFrozenLeaderResumes|TestBrokerFaults|TestShards.*)$$
+LIBRDKAFKA_SCENARIOS := ^(TestFailover|TestSplitBrainFrozenLeaderResumes|TestBrokerFaults|TestShards.*|TestSlowTransactionCommits|TestDatabaseHangsDuringEpochStart|TestBrokerCrashChangesNoLeader)$$
 
 ## test: format check, vet, the engine's tests and the pure-Go Kafka driver's (on kfake) without
 ## cgo, then every test (integration tests included) under the race detector, and some of the
@@ -89,7 +91,8 @@ chaos:
 ## the production settings' rig (3 nodes at Kafka's default timings, heartbeatTimeout 5s) with
 ## random nodes restarted (SIGTERM) or crashed (SIGKILL) one after another. Each ends with the
 ## checker and a figures summary. SOAK_SEED=n replays a run's choices; raise SOAK_TIMEOUT past
-## twice SOAK plus 10m.
+## twice SOAK plus 10m. The reapers run the default Kafka client, franz;
+## GOHARVEST_TEST_KAFKA_CLIENT=librdkafka make soak soaks the other.
 SOAK ?= 30m
 SOAK_SEED ?=
 SOAK_TIMEOUT ?= 3h

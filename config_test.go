@@ -153,16 +153,28 @@ func TestValidateNamesFieldAndRange(t *testing.T) {
 		modify func(*Config)
 		want   []string
 	}{
-		{"owned consumer property", func(c *Config) { c.BaseKafkaConfig["session.timeout.ms"] = 30000 },
-			[]string{"baseKafkaConfig.session.timeout.ms", "derived from the heartbeat timeout"}},
-		{"owned group id", func(c *Config) { c.BaseKafkaConfig["group.id"] = "x" },
-			[]string{"baseKafkaConfig.group.id", "leader group ID"}},
-		{"idempotence off", func(c *Config) { c.ProducerKafkaConfig["enable.idempotence"] = false },
-			[]string{"producerKafkaConfig.enable.idempotence"}},
-		{"nested value", func(c *Config) { c.ProducerKafkaConfig["linger.ms"] = map[string]any{} },
+		{"librdkafka: owned consumer property", func(c *Config) {
+			c.KafkaClient = KafkaClientLibrdkafka
+			c.BaseKafkaConfig["session.timeout.ms"] = 30000
+		}, []string{"baseKafkaConfig.session.timeout.ms", "derived from the heartbeat timeout"}},
+		{"librdkafka: owned group id", func(c *Config) {
+			c.KafkaClient = KafkaClientLibrdkafka
+			c.BaseKafkaConfig["group.id"] = "x"
+		}, []string{"baseKafkaConfig.group.id", "leader group ID"}},
+		{"librdkafka: idempotence off", func(c *Config) {
+			c.KafkaClient = KafkaClientLibrdkafka
+			c.ProducerKafkaConfig["enable.idempotence"] = false
+		}, []string{"producerKafkaConfig.enable.idempotence"}},
+		{"librdkafka: nested value", func(c *Config) {
+			c.KafkaClient = KafkaClientLibrdkafka
+			c.ProducerKafkaConfig["x"] = map[string]any{}
+		}, []string{"producerKafkaConfig.x", "string, number or boolean"}},
+		{"librdkafka: no bootstrap servers", func(c *Config) {
+			c.KafkaClient = KafkaClientLibrdkafka
+			c.BaseKafkaConfig["bootstrap.servers"] = " "
+		}, []string{"baseKafkaConfig.bootstrap.servers"}},
+		{"franz: nested value", func(c *Config) { c.ProducerKafkaConfig["linger.ms"] = map[string]any{} },
 			[]string{"producerKafkaConfig.linger.ms", "string, number or boolean"}},
-		{"no bootstrap servers", func(c *Config) { c.BaseKafkaConfig["bootstrap.servers"] = " " },
-			[]string{"baseKafkaConfig.bootstrap.servers"}},
 		// The Kafka client is chosen by KafkaClient or set in Kafka, not both; each client's
 		// refusals of the Kafka properties name the map and key.
 		{"unknown client", func(c *Config) { c.KafkaClient = "rdkafka" },

@@ -34,11 +34,10 @@
 //
 // The engine reaches the outbox and Kafka through the interfaces of package driver; its
 // drivers are packages of their own: the Postgres store (driver/postgres, on pgx, the default)
-// and the Kafka client that Config.KafkaClient chooses: driver/librdkafka, through
-// confluent-kafka-go, with the election of package neli (the default in a build with cgo), or
-// driver/franz, on franz-go in pure Go with an election of its own (the default, and the only
-// one, without cgo). Config.DatabaseBindingProvider and Config.Kafka take others, and the root
-// package itself builds without cgo.
+// and the Kafka client that Config.KafkaClient chooses: driver/franz, on franz-go in pure Go with
+// an election of its own (the default), or driver/librdkafka, through confluent-kafka-go, with the
+// election of package neli (in a build with cgo only). Config.DatabaseBindingProvider and
+// Config.Kafka take others, and the root package itself builds without cgo.
 //
 // README.md and docs/ have the guarantees in full, the table's schema, operations and the figures.
 package goharvest

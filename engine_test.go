@@ -39,12 +39,15 @@ func localKafka(elector driver.Elector) stubKafka {
 }
 
 // A transaction timeout shorter than the message timeout is an error naming both, with the
-// field it stands in (the default client's settings are driver/librdkafka's tests).
+// field it stands in, with each client (their settings are driver/librdkafka's and driver/franz's
+// tests).
 func TestTransactionTimeoutShorterThanQueueTimeout(t *testing.T) {
-	_, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", Limits: Limits{QueueTimeout: 90 * time.Second},
-		ProducerKafkaConfig: KafkaConfigMap{"transaction.timeout.ms": "70000"}})
-	if err == nil || !strings.Contains(err.Error(), "ProducerKafkaConfig (producerKafkaConfig.transaction.timeout.ms): 1m10s is shorter") {
-		t.Fatalf("a transaction timeout shorter than the message timeout gave %v", err)
+	for _, client := range []KafkaClient{KafkaClientFranz, KafkaClientLibrdkafka} {
+		_, err := New(Config{KafkaClient: client, LeaderGroupID: "g", LeaderTopic: "t", Limits: Limits{QueueTimeout: 90 * time.Second},
+			ProducerKafkaConfig: KafkaConfigMap{"transaction.timeout.ms": "70000"}})
+		if err == nil || !strings.Contains(err.Error(), "ProducerKafkaConfig (producerKafkaConfig.transaction.timeout.ms): 1m10s is shorter") {
+			t.Errorf("%s: a transaction timeout shorter than the message timeout gave %v", client, err)
+		}
 	}
 }
 

@@ -111,6 +111,12 @@ func (r *intRig) harvester(events *eventRecorder) *goharvest.Harvest {
 	return h
 }
 
+// testKafkaClient is the Kafka client the rig's harvesters use unless a test chooses one:
+// GOHARVEST_TEST_KAFKA_CLIENT's ("librdkafka" or "franz"), as in int/, or the default.
+func testKafkaClient() goharvest.KafkaClient {
+	return goharvest.KafkaClient(os.Getenv("GOHARVEST_TEST_KAFKA_CLIENT"))
+}
+
 // harvesterWith returns a harvester in the election group named group, with a 1 s heartbeat
 // timeout and frequent polls unless limits say otherwise, and its metrics in registry (a
 // registry of its own if nil).
@@ -127,6 +133,7 @@ func (r *intRig) harvesterWith(group string, limits goharvest.Limits, registry p
 	}
 	group = r.id + "." + group
 	cfg := goharvest.Config{
+		KafkaClient:       testKafkaClient(),
 		BaseKafkaConfig:   goharvest.KafkaConfigMap{"bootstrap.servers": r.addr},
 		LeaderGroupID:     group,
 		LeaderTopic:       group + ".leader",
@@ -252,7 +259,7 @@ func (r *intRig) rowStats() (updated, deleted int64) {
 }
 
 // 1% of produce requests fail with an error the harvester sees (its transaction is aborted and
-// the records sent again), and 1% time out after the broker stored the batch (librdkafka
+// the records sent again), and 1% time out after the broker stored the batch (the client
 // retries; idempotence must drop the copy). kfake only: a real broker fails no chosen request. With one record per key in flight, even a consumer
 // that reads the records of aborted transactions sees nothing worse than repeats; with runs, a
 // consumer that reads committed records sees the same.

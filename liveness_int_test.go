@@ -15,9 +15,16 @@ import (
 func TestHarvestStopsWhenKafkaRefusesItsTransactions(t *testing.T) {
 	// A cluster of its own, which allows transactions of at most 5s: the harvester asks for 60s.
 	c := kafkacluster.Start(t, kafkacluster.BrokerConfig(map[string]string{"transaction.max.timeout.ms": "5000"}))
+	for _, client := range []goharvest.KafkaClient{goharvest.KafkaClientFranz, goharvest.KafkaClientLibrdkafka} {
+		t.Run(string(client), func(t *testing.T) { stopsWhenKafkaRefusesItsTransactions(t, c, client) })
+	}
+}
+
+func stopsWhenKafkaRefusesItsTransactions(t *testing.T, c *kafkacluster.Cluster, client goharvest.KafkaClient) {
 	r := newIntRigOn(t, c)
 	r.load(2, 2)
-	h := r.harvesterWith("harvest-int", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil)
+	h := r.harvesterWith("harvest-int", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil,
+		func(cfg *goharvest.Config) { cfg.KafkaClient = client })
 	if err := h.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -40,13 +47,21 @@ func TestHarvestStopsWhenKafkaRefusesItsTransactions(t *testing.T) {
 	}
 }
 
-// A QueueTimeout above librdkafka's default transaction timeout (60s) raises the transaction
-// timeout with it, rather than making the producer refuse to start.
+// A QueueTimeout above the default transaction timeout (60s, librdkafka's, which the franz client
+// keeps too) raises the transaction timeout with it, rather than making the producer refuse to
+// start; with each Kafka client.
 func TestHarvestWithLongQueueTimeout(t *testing.T) {
+	for _, client := range []goharvest.KafkaClient{goharvest.KafkaClientFranz, goharvest.KafkaClientLibrdkafka} {
+		t.Run(string(client), func(t *testing.T) { harvestWithLongQueueTimeout(t, client) })
+	}
+}
+
+func harvestWithLongQueueTimeout(t *testing.T, client goharvest.KafkaClient) {
 	r := newIntRig(t)
 	expected := r.load(10, 10)
 	v := r.verifier()
-	h := r.harvesterWith("harvest-int", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond, QueueTimeout: 90 * time.Second}, nil)
+	h := r.harvesterWith("harvest-int", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond, QueueTimeout: 90 * time.Second}, nil,
+		func(cfg *goharvest.Config) { cfg.KafkaClient = client })
 	r.runUntilDelivered(h, v, 100)
 	checkDelivered(t, v, expected)
 }

@@ -113,13 +113,18 @@ func partitionKeys(n int) []string {
 }
 
 // By default every key lands where the Java client's default partitioner puts it (franz-go's
-// StickyKeyPartitioner with its default hasher is that partitioner), the empty key included;
-// a partitioner set in the configuration is used instead.
+// StickyKeyPartitioner with its default hasher is that partitioner), the empty key included, with
+// each Kafka client; a partitioner set in the configuration (librdkafka's only) is used instead.
 func TestDefaultPartitionerMatchesJavaClient(t *testing.T) {
 	cases := []struct {
 		name        string
+		client      goharvest.KafkaClient
 		partitioner string // "" for the default
-	}{{"default", ""}, {"consistent_random configured", "consistent_random"}}
+	}{
+		{"default/franz", goharvest.KafkaClientFranz, ""},
+		{"default/librdkafka", goharvest.KafkaClientLibrdkafka, ""},
+		{"consistent_random configured", goharvest.KafkaClientLibrdkafka, "consistent_random"},
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			const partitions = 8
@@ -135,6 +140,7 @@ func TestDefaultPartitionerMatchesJavaClient(t *testing.T) {
 			}
 			consumed := collect(t, r.addr, r.topic)
 			stop := runHarvester(t, r.harvesterWith("partition-int", goharvest.Limits{}, nil, func(cfg *goharvest.Config) {
+				cfg.KafkaClient = c.client
 				if c.partitioner != "" {
 					cfg.ProducerKafkaConfig = goharvest.KafkaConfigMap{"partitioner": c.partitioner}
 				}

@@ -358,7 +358,7 @@ type reaper struct {
 	// led holds the shards the log says this reaper publishes now, each with when it acquired it.
 	// A frozen or killed reaper cannot say it lost them: callers know which reapers are alive.
 	led map[int]time.Time
-	// granted holds the shards the election (neli) says it holds now. A shard can be in led and
+	// granted holds the shards the election says it holds now. A shard can be in led and
 	// not here only if the harvester failed to log losing it: unlogged records when that was seen.
 	granted  map[int]bool
 	unlogged []unloggedLoss
@@ -504,7 +504,7 @@ func (p *reaper) scan(out io.Reader) {
 				}
 			}
 		case "leadership revoked":
-			// On a revoke the harvester logs its loss just after this line (neli's barrier); on
+			// On a revoke the harvester logs its loss just after this line (the election's barrier); on
 			// a fence, just before.
 			for part := range strings.SplitSeq(line.Partitions, ",") {
 				if shard, err := strconv.Atoi(part); err == nil {
@@ -592,7 +592,7 @@ func (r *rig) checkLossesLogged(ps ...*reaper) {
 		}
 		p.mu.Unlock()
 		for _, u := range unlogged {
-			r.t.Errorf("%s: shard %d: \"leader acquired\" at %s, \"leadership revoked\" (neli) at %s, and no \"leader revoked\" or \"leader fenced\" for it in between",
+			r.t.Errorf("%s: shard %d: \"leader acquired\" at %s, \"leadership revoked\" (the election) at %s, and no \"leader revoked\" or \"leader fenced\" for it in between",
 				p.name, u.shard, u.acquired.Format("15:04:05.000"), u.revoked.Format("15:04:05.000"))
 		}
 	}

@@ -179,10 +179,11 @@ func TestImageBinaryWithoutCgo(t *testing.T) {
 	}
 }
 
-// testTLSBroker checks that the reaper in the image trusts what its CA bundle vouches for:
-// librdkafka, linked statically, must find the bundle at /etc/ssl/certs/ca-certificates.crt by
-// itself. The broker serves clients only TLS, with a certificate for 127.0.0.1 from a CA of its
-// own, which is appended to the exported bundle; without the bundle the reaper never gets ready.
+// testTLSBroker checks that the reaper in the image trusts what its CA bundle vouches for, with
+// each Kafka client: librdkafka, linked statically, and Go (the franz client) must each find the
+// bundle at /etc/ssl/certs/ca-certificates.crt by themselves. The broker serves clients only TLS,
+// with a certificate for 127.0.0.1 from a CA of its own, which is appended to the exported
+// bundle; without the bundle the reaper never gets ready.
 func testTLSBroker(t *testing.T, fs, dsn string) {
 	broker := kafkacluster.Start(t, kafkacluster.TLS())
 	caPEM, err := os.ReadFile(broker.CAFile())
@@ -197,13 +198,21 @@ func testTLSBroker(t *testing.T, fs, dsn string) {
 	if err := errors.Join(err, bundle.Close()); err != nil {
 		t.Fatal(err)
 	}
-	admin := freeAddr(t)
-	writeFile(t, filepath.Join(fs, "etc/reaper/tls.yaml"), `harvest:
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, client := range []string{"librdkafka", "franz"} {
+		admin := freeAddr(t)
+		writeFile(t, filepath.Join(fs, "etc/reaper/tls.yaml"), `harvest:
+  kafkaClient: `+client+`
   baseKafkaConfig:
     bootstrap.servers: `+broker.Addr()+`
     security.protocol: SSL
-  leaderTopic: imagetest-tls.leader
-  leaderGroupID: imagetest-tls
+  leaderTopic: imagetest-tls-`+client+`.leader
+  leaderGroupID: imagetest-tls-`+client+`
   dataSource: ${DATABASE_URL}
   limits:
     heartbeatTimeout: 1s
@@ -213,28 +222,24 @@ admin:
 logging:
   format: json
 `)
-	r := startReaper(t, fs, []string{"DATABASE_URL=" + dsn}, "/reaper", "-f", "/etc/reaper/tls.yaml")
-	r.waitFor(t, 30*time.Second, "/readyz answering 200 over TLS", func() error { return get(admin, reaper.ReadyzPath, nil) })
-	r.waitFor(t, 30*time.Second, "leadership over TLS", func() error {
-		if leader := metricValue(t, admin, "goharvest_leader"); leader != 1 {
-			return fmt.Errorf("goharvest_leader is %v", leader)
+		r := startReaper(t, fs, []string{"DATABASE_URL=" + dsn}, "/reaper", "-f", "/etc/reaper/tls.yaml")
+		r.waitFor(t, 30*time.Second, client+": /readyz answering 200 over TLS", func() error { return get(admin, reaper.ReadyzPath, nil) })
+		r.waitFor(t, 30*time.Second, client+": leadership over TLS", func() error {
+			if leader := metricValue(t, admin, "goharvest_leader"); leader != 1 {
+				return fmt.Errorf("goharvest_leader is %v", leader)
+			}
+			return nil
+		})
+		// And it publishes over TLS.
+		topic := "events-tls-" + client
+		broker.Topic(t, topic, 1)
+		if _, err := pool.Exec(ctx, `INSERT INTO outbox (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
+			SELECT now(), $1, 'k' || i, 'v', '{}', '{}' FROM generate_series(1, 10) AS i`, topic); err != nil {
+			t.Fatal(err)
 		}
-		return nil
-	})
-	// And it publishes over TLS.
-	broker.Topic(t, "events-tls", 1)
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
+		r.waitFor(t, 30*time.Second, client+": the outbox to empty over TLS", outboxEmpty(pool))
+		r.stop(t)
 	}
-	defer pool.Close()
-	if _, err := pool.Exec(ctx, `INSERT INTO outbox (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
-		SELECT now(), 'events-tls', 'k' || i, 'v', '{}', '{}' FROM generate_series(1, 10) AS i`); err != nil {
-		t.Fatal(err)
-	}
-	r.waitFor(t, 30*time.Second, "the outbox to empty over TLS", outboxEmpty(pool))
-	r.stop(t)
 }
 
 // outboxEmpty is a check for waitFor: it fails while the outbox has rows.
