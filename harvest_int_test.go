@@ -111,6 +111,9 @@ func (r *intRig) harvester(events *eventRecorder) *goharvest.Harvest {
 	return h
 }
 
+// kafkaClients are the Kafka clients that tests about both run on, the default first.
+var kafkaClients = []goharvest.KafkaClient{goharvest.KafkaClientFranz, goharvest.KafkaClientLibrdkafka}
+
 // testKafkaClient is the Kafka client the rig's harvesters use unless a test chooses one:
 // GOHARVEST_TEST_KAFKA_CLIENT's ("librdkafka" or "franz"), as in int/, or the default.
 func testKafkaClient() goharvest.KafkaClient {

@@ -15,7 +15,7 @@ import (
 func TestHarvestStopsWhenKafkaRefusesItsTransactions(t *testing.T) {
 	// A cluster of its own, which allows transactions of at most 5s: the harvester asks for 60s.
 	c := kafkacluster.Start(t, kafkacluster.BrokerConfig(map[string]string{"transaction.max.timeout.ms": "5000"}))
-	for _, client := range []goharvest.KafkaClient{goharvest.KafkaClientFranz, goharvest.KafkaClientLibrdkafka} {
+	for _, client := range kafkaClients {
 		t.Run(string(client), func(t *testing.T) { stopsWhenKafkaRefusesItsTransactions(t, c, client) })
 	}
 }
@@ -51,7 +51,7 @@ func stopsWhenKafkaRefusesItsTransactions(t *testing.T, c *kafkacluster.Cluster,
 // keeps too) raises the transaction timeout with it, rather than making the producer refuse to
 // start; with each Kafka client.
 func TestHarvestWithLongQueueTimeout(t *testing.T) {
-	for _, client := range []goharvest.KafkaClient{goharvest.KafkaClientFranz, goharvest.KafkaClientLibrdkafka} {
+	for _, client := range kafkaClients {
 		t.Run(string(client), func(t *testing.T) { harvestWithLongQueueTimeout(t, client) })
 	}
 }

@@ -133,7 +133,7 @@ func (sr *shardedRun) waitBalanced(within time.Duration, lo, hi int) map[int]str
 // Three harvesters publish eight shards at once, two or three each; while they drain a backlog,
 // one stops and another joins. Every record arrives, no key goes backwards. On each Kafka client.
 func TestShardedHarvestersShareTheOutboxAndHandOver(t *testing.T) {
-	for _, client := range []goharvest.KafkaClient{goharvest.KafkaClientFranz, goharvest.KafkaClientLibrdkafka} {
+	for _, client := range kafkaClients {
 		t.Run(string(client), func(t *testing.T) { shareTheOutboxAndHandOver(t, client) })
 	}
 }

@@ -242,6 +242,17 @@ func certificates() (caPEM, keystore []byte, err error) {
 	return caPEM, keystore, nil
 }
 
+// NewCA returns a CA certificate made for a test, PEM-encoded, as a TLS cluster's CA is made:
+// for a file that configuration must name but that no connection uses.
+func NewCA(tb testing.TB) []byte {
+	tb.Helper()
+	caPEM, _, err := certificates()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return caPEM
+}
+
 // CAFile is the PEM file of the CA that signed the client listener's certificate, for
 // ssl.ca.location; "" on a plaintext cluster.
 func (c *Cluster) CAFile() string {

@@ -3,13 +3,6 @@ package reaper
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -19,6 +12,7 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/kafkacluster"
 )
 
 func env(vars map[string]string) func(string) (string, bool) {
@@ -47,7 +41,7 @@ func loadExample(t *testing.T, name string, vars func(string) (string, bool)) Fi
 func TestExampleConfigsLoadAndValidate(t *testing.T) {
 	vars := env(map[string]string{"DATABASE_URL": "postgres://app@db/billing", "KAFKA_PASSWORD": "s3cret:{x}"})
 	caFile := filepath.Join(t.TempDir(), "ca-cert.pem")
-	if err := os.WriteFile(caFile, selfSignedCA(t), 0o600); err != nil {
+	if err := os.WriteFile(caFile, kafkacluster.NewCA(t), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for _, client := range []goharvest.KafkaClient{goharvest.KafkaClientFranz, goharvest.KafkaClientLibrdkafka} {
@@ -64,23 +58,6 @@ func TestExampleConfigsLoadAndValidate(t *testing.T) {
 			}
 		}
 	}
-}
-
-// selfSignedCA returns a CA certificate, PEM-encoded.
-func selfSignedCA(t *testing.T) []byte {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	template := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "example CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, template, template, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
 
 func TestLoadExpandsEnvironment(t *testing.T) {
