@@ -90,7 +90,15 @@ type production struct {
 	reapers []*reaper
 	roles   roles
 	results []eventResult
+	// calm is when the rig last began to run without a fault: the writers' start, or the end of
+	// the last event.
+	calm time.Time
 }
+
+// quietBefore is how long the rig runs without a fault before each event, so that the event's
+// figures can be read beside what this machine costs without one: the longest gap between a
+// shard's records in that time.
+const quietBefore = 20 * time.Second
 
 // startProduction starts the rig, its reapers and its writers. With avoid, the leader topic is
 // created first, led by every node but the one avoid picks, so that that node holds nothing the
@@ -111,6 +119,7 @@ func startProduction(t *testing.T, avoid func(roles) *kafkacluster.Node) *produc
 	// and not the first election's.
 	r.startWriters(4, 1000, 800)
 	r.waitProgress(2000, time.Minute)
+	p.calm = time.Now()
 	return p
 }
 
@@ -119,7 +128,10 @@ func startProduction(t *testing.T, avoid func(roles) *kafkacluster.Node) *produc
 func (p *production) event(name string, node *kafkacluster.Node, do func()) eventResult {
 	t := p.t
 	t.Helper()
+	time.Sleep(time.Until(p.calm.Add(quietBefore))) // see quietBefore
+	quiet := p.watch.longestGap(time.Now().Add(-quietBefore), time.Now())
 	res := measureEvent(t, p.r, p.watch, p.reapers, productionHeartbeatTimeout, name, do)
+	res.quiet = quiet
 	p.results = append(p.results, res)
 	t.Log(res)
 	for _, rp := range p.reapers {
@@ -142,6 +154,7 @@ func (p *production) event(name string, node *kafkacluster.Node, do func()) even
 		t.Fatal(err)
 	}
 	p.r.waitProgress(1000, time.Minute)
+	p.calm = time.Now()
 	return res
 }
 
@@ -153,6 +166,8 @@ func (p *production) finish(scenario string) {
 	p.r.checkLossesLogged(p.reapers...)
 	var lines []string
 	for _, res := range p.results {
+		// Every record has arrived now: the latency of those written while the event lasted.
+		res.p99, res.most, res.written = p.r.v.LatencyOfWritten(res.at, res.at.Add(res.allBack))
 		lines = append(lines, res.String())
 	}
 	figure(t, scenario, "3 nodes at Kafka's default timings, 3 reapers, 8 shards, heartbeatTimeout 5s, 800 records/s; %s; latency p99 %v; records %d, duplicates %d, lost %d, reversals %d",
@@ -226,13 +241,28 @@ type eventResult struct {
 	fenced  int      // self-fences (no heartbeat back within the timeout)
 	changes []string // each loss, for the log
 	stalls  []time.Duration
-	allBack time.Duration // from the event to when the last shard published after its longest stall
+	allBack time.Duration // from the event to when the last shard published after the stall the event began
 	took    time.Duration // how long the event itself took (a controlled shutdown takes seconds)
+	quiet   time.Duration // the longest gap between a shard's records in the quietBefore before it
+	at      time.Time     // when it began
+
+	// The write-to-consumption latency of the records written from at until every shard
+	// published again (p99 and the most, of written records), known once every record arrived.
+	p99, most time.Duration
+	written   int
 }
 
 func (e eventResult) String() string {
-	return fmt.Sprintf("%s (took %v): shard leaderships lost %d (self-fences %d); publishing stalled per shard %v; every shard publishing again after %v",
-		e.name, e.took.Round(100*time.Millisecond), e.lost, e.fenced, roundAll(e.stalls), e.allBack.Round(time.Millisecond))
+	return fmt.Sprintf("%s (took %v): shard leaderships lost %d (self-fences %d); publishing stalled per shard %v; every shard publishing again after %v; with no fault in the %v before, a shard's longest gap %v",
+		e.name, e.took.Round(100*time.Millisecond), e.lost, e.fenced, roundAll(e.stalls), e.allBack.Round(time.Millisecond),
+		quietBefore, e.quiet.Round(100*time.Millisecond)) + e.latency()
+}
+
+func (e eventResult) latency() string {
+	if e.written == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; latency of the %d records written until then p99 %v, max %v", e.written, e.p99.Round(time.Millisecond), e.most.Round(time.Millisecond))
 }
 
 func roundAll(ds []time.Duration) []time.Duration {
@@ -261,7 +291,7 @@ func measureEvent(t *testing.T, r *rig, w *shardWatch, reapers []*reaper, heartb
 	}
 	end := time.Now().Add(2 * heartbeatTimeout)
 	time.Sleep(time.Until(end)) // see the comment above
-	res := eventResult{name: name, took: took}
+	res := eventResult{name: name, took: took, at: t0}
 	for _, p := range reapers {
 		p.mu.Lock()
 		for _, e := range p.history {
@@ -278,7 +308,10 @@ func measureEvent(t *testing.T, r *rig, w *shardWatch, reapers []*reaper, heartb
 		}
 		p.mu.Unlock()
 	}
-	res.stalls, res.allBack = w.stalls(t0, end)
+	// A stall the event caused begins by the time the event is done, or, for a leader that fenced
+	// itself, at most one heartbeat timeout later. Gaps that begin after that are not its doing:
+	// Kafka moves partition leadership back to a restarted node minutes later, for one.
+	res.stalls, res.allBack = w.stalls(t0, t0.Add(took+heartbeatTimeout))
 	return res
 }
 
@@ -361,7 +394,7 @@ func (w *shardWatch) last() []string {
 }
 
 // stalls returns each shard's longest gap between arrivals that ended after from and began before
-// to, and how long after from the last of those gaps ended.
+// to, and how long after from the last of those gaps ended: when every shard published again.
 func (w *shardWatch) stalls(from, to time.Time) ([]time.Duration, time.Duration) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -379,6 +412,22 @@ func (w *shardWatch) stalls(from, to time.Time) ([]time.Duration, time.Duration)
 		allBack = max(allBack, endedAt.Sub(from))
 	}
 	return stalls, allBack
+}
+
+// longestGap returns the longest gap between a shard's arrivals, of every shard, that began at or
+// after from and ended by to.
+func (w *shardWatch) longestGap(from, to time.Time) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var longest time.Duration
+	for _, a := range w.arrivals {
+		for i := 1; i < len(a); i++ {
+			if !a[i-1].Before(from) && !a[i].After(to) {
+				longest = max(longest, a[i].Sub(a[i-1]))
+			}
+		}
+	}
+	return longest
 }
 
 // TestSoakProduction is make soak's second half: the production rig above under broker faults

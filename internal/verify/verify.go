@@ -80,6 +80,7 @@ type Checker struct {
 	messages  int64
 	reversals []Reversal
 	latencies []time.Duration
+	written   []time.Time // each latency's record's write time
 	first     time.Time
 	last      time.Time
 }
@@ -107,6 +108,7 @@ func (c *Checker) Observe(key string, s Stamp, consumed time.Time) bool {
 		c.last = consumed
 	}
 	c.latencies = append(c.latencies, consumed.Sub(s.Written))
+	c.written = append(c.written, s.Written)
 	k := c.keys[key]
 	if k == nil {
 		k = &keyState{seen: map[int64]bool{}}
@@ -130,6 +132,23 @@ func (c *Checker) Distinct() int64 {
 		n += int64(len(k.seen))
 	}
 	return n
+}
+
+// LatencyOfWritten returns the 99th percentile and the most of the write-to-consumption latency
+// of the messages whose records were written from from to to, and how many messages those were:
+// what a fault cost the records written while it lasted.
+func (c *Checker) LatencyOfWritten(from, to time.Time) (p99, most time.Duration, n int) {
+	var ls []time.Duration
+	for i, w := range c.written {
+		if !w.Before(from) && !w.After(to) {
+			ls = append(ls, c.latencies[i])
+		}
+	}
+	if len(ls) == 0 {
+		return 0, 0, 0
+	}
+	slices.Sort(ls)
+	return ls[min(len(ls)-1, len(ls)*99/100)], ls[len(ls)-1], len(ls)
 }
 
 // Report summarises a check.

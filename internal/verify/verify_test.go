@@ -89,3 +89,20 @@ func TestDedupByID(t *testing.T) {
 		t.Fatalf("DedupByID = %+v, want %+v", got, want)
 	}
 }
+
+func TestLatencyOfWrittenCountsOnlyTheWindow(t *testing.T) {
+	c := NewChecker("r")
+	t0 := time.Unix(100, 0)
+	// Records written every second from t0, each taking as many seconds as its number to arrive.
+	for seq := range int64(10) {
+		written := t0.Add(time.Duration(seq) * time.Second)
+		c.Observe("a", stamp("r", seq, written), written.Add(time.Duration(seq)*time.Second))
+	}
+	p99, most, n := c.LatencyOfWritten(t0.Add(2*time.Second), t0.Add(4*time.Second))
+	if n != 3 || p99 != 4*time.Second || most != 4*time.Second {
+		t.Fatalf("records written from +2s to +4s: p99 %v, most %v, of %d; want 4s, 4s, of 3", p99, most, n)
+	}
+	if _, _, n := c.LatencyOfWritten(t0.Add(20*time.Second), t0.Add(30*time.Second)); n != 0 {
+		t.Fatalf("%d records in a window where none was written", n)
+	}
+}

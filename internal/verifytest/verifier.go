@@ -156,6 +156,13 @@ func (v *Verifier) Distinct() int64 {
 	return v.checker.Distinct()
 }
 
+// LatencyOfWritten is verify.Checker's, of what arrived so far.
+func (v *Verifier) LatencyOfWritten(from, to time.Time) (p99, most time.Duration, n int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.checker.LatencyOfWritten(from, to)
+}
+
 // Report checks what arrived against expected (records written per key).
 func (v *Verifier) Report(expected map[string]int64) verify.Report {
 	v.mu.Lock()
