@@ -10,7 +10,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/driver/franz"
 	"github.com/goharvest/goharvest/driver/librdkafka"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 )
@@ -19,13 +24,35 @@ import (
 // coordinator fences the predecessor, aborts its transaction and refuses the successor
 // (CONCURRENT_TRANSACTIONS) until the abort is written. librdkafka asks again only after 500ms of
 // its own; the successor must ask again sooner, so that it starts about when the abort is done.
+// kgo (the franz client) asks again after 20ms, 200ms once refused for a second.
 func TestSuccessorInitTransactionsRetriesPromptly(t *testing.T) {
+	for _, client := range []goharvest.KafkaClient{goharvest.KafkaClientFranz, goharvest.KafkaClientLibrdkafka} {
+		t.Run(string(client), func(t *testing.T) {
+			successorRetriesPromptly(t, client)
+		})
+	}
+}
+
+func successorRetriesPromptly(t *testing.T, client goharvest.KafkaClient) {
 	c := kafkacluster.Shared(t)
 	topic := c.Topic(t, fmt.Sprintf("inittxn%d.events", rigs.Add(1)), 8)
 	txnID := topic + ".txn"
-	producer := func(name string, logger *slog.Logger) (driver.KafkaProducer, error) {
+	// attempts are the times the successor asked for its producer ID, each refusal's and the last.
+	attempts := &timesOf{}
+	producer := func(name string, successor bool) (driver.KafkaProducer, error) {
+		cfg := driver.ProducerConfig{TransactionalID: txnID, Logger: slog.New(slog.DiscardHandler)}
+		if client == goharvest.KafkaClientFranz {
+			var opts []kgo.Opt
+			if successor {
+				opts = append(opts, kgo.WithHooks(initProducerIDWrites{attempts}))
+			}
+			return franz.New(franz.Config{SeedBrokers: strings.Split(c.Addr(), ","), ClientID: name, Linger: franz.NoLinger, ProducerOpts: opts}).NewProducer(cfg)
+		}
+		if successor {
+			cfg.Logger = slog.New(refusals{attempts})
+		}
 		return librdkafka.New(librdkafka.Config{Properties: map[string]any{"bootstrap.servers": c.Addr(), "client.id": name, "linger.ms": 0}}).
-			NewProducer(driver.ProducerConfig{TransactionalID: txnID, Logger: logger})
+			NewProducer(cfg)
 	}
 	initTxn := func(p driver.KafkaProducer) {
 		t.Helper()
@@ -36,7 +63,7 @@ func TestSuccessorInitTransactionsRetriesPromptly(t *testing.T) {
 		}
 	}
 
-	predecessor, err := producer("predecessor", slog.New(slog.DiscardHandler))
+	predecessor, err := producer("predecessor", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,50 +91,67 @@ func TestSuccessorInitTransactionsRetriesPromptly(t *testing.T) {
 		predecessor.Close()
 	}()
 
-	logs := &refusals{}
-	successor, err := producer("successor", slog.New(logs))
+	successor, err := producer("successor", true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer successor.Close()
 	initTxn(successor)
 	done := time.Now()
-	attempts := logs.times()
-	if len(attempts) == 0 {
+	asked := attempts.times()
+	if client == goharvest.KafkaClientLibrdkafka {
+		asked = append(asked, done) // librdkafka logs each refusal; the last attempt is the one that returned
+	}
+	if len(asked) < 2 {
 		t.Skip("the coordinator did not refuse the successor: the predecessor's transaction was aborted before it asked")
 	}
-	attempts = append(attempts, done)
 	var gaps []time.Duration
-	for i := 1; i < len(attempts); i++ {
-		gaps = append(gaps, attempts[i].Sub(attempts[i-1]))
+	for i := 1; i < len(asked); i++ {
+		gaps = append(gaps, asked[i].Sub(asked[i-1]))
 	}
 	slices.Sort(gaps)
-	t.Logf("refused %d times over %v; gaps between attempts %v", len(attempts)-1, done.Sub(attempts[0]).Round(time.Millisecond), gaps)
+	t.Logf("refused %d times over %v; gaps between attempts %v", len(asked)-1, done.Sub(asked[0]).Round(time.Millisecond), gaps)
 	if median := gaps[len(gaps)/2]; median >= 450*time.Millisecond {
-		t.Errorf("the successor asked again every %v (median), at librdkafka's own 500ms pace rather than promptly", median.Round(time.Millisecond))
+		t.Errorf("the successor asked again every %v (median), at librdkafka's own 500ms pace or slower rather than promptly", median.Round(time.Millisecond))
 	}
 }
 
-// refusals is a slog handler that records when librdkafka said it was refused a producer ID.
-type refusals struct {
+// timesOf collects the times something happened, from any goroutine.
+type timesOf struct {
 	mu sync.Mutex
 	at []time.Time
 }
 
-func (r *refusals) Enabled(context.Context, slog.Level) bool { return true }
-func (r *refusals) Handle(_ context.Context, rec slog.Record) error {
-	if strings.Contains(rec.Message, "Failed to acquire transactional PID") {
-		r.mu.Lock()
-		r.at = append(r.at, rec.Time)
-		r.mu.Unlock()
-	}
-	return nil
+func (r *timesOf) add(at time.Time) {
+	r.mu.Lock()
+	r.at = append(r.at, at)
+	r.mu.Unlock()
 }
-func (r *refusals) WithAttrs([]slog.Attr) slog.Handler { return r }
-func (r *refusals) WithGroup(string) slog.Handler      { return r }
 
-func (r *refusals) times() []time.Time {
+func (r *timesOf) times() []time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.at)
+}
+
+// refusals is a slog handler that records when librdkafka said it was refused a producer ID.
+type refusals struct{ *timesOf }
+
+func (r refusals) Enabled(context.Context, slog.Level) bool { return true }
+func (r refusals) Handle(_ context.Context, rec slog.Record) error {
+	if strings.Contains(rec.Message, "Failed to acquire transactional PID") {
+		r.add(rec.Time)
+	}
+	return nil
+}
+func (r refusals) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r refusals) WithGroup(string) slog.Handler      { return r }
+
+// initProducerIDWrites is a kgo hook that records when kgo sent an InitProducerID request.
+type initProducerIDWrites struct{ *timesOf }
+
+func (h initProducerIDWrites) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if key == (&kmsg.InitProducerIDRequest{}).Key() && err == nil {
+		h.add(time.Now())
+	}
 }
