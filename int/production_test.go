@@ -132,6 +132,11 @@ func (p *production) event(name string, node *kafkacluster.Node, do func()) even
 	quiet := p.watch.longestGap(time.Now().Add(-quietBefore), time.Now())
 	res := measureEvent(t, p.r, p.watch, p.reapers, productionHeartbeatTimeout, name, do)
 	res.quiet = quiet
+	// Until the controller fences a crashed broker, it stays in every in-sync replica set it was
+	// in, and nothing it led or coordinated moves: that much of a crash's cost is Kafka's.
+	if at, ok := p.r.kafka.FencedAt(node.ID, res.at); ok && at.Before(res.at.Add(res.allBack)) {
+		res.brokerFenced = at.Sub(res.at)
+	}
 	p.results = append(p.results, res)
 	t.Log(res)
 	for _, rp := range p.reapers {
@@ -245,6 +250,9 @@ type eventResult struct {
 	took    time.Duration // how long the event itself took (a controlled shutdown takes seconds)
 	quiet   time.Duration // the longest gap between a shard's records in the quietBefore before it
 	at      time.Time     // when it began
+	// brokerFenced is when, after at, the controller fenced the node (0 if it did not before every
+	// shard published again): a crashed node's partitions and coordinators move only then.
+	brokerFenced time.Duration
 
 	// The write-to-consumption latency of the records written from at until every shard
 	// published again (p99 and the most, of written records), known once every record arrived.
@@ -255,7 +263,15 @@ type eventResult struct {
 func (e eventResult) String() string {
 	return fmt.Sprintf("%s (took %v): shard leaderships lost %d (self-fences %d); publishing stalled per shard %v; every shard publishing again after %v; with no fault in the %v before, a shard's longest gap %v",
 		e.name, e.took.Round(100*time.Millisecond), e.lost, e.fenced, roundAll(e.stalls), e.allBack.Round(time.Millisecond),
-		quietBefore, e.quiet.Round(100*time.Millisecond)) + e.latency()
+		quietBefore, e.quiet.Round(100*time.Millisecond)) + e.fence() + e.latency()
+}
+
+func (e eventResult) fence() string {
+	if e.brokerFenced == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; the controller fenced the node after %v, and every shard published again %v after that",
+		e.brokerFenced.Round(time.Millisecond), (e.allBack - e.brokerFenced).Round(time.Millisecond))
 }
 
 func (e eventResult) latency() string {

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -103,4 +104,29 @@ func (n *Node) PID() int {
 		return 0
 	}
 	return n.cmd.Process.Pid
+}
+
+// FencedAt returns when the controller fenced node id, the first time after after, from the
+// nodes' logs: the moment a crashed broker leaves the in-sync replicas and its partitions and
+// coordinators move (broker.session.timeout.ms after its last heartbeat to the controller, which
+// checks for it every 1.125s). ok is false if no node logged it.
+func (c *Cluster) FencedAt(id int, after time.Time) (at time.Time, ok bool) {
+	needle := fmt.Sprintf("Fencing broker %d at epoch", id)
+	for _, n := range c.nodes {
+		data, err := os.ReadFile(n.LogPath())
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(data)) {
+			// [2026-11-27 07:51:27,381] INFO [QuorumController id=2] Fencing broker 1 at epoch 10 ...
+			if !strings.Contains(line, needle) || len(line) < 25 || line[0] != '[' {
+				continue
+			}
+			t, err := time.ParseInLocation("2006-01-02 15:04:05,000", line[1:24], time.Local)
+			if err == nil && t.After(after) && (!ok || t.Before(at)) {
+				at, ok = t, true
+			}
+		}
+	}
+	return at, ok
 }
