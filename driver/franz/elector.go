@@ -48,11 +48,15 @@ var (
 //
 // Membership is dynamic, unlike the librdkafka driver's static one. What static membership buys
 // librdkafka is a rejoin in its own place after its session ran out while the group's
-// coordinator moved; kgo counts no session of its own: it retries a heartbeat for a whole session
-// (kgo's RetryTimeout for Heartbeat), by which time the new coordinator serves, and should it
-// fail, it keeps its member ID and rejoins under it. Kafka's coordinator gives every member of a
-// group it loads a full session, so the member keeps its place either way. And a dynamic member
-// leaves the group when it closes, which a static one does not.
+// coordinator moved; kgo counts no session of its own and keeps its member ID when a heartbeat
+// fails, and Kafka's coordinator gives every member of a group it loads a full session, so the
+// member rejoins in its own place either way. And a dynamic member leaves the group when it
+// closes, which a static one does not. A crashed coordinator does cost a member its partitions
+// (and so its leadership) when its heartbeat fails before the new coordinator serves: kgo
+// retries a heartbeat for a session counted from the first failure, which Kafka's fencing of the
+// crashed broker can outlast at the default timings, and it asks a single broker where the
+// coordinator is, so a member that asks the crashed broker fails at once (docs/operations.md,
+// Cluster events, has the figures).
 func (c *Client) NewElector(cfg driver.ElectorConfig) (driver.Elector, error) {
 	if len(c.cfg.SeedBrokers) == 0 {
 		return nil, errors.New("franz: Config.SeedBrokers is empty")
