@@ -150,8 +150,11 @@ func (r refusals) WithGroup(string) slog.Handler      { return r }
 // initProducerIDWrites is a kgo hook that records when kgo sent an InitProducerID request.
 type initProducerIDWrites struct{ *timesOf }
 
+// Were kgo's hook to change, the hook would never be called and the test would skip, not fail.
+var _ kgo.HookBrokerWrite = initProducerIDWrites{}
+
 func (h initProducerIDWrites) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
-	if key == (&kmsg.InitProducerIDRequest{}).Key() && err == nil {
+	if key == int16(kmsg.InitProducerID) && err == nil {
 		h.add(time.Now())
 	}
 }

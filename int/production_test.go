@@ -129,7 +129,8 @@ func (p *production) event(name string, node *kafkacluster.Node, do func()) even
 	t := p.t
 	t.Helper()
 	time.Sleep(time.Until(p.calm.Add(quietBefore))) // see quietBefore
-	quiet := p.watch.longestGap(time.Now().Add(-quietBefore), time.Now())
+	now := time.Now()
+	quiet := p.watch.longestGap(now.Add(-quietBefore), now)
 	res := measureEvent(t, p.r, p.watch, p.reapers, productionHeartbeatTimeout, name, do)
 	res.quiet = quiet
 	// Until the controller fences a crashed broker, it stays in every in-sync replica set it was
@@ -278,7 +279,7 @@ func (e eventResult) latency() string {
 	if e.written == 0 {
 		return ""
 	}
-	return fmt.Sprintf("; latency of the %d records written until then p99 %v, max %v", e.written, e.p99.Round(time.Millisecond), e.most.Round(time.Millisecond))
+	return fmt.Sprintf("; latency of the %d messages (repeats included) written until then p99 %v, max %v", e.written, e.p99.Round(time.Millisecond), e.most.Round(time.Millisecond))
 }
 
 func roundAll(ds []time.Duration) []time.Duration {
@@ -308,27 +309,39 @@ func measureEvent(t *testing.T, r *rig, w *shardWatch, reapers []*reaper, heartb
 	end := time.Now().Add(2 * heartbeatTimeout)
 	time.Sleep(time.Until(end)) // see the comment above
 	res := eventResult{name: name, took: took, at: t0}
+	// A stall the event caused begins by the time the event is done, or, for a leader that fenced
+	// itself, at most one heartbeat timeout later, or when a shard's leadership was lost, which
+	// kgo's heartbeat to a crashed group coordinator can do a whole session later. A gap that
+	// begins after all those is not the event's doing: Kafka moving partition leadership back to
+	// a restarted node minutes later, for one.
+	causedBy := t0.Add(took + heartbeatTimeout)
 	for _, p := range reapers {
 		p.mu.Lock()
 		for _, e := range p.history {
 			if !e.acquired && e.at.After(t0) && e.at.Before(end) {
 				res.lost++
 				res.changes = append(res.changes, fmt.Sprintf("%s lost shard %d at +%v", p.name, e.shard, e.at.Sub(t0).Round(time.Millisecond)))
+				causedBy = later(causedBy, e.at.Add(time.Second))
 			}
 		}
 		for _, f := range p.selfFenced {
 			if f.After(t0) && f.Before(end) {
 				res.fenced++
 				res.changes = append(res.changes, fmt.Sprintf("%s fenced itself at +%v", p.name, f.Sub(t0).Round(time.Millisecond)))
+				causedBy = later(causedBy, f.Add(time.Second))
 			}
 		}
 		p.mu.Unlock()
 	}
-	// A stall the event caused begins by the time the event is done, or, for a leader that fenced
-	// itself, at most one heartbeat timeout later. Gaps that begin after that are not its doing:
-	// Kafka moves partition leadership back to a restarted node minutes later, for one.
-	res.stalls, res.allBack = w.stalls(t0, t0.Add(took+heartbeatTimeout))
+	res.stalls, res.allBack = w.stalls(t0, causedBy)
 	return res
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // waitAllShardsLed waits until the reapers between them lead every shard.
@@ -430,15 +443,15 @@ func (w *shardWatch) stalls(from, to time.Time) ([]time.Duration, time.Duration)
 	return stalls, allBack
 }
 
-// longestGap returns the longest gap between a shard's arrivals, of every shard, that began at or
-// after from and ended by to.
+// longestGap returns the longest gap between a shard's arrivals, of every shard, that ended after
+// from and by to.
 func (w *shardWatch) longestGap(from, to time.Time) time.Duration {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var longest time.Duration
 	for _, a := range w.arrivals {
 		for i := 1; i < len(a); i++ {
-			if !a[i-1].Before(from) && !a[i].After(to) {
+			if a[i].After(from) && !a[i].After(to) {
 				longest = max(longest, a[i].Sub(a[i-1]))
 			}
 		}

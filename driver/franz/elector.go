@@ -53,10 +53,10 @@ var (
 // member rejoins in its own place either way. And a dynamic member leaves the group when it
 // closes, which a static one does not. A crashed coordinator does cost a member its partitions
 // (and so its leadership) when its heartbeat fails before the new coordinator serves: kgo
-// retries a heartbeat for a session counted from the first failure, which Kafka's fencing of the
-// crashed broker can outlast at the default timings, and it asks a single broker where the
-// coordinator is, so a member that asks the crashed broker fails at once (docs/operations.md,
-// Cluster events, has the figures).
+// retries a heartbeat for a session counted from when it was first sent, which Kafka's fencing
+// of the crashed broker can outlast at the default timings, and it asks a single broker where
+// the coordinator is, so a member that asks the crashed broker fails at once
+// (docs/operations.md, Cluster events, has the figures).
 func (c *Client) NewElector(cfg driver.ElectorConfig) (driver.Elector, error) {
 	if len(c.cfg.SeedBrokers) == 0 {
 		return nil, errors.New("franz: Config.SeedBrokers is empty")

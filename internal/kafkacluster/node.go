@@ -109,7 +109,8 @@ func (n *Node) PID() int {
 // FencedAt returns when the controller fenced node id, the first time after after, from the
 // nodes' logs: the moment a crashed broker leaves the in-sync replicas and its partitions and
 // coordinators move (broker.session.timeout.ms after its last heartbeat to the controller, which
-// checks for it every 1.125s). ok is false if no node logged it.
+// checks every eighth of that). ok is false if no node logged it. The log's times are the
+// machine's local time, as the brokers run on the machine that reads them.
 func (c *Cluster) FencedAt(id int, after time.Time) (at time.Time, ok bool) {
 	needle := fmt.Sprintf("Fencing broker %d at epoch", id)
 	for _, n := range c.nodes {

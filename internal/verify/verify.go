@@ -80,7 +80,7 @@ type Checker struct {
 	messages  int64
 	reversals []Reversal
 	latencies []time.Duration
-	written   []time.Time // each latency's record's write time
+	written   []int64 // each latency's record's write time, UnixNano
 	first     time.Time
 	last      time.Time
 }
@@ -108,7 +108,7 @@ func (c *Checker) Observe(key string, s Stamp, consumed time.Time) bool {
 		c.last = consumed
 	}
 	c.latencies = append(c.latencies, consumed.Sub(s.Written))
-	c.written = append(c.written, s.Written)
+	c.written = append(c.written, s.Written.UnixNano())
 	k := c.keys[key]
 	if k == nil {
 		k = &keyState{seen: map[int64]bool{}}
@@ -139,8 +139,9 @@ func (c *Checker) Distinct() int64 {
 // what a fault cost the records written while it lasted.
 func (c *Checker) LatencyOfWritten(from, to time.Time) (p99, most time.Duration, n int) {
 	var ls []time.Duration
+	lo, hi := from.UnixNano(), to.UnixNano()
 	for i, w := range c.written {
-		if !w.Before(from) && !w.After(to) {
+		if w >= lo && w <= hi {
 			ls = append(ls, c.latencies[i])
 		}
 	}
