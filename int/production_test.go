@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -130,7 +131,8 @@ func (p *production) event(name string, node *kafkacluster.Node, do func()) even
 	t.Helper()
 	time.Sleep(time.Until(p.calm.Add(quietBefore))) // see quietBefore
 	now := time.Now()
-	quiet := p.watch.longestGap(now.Add(-quietBefore), now)
+	quietGaps, _ := p.watch.stalls(now.Add(-quietBefore), now)
+	quiet := slices.Max(quietGaps)
 	res := measureEvent(t, p.r, p.watch, p.reapers, productionHeartbeatTimeout, name, do)
 	res.quiet = quiet
 	// Until the controller fences a crashed broker, it stays in every in-sync replica set it was
@@ -314,34 +316,27 @@ func measureEvent(t *testing.T, r *rig, w *shardWatch, reapers []*reaper, heartb
 	// kgo's heartbeat to a crashed group coordinator can do a whole session later. A gap that
 	// begins after all those is not the event's doing: Kafka moving partition leadership back to
 	// a restarted node minutes later, for one.
-	causedBy := t0.Add(took + heartbeatTimeout)
+	causedBy := took + heartbeatTimeout // after t0
 	for _, p := range reapers {
 		p.mu.Lock()
 		for _, e := range p.history {
 			if !e.acquired && e.at.After(t0) && e.at.Before(end) {
 				res.lost++
 				res.changes = append(res.changes, fmt.Sprintf("%s lost shard %d at +%v", p.name, e.shard, e.at.Sub(t0).Round(time.Millisecond)))
-				causedBy = later(causedBy, e.at.Add(time.Second))
+				causedBy = max(causedBy, e.at.Sub(t0)+time.Second)
 			}
 		}
 		for _, f := range p.selfFenced {
 			if f.After(t0) && f.Before(end) {
 				res.fenced++
 				res.changes = append(res.changes, fmt.Sprintf("%s fenced itself at +%v", p.name, f.Sub(t0).Round(time.Millisecond)))
-				causedBy = later(causedBy, f.Add(time.Second))
+				causedBy = max(causedBy, f.Sub(t0)+time.Second)
 			}
 		}
 		p.mu.Unlock()
 	}
-	res.stalls, res.allBack = w.stalls(t0, causedBy)
+	res.stalls, res.allBack = w.stalls(t0, t0.Add(causedBy))
 	return res
-}
-
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
 }
 
 // waitAllShardsLed waits until the reapers between them lead every shard.
@@ -441,22 +436,6 @@ func (w *shardWatch) stalls(from, to time.Time) ([]time.Duration, time.Duration)
 		allBack = max(allBack, endedAt.Sub(from))
 	}
 	return stalls, allBack
-}
-
-// longestGap returns the longest gap between a shard's arrivals, of every shard, that ended after
-// from and by to.
-func (w *shardWatch) longestGap(from, to time.Time) time.Duration {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	var longest time.Duration
-	for _, a := range w.arrivals {
-		for i := 1; i < len(a); i++ {
-			if a[i].After(from) && !a[i].After(to) {
-				longest = max(longest, a[i].Sub(a[i-1]))
-			}
-		}
-	}
-	return longest
 }
 
 // TestSoakProduction is make soak's second half: the production rig above under broker faults

@@ -149,7 +149,12 @@ func (c *Checker) LatencyOfWritten(from, to time.Time) (p99, most time.Duration,
 		return 0, 0, 0
 	}
 	slices.Sort(ls)
-	return ls[min(len(ls)-1, len(ls)*99/100)], ls[len(ls)-1], len(ls)
+	return p99Of(ls), ls[len(ls)-1], len(ls)
+}
+
+// p99Of is the 99th percentile of sorted, which must not be empty.
+func p99Of(sorted []time.Duration) time.Duration {
+	return sorted[min(len(sorted)-1, len(sorted)*99/100)]
 }
 
 // Report summarises a check.
@@ -203,7 +208,7 @@ func (c *Checker) Report(expected map[string]int64) Report {
 		sorted := slices.Clone(c.latencies)
 		slices.Sort(sorted)
 		r.P50 = sorted[len(sorted)/2]
-		r.P99 = sorted[min(len(sorted)-1, len(sorted)*99/100)]
+		r.P99 = p99Of(sorted)
 		r.Max = sorted[len(sorted)-1]
 	}
 	return r
