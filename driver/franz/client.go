@@ -66,6 +66,14 @@ const (
 	// crashed finds the new one only on a later try. Config.Opts can set another backoff.
 	DefaultRetryBackoff    = 10 * time.Millisecond
 	DefaultRetryBackoffMax = time.Second
+	// DefaultElectionRetryBackoffMax is the most of the election's backoff, which otherwise is
+	// the producers' (DefaultRetryBackoff, doubling). A group completes a rebalance only once its
+	// slowest member has joined, and after its coordinator's crash every member was refused
+	// since the crash: at a second, one would ask again up to a second after the new coordinator
+	// served, and hold back every shard of the group that long (int.TestGroupCoordinatorCrash).
+	// The election has two clients per outbox, so asking four times a second while the
+	// coordinator is away costs the brokers little.
+	DefaultElectionRetryBackoffMax = 250 * time.Millisecond
 	// DefaultMetadataMinAge is kgo.MetadataMinAge, the least time between two metadata requests;
 	// kgo's own is 5s. kgo retries a produce that Kafka answered with a retriable error only
 	// after its next metadata request, and Kafka 4 answers NOT_ENOUGH_REPLICAS to a

@@ -54,8 +54,10 @@ var (
 // closes, which a static one does not. A crashed coordinator does cost a member its partitions
 // (and so its leadership) when its heartbeat fails before the new coordinator serves: kgo
 // retries a heartbeat for a session counted from when it was first sent, which Kafka's fencing
-// of the crashed broker can outlast at the default timings, and it asks a single broker where
-// the coordinator is, so a member that asks the crashed broker fails at once
+// of the crashed broker can outlast at the default timings, and it asks one broker where the
+// coordinator is and after a failed connection one more, so a member that asks the crashed
+// broker twice fails at once. Such a member asks to join again at most
+// DefaultElectionRetryBackoffMax apart, since the group's rebalance waits for its slowest member
 // (docs/operations.md, Cluster events, has the figures).
 func (c *Client) NewElector(cfg driver.ElectorConfig) (driver.Elector, error) {
 	if len(c.cfg.SeedBrokers) == 0 {
@@ -183,7 +185,7 @@ func (e *elector) groupOpts(m *member) []kgo.Opt {
 		}
 	}
 	// The client ID and backoff first, so that those of the user's (in opts) win.
-	opts := append([]kgo.Opt{kgo.ClientID(e.cfg.Name), kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultRetryBackoffMax))}, e.opts...)
+	opts := append([]kgo.Opt{kgo.ClientID(e.cfg.Name), kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultElectionRetryBackoffMax))}, e.opts...)
 	return append(opts,
 		kgo.SeedBrokers(e.seeds...),
 		kgo.ConsumerGroup(e.cfg.LeaderGroupID),
@@ -215,7 +217,7 @@ func (e *elector) groupOpts(m *member) []kgo.Opt {
 // not all in-sync replicas), and idempotence, which needs acks=all, has nothing to guard in
 // heartbeats.
 func (e *elector) heartbeatOpts() []kgo.Opt {
-	opts := append([]kgo.Opt{kgo.ClientID(e.cfg.Name + ".heartbeat"), kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultRetryBackoffMax))}, e.opts...)
+	opts := append([]kgo.Opt{kgo.ClientID(e.cfg.Name + ".heartbeat"), kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultElectionRetryBackoffMax))}, e.opts...)
 	return append(opts,
 		kgo.SeedBrokers(e.seeds...),
 		kgo.RequiredAcks(kgo.LeaderAck()),

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -515,5 +516,68 @@ func TestFranzElectorPingAsksKafkaOnlyWhenNotLeading(t *testing.T) {
 		case !c.leading && asked < pings:
 			t.Errorf("%s: %d metadata requests over %d pings; want one each", c.name, asked, pings)
 		}
+	}
+}
+
+// While the group's coordinator is away, a contender asks to join again at most about
+// DefaultElectionRetryBackoffMax apart, however long it has been refused, so that it joins soon
+// after a coordinator serves again. A group completes its rebalance only once its slowest member
+// has joined: when the election group's coordinator crashed (int.TestGroupCoordinatorCrash), a
+// member that had been refused since the crash asked again a second after the new coordinator
+// served, at the producers' backoff, and held back every shard of the group that long.
+func TestFranzElectorAsksToJoinPromptlyWhileTheCoordinatorIsAway(t *testing.T) {
+	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	addr := cluster.ListenAddrs()[0]
+
+	var refusing atomic.Bool
+	refusing.Store(true)
+	var mu sync.Mutex
+	var refused []time.Time
+	cluster.ControlKey(int16(kmsg.JoinGroup), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		if !refusing.Load() {
+			return nil, nil, false
+		}
+		mu.Lock()
+		refused = append(refused, time.Now())
+		mu.Unlock()
+		resp := req.ResponseKind().(*kmsg.JoinGroupResponse)
+		resp.ErrorCode = kerr.CoordinatorNotAvailable.Code
+		return resp, nil, true
+	})
+
+	const heartbeatTimeout = time.Second
+	e := joinKfake(t, addr, "coordinator-away", "contender", 1, heartbeatTimeout, func([]int32) {})
+	pulsing(t, e, heartbeatTimeout/20)
+
+	// Refused for three seconds, long enough for a backoff doubling from 10ms to pass its most.
+	const away = 3 * time.Second
+	if !testwait.Until(30*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(refused) > 1 && refused[len(refused)-1].Sub(refused[0]) >= away
+	}) {
+		t.Fatal("the contender did not ask to join for three seconds")
+	}
+	refusing.Store(false)
+	back := time.Now()
+	if !testwait.Until(30*time.Second, e.Leading) {
+		t.Fatal("the contender did not lead within 30s of the coordinator serving again")
+	}
+	led := time.Since(back)
+
+	mu.Lock()
+	defer mu.Unlock()
+	var gaps []time.Duration
+	for i := 1; i < len(refused); i++ {
+		gaps = append(gaps, refused[i].Sub(refused[i-1]))
+	}
+	longest := slices.Max(gaps)
+	t.Logf("refused %d times over %v, the longest gap %v; led %v after the coordinator served again",
+		len(refused), refused[len(refused)-1].Sub(refused[0]).Round(time.Millisecond), longest.Round(time.Millisecond), led.Round(time.Millisecond))
+	// Jitter stretches a wait by a fifth at most; the rest of the slack is for a busy machine.
+	if limit := 2 * franz.DefaultElectionRetryBackoffMax; longest > limit {
+		t.Errorf("while the coordinator was away, the contender once waited %v before asking to join again; want at most %v",
+			longest.Round(time.Millisecond), limit)
 	}
 }
