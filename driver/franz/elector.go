@@ -57,7 +57,10 @@ var (
 // of the crashed broker can outlast at the default timings, and it asks one broker where the
 // coordinator is and after a failed connection one more, so a member that asks the crashed
 // broker twice fails at once. Such a member asks to join again at most
-// DefaultElectionRetryBackoffMax apart, since the group's rebalance waits for its slowest member
+// DefaultElectionRetryBackoffMax apart, since the group's rebalance waits for its slowest member.
+// A leader that fenced itself leaves the group with a new member's join to follow; a leave lost
+// to a crashed coordinator is asked again until the group hears it (leaveAgain), since the new
+// coordinator would keep the old membership, and the rebalance with it, for a session
 // (docs/operations.md, Cluster events, has the figures).
 func (c *Client) NewElector(cfg driver.ElectorConfig) (driver.Elector, error) {
 	if len(c.cfg.SeedBrokers) == 0 {
@@ -94,6 +97,7 @@ func (c *Client) NewElector(cfg driver.ElectorConfig) (driver.Elector, error) {
 		kafkaTrouble:   &outage.Logger{What: "Kafka", Repeat: outage.LogInterval},
 		view:           leadership.New(cfg.HeartbeatTimeout),
 		wake:           make(chan struct{}, 1),
+		closing:        make(chan struct{}),
 	}
 	beats, err := kgo.NewClient(e.heartbeatOpts()...)
 	if err != nil {
@@ -122,6 +126,8 @@ type elector struct {
 	acks   []beatResult
 	// lastPulse is when Pulse last began (UnixNano); a member's watchdog reads it.
 	lastPulse atomic.Int64
+	// closing is closed when Close begins: it ends the redelivery of a lost leave (leaveAgain).
+	closing chan struct{}
 	// wake is signalled (without blocking) when the loop should pulse at once: a rebalance
 	// callback waits for it, a heartbeat failed, or group management reported an error.
 	wake chan struct{}
@@ -304,12 +310,18 @@ func (m *member) isRetired() bool {
 }
 
 // close closes the member's client in the background; m.closed says when it is done. kgo's Close
-// revokes every partition (the callbacks) and then leaves the group.
-func (m *member) close() {
+// revokes every partition (the callbacks) and then leaves the group. A leave kgo gave up on (the
+// coordinator crashed, say) is handed to lost, with the member's ID, once the client is closed.
+func (m *member) close(lost func(memberID string)) {
 	m.closeOnce.Do(func() {
 		go func() {
 			defer close(m.closed)
+			memberID, _ := m.cl.GroupMetadata()
+			err := m.cl.LeaveGroupContext(context.Background())
 			m.cl.Close()
+			if err != nil && memberID != "" {
+				lost(memberID)
+			}
 		}()
 	})
 }
@@ -425,7 +437,7 @@ func (e *elector) watch(m *member) {
 				e.log.Warn("the election loop has not pulsed for two heartbeat timeouts; leaving the group so that other contenders lead",
 					"since", since.Round(time.Millisecond))
 				m.retire()
-				m.close()
+				m.close(e.leaveAgain)
 				return
 			}
 		}
@@ -526,9 +538,71 @@ func (e *elector) fenceIfSilent() {
 	e.barrier(led)
 	if m := e.member; m != nil {
 		m.retire()
-		m.close()
+		m.close(e.leaveAgain)
 		e.member, e.leaving = nil, m.closed
 	}
+}
+
+// leaveTries bounds how long a lost leave is asked again: a coordinator that loads the group
+// drops an old membership by itself a session (2H) after it loads, and a crashed coordinator's
+// successor loads within seconds of Kafka fencing the broker.
+const leaveTries = time.Minute
+
+// leaveAgain asks the group, in the background, to let memberID go, until it does, answers
+// that it does not know the member, the contender closes, or leaveTries passes. A member let go
+// after a fence or a stall leaves so that the others are given its partitions; when that leave
+// is lost, as when the group's coordinator crashed and kgo gave up asking, the coordinator that
+// takes over keeps the membership for a whole session, and the group's next rebalance, every
+// partition of the election with it, waits that long for a member that will never join.
+func (e *elector) leaveAgain(memberID string) {
+	e.log.Info("the group may not have heard this contender's old membership leave; asking until it does", "memberID", memberID)
+	go func() {
+		deadline := time.Now().Add(leaveTries)
+		for {
+			err := e.leave(memberID)
+			switch {
+			case err == nil:
+				e.log.Info("the group let the old membership go", "memberID", memberID)
+				return
+			case errors.Is(err, kerr.UnknownMemberID):
+				return // gone already: left, or its session ran out
+			case time.Now().After(deadline):
+				e.log.Warn("the group did not let the old membership go; it leaves when its session runs out", "memberID", memberID, "error", err)
+				return
+			}
+			select {
+			case <-e.closing:
+				return
+			case <-time.After(DefaultElectionRetryBackoffMax):
+			}
+		}
+	}()
+}
+
+// leave sends one LeaveGroup for memberID, through the heartbeat client (kgo finds the
+// coordinator), and returns its error.
+func (e *elector) leave(memberID string) error {
+	req := kmsg.NewPtrLeaveGroupRequest()
+	req.Group = e.cfg.LeaderGroupID
+	req.MemberID = memberID // before v3
+	m := kmsg.NewLeaveGroupRequestMember()
+	m.MemberID = memberID
+	req.Members = append(req.Members, m) // v3 and later
+	ctx, cancel := context.WithTimeout(context.Background(), e.cfg.HeartbeatTimeout)
+	defer cancel()
+	resp, err := req.RequestWith(ctx, e.beats)
+	if err != nil {
+		return err
+	}
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return err
+	}
+	for _, m := range resp.Members {
+		if err := kerr.ErrorForCode(m.ErrorCode); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // checkGroupError returns the group management error that retrying cannot cure (a permission
@@ -644,10 +718,11 @@ func (e *elector) Close(ctx context.Context) error {
 		return nil
 	}
 	e.closed = true
+	close(e.closing)
 	var err error
 	if m := e.member; m != nil {
 		e.member = nil
-		m.close()
+		m.close(func(string) {})
 	serving:
 		for {
 			select {

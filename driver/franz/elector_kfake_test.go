@@ -581,3 +581,91 @@ func TestFranzElectorAsksToJoinPromptlyWhileTheCoordinatorIsAway(t *testing.T) {
 			longest.Round(time.Millisecond), limit)
 	}
 }
+
+// A leader that fences itself leaves the group so that another contender is given its
+// partitions. When that leave is lost (the group's coordinator crashed, and kgo gave up asking),
+// the coordinator that takes over keeps the old membership for a whole session and the group's
+// rebalance waits for it: the contender asks the group to let the old membership go until it is
+// heard. Here Kafka answers no heartbeat of the leader, and fails the leader's first leaves.
+func TestFencedLeaderWhoseLeaveIsLostLeavesAgain(t *testing.T) {
+	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	addr := cluster.ListenAddrs()[0]
+	const heartbeatTimeout = 2 * time.Second // a session of 4s
+	interval := heartbeatTimeout / 20
+
+	var silenced atomic.Value // the name whose heartbeats go unanswered: string
+	silenced.Store("")
+	cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		name := silenced.Load().(string)
+		if name == "" {
+			return nil, nil, false
+		}
+		for _, topic := range req.(*kmsg.ProduceRequest).Topics {
+			for _, p := range topic.Partitions {
+				if bytes.Contains(p.Records, []byte(name+"|")) {
+					return nil, nil, true // handled, with no answer: the client waits in vain
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	// Until refuseLeavesUntil, every leave fails with an error kgo does not retry, as a leave that
+	// asks the crashed coordinator, twice, does.
+	var refuseLeavesUntil atomic.Int64
+	var leaves, refused atomic.Int32
+	cluster.ControlKey(int16(kmsg.LeaveGroup), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		leaves.Add(1)
+		if time.Now().UnixNano() >= refuseLeavesUntil.Load() {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		resp := req.ResponseKind().(*kmsg.LeaveGroupResponse)
+		resp.ErrorCode = kerr.UnknownServerError.Code
+		return resp, nil, true
+	})
+
+	// The leader joins first, and its successor's name sorts first: once the group has both of
+	// them and no owner for the partition (the leader's old membership gone), the balancer
+	// gives it to the successor, not to the fenced leader's new membership.
+	const first, second = "z-leader", "a-successor"
+	var fencedAt atomic.Int64
+	electors := map[string]driver.Elector{}
+	for _, name := range []string{first, second} {
+		e := joinKfake(t, addr, "leave-lost", name, 1, heartbeatTimeout, func([]int32) {
+			if name == silenced.Load().(string) {
+				fencedAt.CompareAndSwap(0, time.Now().UnixNano())
+			}
+		})
+		electors[name] = e
+		pulsing(t, e, interval)
+		if name == first && !testwait.Until(30*time.Second, e.Leading) {
+			t.Fatalf("%s did not lead within 30s", first)
+		}
+	}
+
+	const refusing = time.Second
+	refuseLeavesUntil.Store(time.Now().Add(heartbeatTimeout + refusing).UnixNano())
+	silenced.Store(first)
+	if !testwait.Until(30*time.Second, electors[second].Leading) {
+		t.Fatalf("%s did not lead within 30s of %s's heartbeats going unanswered", second, first)
+	}
+	led := time.Now()
+	fenced := time.Unix(0, fencedAt.Load())
+	if fencedAt.Load() == 0 {
+		t.Fatalf("%s led while %s had not fenced itself", second, first)
+	}
+	refusedUntil := time.Unix(0, refuseLeavesUntil.Load())
+	t.Logf("%s fenced itself; its leaves were refused %d times (of %d) until %v after that; %s led %v after the fence",
+		first, refused.Load(), leaves.Load(), refusedUntil.Sub(fenced).Round(time.Millisecond), second, led.Sub(fenced).Round(time.Millisecond))
+	if refused.Load() == 0 {
+		t.Fatal("no leave was refused: the test did not lose the fenced leader's leave")
+	}
+	// Had the old membership stayed, the group would have waited for its session (twice the
+	// heartbeat timeout from its last group heartbeat, about the fence) before the rebalance.
+	if wait := led.Sub(refusedUntil); wait > heartbeatTimeout {
+		t.Errorf("%s led %v after the group would hear a leave again; want within the heartbeat timeout (%v): the fenced leader's old membership was kept until its session ran out",
+			second, wait.Round(time.Millisecond), heartbeatTimeout)
+	}
+}
