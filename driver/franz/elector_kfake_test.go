@@ -87,6 +87,29 @@ func joinKfake(t *testing.T, addr, group, name string, partitions int, heartbeat
 	return e
 }
 
+// silenceHeartbeats has cluster answer none of the heartbeats of the contender whose name the
+// returned value holds ("" for none): their produce requests are taken and never answered.
+func silenceHeartbeats(cluster *kfake.Cluster) *atomic.Value {
+	var silenced atomic.Value
+	silenced.Store("")
+	cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		name := silenced.Load().(string)
+		if name == "" {
+			return nil, nil, false
+		}
+		for _, topic := range req.(*kmsg.ProduceRequest).Topics {
+			for _, p := range topic.Partitions {
+				if bytes.Contains(p.Records, []byte(name+"|")) {
+					return nil, nil, true // handled, with no answer: the client waits in vain
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	return &silenced
+}
+
 // pulsing pulses e every interval until the test ends, then closes it, resting as long as e asks
 // and waking when it says, as the engine's loop does when its shards are at rest (see
 // driver.RestingElector). A Pulse error fails the test.
@@ -129,23 +152,7 @@ func TestLeaderWhoseHeartbeatsGoUnansweredStepsDown(t *testing.T) {
 	const heartbeatTimeout = time.Second
 	interval := heartbeatTimeout / 20
 
-	var silenced atomic.Value // the name whose heartbeats go unanswered: string
-	silenced.Store("")
-	cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		cluster.KeepControl()
-		name := silenced.Load().(string)
-		if name == "" {
-			return nil, nil, false
-		}
-		for _, topic := range req.(*kmsg.ProduceRequest).Topics {
-			for _, p := range topic.Partitions {
-				if bytes.Contains(p.Records, []byte(name+"|")) {
-					return nil, nil, true // handled, with no answer: the client waits in vain
-				}
-			}
-		}
-		return nil, nil, false
-	})
+	silenced := silenceHeartbeats(cluster)
 
 	var mu sync.Mutex
 	var barriers []string // "name@elapsed"
@@ -593,23 +600,7 @@ func TestFencedLeaderWhoseLeaveIsLostLeavesAgain(t *testing.T) {
 	const heartbeatTimeout = 2 * time.Second // a session of 4s
 	interval := heartbeatTimeout / 20
 
-	var silenced atomic.Value // the name whose heartbeats go unanswered: string
-	silenced.Store("")
-	cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		cluster.KeepControl()
-		name := silenced.Load().(string)
-		if name == "" {
-			return nil, nil, false
-		}
-		for _, topic := range req.(*kmsg.ProduceRequest).Topics {
-			for _, p := range topic.Partitions {
-				if bytes.Contains(p.Records, []byte(name+"|")) {
-					return nil, nil, true // handled, with no answer: the client waits in vain
-				}
-			}
-		}
-		return nil, nil, false
-	})
+	silenced := silenceHeartbeats(cluster)
 	// Until refuseLeavesUntil, every leave fails with an error kgo does not retry, as a leave that
 	// asks the crashed coordinator, twice, does.
 	var refuseLeavesUntil atomic.Int64
