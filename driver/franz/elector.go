@@ -190,8 +190,13 @@ func (e *elector) groupOpts(m *member) []kgo.Opt {
 			m.post(change{assigned: assigned, partitions: slices.Sorted(slices.Values(parts[e.cfg.LeaderTopic]))}, e.poke)
 		}
 	}
-	// The client ID and backoff first, so that those of the user's (in opts) win.
-	opts := append([]kgo.Opt{kgo.ClientID(e.cfg.Name), kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultElectionRetryBackoffMax))}, e.opts...)
+	// The client ID and backoff first, so that those of the user's (in opts) win. kgo gives up on
+	// a request after RequestRetries tries (20) whatever the time: at the election's short waits
+	// that would end a heartbeat's retries four seconds into a coordinator's move rather than at
+	// the end of the session, which can outlast the move. Time alone bounds them instead: the
+	// session for the group's requests, kgo's 30s for the others.
+	opts := append([]kgo.Opt{kgo.ClientID(e.cfg.Name), kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultElectionRetryBackoffMax)),
+		kgo.RequestRetries(math.MaxInt32)}, e.opts...)
 	return append(opts,
 		kgo.SeedBrokers(e.seeds...),
 		kgo.ConsumerGroup(e.cfg.LeaderGroupID),

@@ -553,18 +553,20 @@ func TestFranzElectorAsksToJoinPromptlyWhileTheCoordinatorIsAway(t *testing.T) {
 		return resp, nil, true
 	})
 
-	const heartbeatTimeout = time.Second
+	// A session (6s) longer than the refusals, so that one JoinGroup's tries, and its backoff,
+	// last through them: from 10ms doubling, the producers' backoff reaches its most, a second,
+	// after 1.3s.
+	const heartbeatTimeout = 3 * time.Second
 	e := joinKfake(t, addr, "coordinator-away", "contender", 1, heartbeatTimeout, func([]int32) {})
 	pulsing(t, e, heartbeatTimeout/20)
 
-	// Refused for three seconds, long enough for a backoff doubling from 10ms to pass its most.
-	const away = 3 * time.Second
+	const away = 4 * time.Second
 	if !testwait.Until(30*time.Second, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(refused) > 1 && refused[len(refused)-1].Sub(refused[0]) >= away
 	}) {
-		t.Fatal("the contender did not ask to join for three seconds")
+		t.Fatalf("the contender did not ask to join for %v", away)
 	}
 	refusing.Store(false)
 	back := time.Now()
@@ -582,8 +584,9 @@ func TestFranzElectorAsksToJoinPromptlyWhileTheCoordinatorIsAway(t *testing.T) {
 	longest := slices.Max(gaps)
 	t.Logf("refused %d times over %v, the longest gap %v; led %v after the coordinator served again",
 		len(refused), refused[len(refused)-1].Sub(refused[0]).Round(time.Millisecond), longest.Round(time.Millisecond), led.Round(time.Millisecond))
-	// Jitter stretches a wait by a fifth at most; the rest of the slack is for a busy machine.
-	if limit := 2 * franz.DefaultElectionRetryBackoffMax; longest > limit {
+	// A wait is at most DefaultElectionRetryBackoffMax (jitter comes before the cap); the rest of
+	// the slack is for a busy machine. At the producers' most, the waits reach a second.
+	if limit := 600 * time.Millisecond; longest > limit {
 		t.Errorf("while the coordinator was away, the contender once waited %v before asking to join again; want at most %v",
 			longest.Round(time.Millisecond), limit)
 	}
@@ -659,4 +662,51 @@ func TestFencedLeaderWhoseLeaveIsLostLeavesAgain(t *testing.T) {
 		t.Errorf("%s led %v after the group would hear a leave again; want within the heartbeat timeout (%v): the fenced leader's old membership was kept until its session ran out",
 			second, wait.Round(time.Millisecond), heartbeatTimeout)
 	}
+}
+
+// A member keeps asking for its group heartbeat for the session (twice the heartbeat timeout),
+// however short its waits between tries: kgo gives up on a request after 20 tries whatever the
+// time, which at the election's 250ms waits would be four seconds into a coordinator's move,
+// well before Kafka fences a crashed broker (9s by default), and the member would lose its
+// partitions when its session could have outlasted the move. Here the coordinator answers no
+// heartbeat for three quarters of a session (the fake still counts the member's session from its
+// last heartbeat heard), and the leader must keep its partition throughout.
+func TestFranzElectorHeartbeatRetriesForTheSession(t *testing.T) {
+	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	addr := cluster.ListenAddrs()[0]
+	const heartbeatTimeout = 4 * time.Second // a session of 8s
+	var refuseUntil atomic.Int64
+	var refused atomic.Int32
+	cluster.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		if time.Now().UnixNano() >= refuseUntil.Load() {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		resp := req.ResponseKind().(*kmsg.HeartbeatResponse)
+		resp.ErrorCode = kerr.CoordinatorNotAvailable.Code
+		return resp, nil, true
+	})
+	var barriers atomic.Int32
+	e := joinKfake(t, addr, "coordinator-moving", "contender", 1, heartbeatTimeout, func([]int32) { barriers.Add(1) })
+	pulsing(t, e, heartbeatTimeout/20)
+	if !testwait.Until(30*time.Second, e.Leading) {
+		t.Fatal("the contender did not lead within 30s")
+	}
+	const refusing = 6 * time.Second
+	refuseUntil.Store(time.Now().Add(refusing).UnixNano())
+	// Past the refusals and a few heartbeat intervals more, for the heartbeat to be heard again.
+	for end := time.Now().Add(refusing + heartbeatTimeout/2); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		if barriers.Load() > 0 {
+			t.Fatalf("the contender lost its partition %d heartbeats into the coordinator's %v of refusals, within its session (%v)",
+				refused.Load(), refusing, 2*heartbeatTimeout)
+		}
+	}
+	if refused.Load() == 0 {
+		t.Fatal("no heartbeat was refused: the test did not hold the coordinator back")
+	}
+	if !e.Leading() {
+		t.Error("the contender does not lead after the coordinator answered again")
+	}
+	t.Logf("%d heartbeats refused over %v; the contender kept its partition", refused.Load(), refusing)
 }
