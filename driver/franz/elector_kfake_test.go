@@ -110,6 +110,55 @@ func silenceHeartbeats(cluster *kfake.Cluster) *atomic.Value {
 	return &silenced
 }
 
+// refusals has a kfake cluster answer every request of one key with an error code until a
+// moment the test moves, and records when it refused.
+type refusals struct {
+	until atomic.Int64 // UnixNano; requests before it are refused
+	seen  atomic.Int32 // requests of the key, refused or not
+	mu    sync.Mutex
+	at    []time.Time
+}
+
+// refuse has cluster answer key's requests with code while r.until is in the future. key is
+// JoinGroup, Heartbeat or LeaveGroup.
+func refuse(cluster *kfake.Cluster, key kmsg.Key, code int16) *refusals {
+	r := &refusals{}
+	cluster.ControlKey(int16(key), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		r.seen.Add(1)
+		if time.Now().UnixNano() >= r.until.Load() {
+			return nil, nil, false
+		}
+		r.mu.Lock()
+		r.at = append(r.at, time.Now())
+		r.mu.Unlock()
+		switch resp := req.ResponseKind().(type) {
+		case *kmsg.JoinGroupResponse:
+			resp.ErrorCode = code
+			return resp, nil, true
+		case *kmsg.HeartbeatResponse:
+			resp.ErrorCode = code
+			return resp, nil, true
+		case *kmsg.LeaveGroupResponse:
+			resp.ErrorCode = code
+			return resp, nil, true
+		default:
+			panic(fmt.Sprintf("refuse: no error code set for %T", resp))
+		}
+	})
+	return r
+}
+
+// refuseUntil refuses the requests made before t.
+func (r *refusals) refuseUntil(t time.Time) { r.until.Store(t.UnixNano()) }
+
+// times returns when the requests were refused.
+func (r *refusals) times() []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.at)
+}
+
 // pulsing pulses e every interval until the test ends, then closes it, resting as long as e asks
 // and waking when it says, as the engine's loop does when its shards are at rest (see
 // driver.RestingElector). A Pulse error fails the test.
@@ -536,22 +585,8 @@ func TestFranzElectorAsksToJoinPromptlyWhileTheCoordinatorIsAway(t *testing.T) {
 	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	addr := cluster.ListenAddrs()[0]
 
-	var refusing atomic.Bool
-	refusing.Store(true)
-	var mu sync.Mutex
-	var refused []time.Time
-	cluster.ControlKey(int16(kmsg.JoinGroup), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		cluster.KeepControl()
-		if !refusing.Load() {
-			return nil, nil, false
-		}
-		mu.Lock()
-		refused = append(refused, time.Now())
-		mu.Unlock()
-		resp := req.ResponseKind().(*kmsg.JoinGroupResponse)
-		resp.ErrorCode = kerr.CoordinatorNotAvailable.Code
-		return resp, nil, true
-	})
+	joins := refuse(cluster, kmsg.JoinGroup, kerr.CoordinatorNotAvailable.Code)
+	joins.refuseUntil(time.Now().Add(time.Hour)) // until the test says otherwise
 
 	// A session (6s) longer than the refusals, so that one JoinGroup's tries, and its backoff,
 	// last through them: from 10ms doubling, the producers' backoff reaches its most, a second,
@@ -562,21 +597,19 @@ func TestFranzElectorAsksToJoinPromptlyWhileTheCoordinatorIsAway(t *testing.T) {
 
 	const away = 4 * time.Second
 	if !testwait.Until(30*time.Second, func() bool {
-		mu.Lock()
-		defer mu.Unlock()
+		refused := joins.times()
 		return len(refused) > 1 && refused[len(refused)-1].Sub(refused[0]) >= away
 	}) {
 		t.Fatalf("the contender did not ask to join for %v", away)
 	}
-	refusing.Store(false)
 	back := time.Now()
+	joins.refuseUntil(back)
 	if !testwait.Until(30*time.Second, e.Leading) {
 		t.Fatal("the contender did not lead within 30s of the coordinator serving again")
 	}
 	led := time.Since(back)
 
-	mu.Lock()
-	defer mu.Unlock()
+	refused := joins.times()
 	var gaps []time.Duration
 	for i := 1; i < len(refused); i++ {
 		gaps = append(gaps, refused[i].Sub(refused[i-1]))
@@ -604,21 +637,9 @@ func TestFencedLeaderWhoseLeaveIsLostLeavesAgain(t *testing.T) {
 	interval := heartbeatTimeout / 20
 
 	silenced := silenceHeartbeats(cluster)
-	// Until refuseLeavesUntil, every leave fails with an error kgo does not retry, as a leave that
-	// asks the crashed coordinator, twice, does.
-	var refuseLeavesUntil atomic.Int64
-	var leaves, refused atomic.Int32
-	cluster.ControlKey(int16(kmsg.LeaveGroup), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		cluster.KeepControl()
-		leaves.Add(1)
-		if time.Now().UnixNano() >= refuseLeavesUntil.Load() {
-			return nil, nil, false
-		}
-		refused.Add(1)
-		resp := req.ResponseKind().(*kmsg.LeaveGroupResponse)
-		resp.ErrorCode = kerr.UnknownServerError.Code
-		return resp, nil, true
-	})
+	// Leaves fail with an error kgo does not retry, as a leave that asks the crashed
+	// coordinator, twice, does.
+	leaves := refuse(cluster, kmsg.LeaveGroup, kerr.UnknownServerError.Code)
 
 	// The leader joins first, and its successor's name sorts first: once the group has both of
 	// them and no owner for the partition (the leader's old membership gone), the balancer
@@ -640,7 +661,8 @@ func TestFencedLeaderWhoseLeaveIsLostLeavesAgain(t *testing.T) {
 	}
 
 	const refusing = time.Second
-	refuseLeavesUntil.Store(time.Now().Add(heartbeatTimeout + refusing).UnixNano())
+	refusedUntil := time.Now().Add(heartbeatTimeout + refusing)
+	leaves.refuseUntil(refusedUntil)
 	silenced.Store(first)
 	if !testwait.Until(30*time.Second, electors[second].Leading) {
 		t.Fatalf("%s did not lead within 30s of %s's heartbeats going unanswered", second, first)
@@ -650,10 +672,10 @@ func TestFencedLeaderWhoseLeaveIsLostLeavesAgain(t *testing.T) {
 	if fencedAt.Load() == 0 {
 		t.Fatalf("%s led while %s had not fenced itself", second, first)
 	}
-	refusedUntil := time.Unix(0, refuseLeavesUntil.Load())
+	refused := len(leaves.times())
 	t.Logf("%s fenced itself; its leaves were refused %d times (of %d) until %v after that; %s led %v after the fence",
-		first, refused.Load(), leaves.Load(), refusedUntil.Sub(fenced).Round(time.Millisecond), second, led.Sub(fenced).Round(time.Millisecond))
-	if refused.Load() == 0 {
+		first, refused, leaves.seen.Load(), refusedUntil.Sub(fenced).Round(time.Millisecond), second, led.Sub(fenced).Round(time.Millisecond))
+	if refused == 0 {
 		t.Fatal("no leave was refused: the test did not lose the fenced leader's leave")
 	}
 	// Had the old membership stayed, the group would have waited for its session (twice the
@@ -675,18 +697,7 @@ func TestFranzElectorHeartbeatRetriesForTheSession(t *testing.T) {
 	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	addr := cluster.ListenAddrs()[0]
 	const heartbeatTimeout = 4 * time.Second // a session of 8s
-	var refuseUntil atomic.Int64
-	var refused atomic.Int32
-	cluster.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		cluster.KeepControl()
-		if time.Now().UnixNano() >= refuseUntil.Load() {
-			return nil, nil, false
-		}
-		refused.Add(1)
-		resp := req.ResponseKind().(*kmsg.HeartbeatResponse)
-		resp.ErrorCode = kerr.CoordinatorNotAvailable.Code
-		return resp, nil, true
-	})
+	heartbeats := refuse(cluster, kmsg.Heartbeat, kerr.CoordinatorNotAvailable.Code)
 	var barriers atomic.Int32
 	e := joinKfake(t, addr, "coordinator-moving", "contender", 1, heartbeatTimeout, func([]int32) { barriers.Add(1) })
 	pulsing(t, e, heartbeatTimeout/20)
@@ -694,19 +705,20 @@ func TestFranzElectorHeartbeatRetriesForTheSession(t *testing.T) {
 		t.Fatal("the contender did not lead within 30s")
 	}
 	const refusing = 6 * time.Second
-	refuseUntil.Store(time.Now().Add(refusing).UnixNano())
+	heartbeats.refuseUntil(time.Now().Add(refusing))
 	// Past the refusals and a few heartbeat intervals more, for the heartbeat to be heard again.
 	for end := time.Now().Add(refusing + heartbeatTimeout/2); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
 		if barriers.Load() > 0 {
 			t.Fatalf("the contender lost its partition %d heartbeats into the coordinator's %v of refusals, within its session (%v)",
-				refused.Load(), refusing, 2*heartbeatTimeout)
+				len(heartbeats.times()), refusing, 2*heartbeatTimeout)
 		}
 	}
-	if refused.Load() == 0 {
+	refused := len(heartbeats.times())
+	if refused == 0 {
 		t.Fatal("no heartbeat was refused: the test did not hold the coordinator back")
 	}
 	if !e.Leading() {
 		t.Error("the contender does not lead after the coordinator answered again")
 	}
-	t.Logf("%d heartbeats refused over %v; the contender kept its partition", refused.Load(), refusing)
+	t.Logf("%d heartbeats refused over %v; the contender kept its partition", refused, refusing)
 }
