@@ -635,17 +635,26 @@ type fakeElector struct {
 	// that asks for that rest, and whose wake every change of state signals.
 	rest time.Duration
 	wake chan struct{}
+	// pulseTakes, when set with rest, is how long each of the resting contender's Pulses takes.
+	pulseTakes time.Duration
 }
 
 // restingElector is a contender that can rest (driver.RestingElector).
 type restingElector struct {
 	*memory.Elector
-	wake <-chan struct{}
-	rest time.Duration
+	wake       <-chan struct{}
+	rest       time.Duration
+	pulseTakes time.Duration
 }
 
 func (e *restingElector) Wake() <-chan struct{} { return e.wake }
 func (e *restingElector) Rest() time.Duration   { return e.rest }
+
+func (e *restingElector) Pulse(ctx context.Context) (bool, error) {
+	leading, err := e.Elector.Pulse(ctx)
+	time.Sleep(e.pulseTakes) // a Pulse that waits on the group a while, as a real one may
+	return leading, err
+}
 
 func newFakeElector() *fakeElector { return &fakeElector{election: memory.NewElection(1)} }
 
@@ -655,7 +664,7 @@ func (e *fakeElector) provider(barrier func([]int32)) (driver.Elector, error) {
 	e.current = e.election.Join(barrier)
 	if e.rest > 0 {
 		e.wake = make(chan struct{}, 1)
-		return &restingElector{Elector: e.current, wake: e.wake, rest: e.rest}, nil
+		return &restingElector{Elector: e.current, wake: e.wake, rest: e.rest, pulseTakes: e.pulseTakes}, nil
 	}
 	return e.current, nil
 }

@@ -355,8 +355,8 @@ func (h *Owner) emit(e event.Event) { h.events.Emit(e) }
 //
 // It pulses every MinPollInterval, or, at rest (see atRest) with an election that can say how
 // long it may wait (driver.RestingElector), when the election asks, within maxRestFraction: an
-// idle outbox's loop then wakes about twice a heartbeat timeout's tenth, rather than ten times a
-// second.
+// idle outbox's loop then wakes once a heartbeat timeout's tenth, when its heartbeat is due,
+// rather than ten times a second.
 func (h *Owner) run() {
 	defer close(h.done)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -384,11 +384,17 @@ loop:
 		if err = h.tend(ctx); err != nil {
 			break
 		}
-		wait := h.cfg.Limits.MinPollInterval
+		next := began.Add(h.cfg.Limits.MinPollInterval)
 		if resting != nil && h.atRest() {
-			wait = max(wait, min(resting.Rest(), h.cfg.Limits.HeartbeatTimeout/maxRestFraction))
+			// A rest counts from when the election says it: it names the moment its next
+			// heartbeat is due, and a loop woken a Pulse's length early would find nothing to do
+			// and pulse again only a MinPollInterval later, late for it.
+			rest := min(resting.Rest(), h.cfg.Limits.HeartbeatTimeout/maxRestFraction)
+			if after := time.Now().Add(rest); after.After(next) {
+				next = after
+			}
 		}
-		timer.Reset(time.Until(began.Add(wait)))
+		timer.Reset(time.Until(next))
 		select {
 		case <-h.stopCh:
 			break loop

@@ -53,3 +53,24 @@ func TestOwnerRestsWhileAtRest(t *testing.T) {
 		t.Errorf("Stop took %v at rest", took)
 	}
 }
+
+// A rest counts from when the election says it (driver.RestingElector's Rest is "from now"), not
+// from when the Pulse before it began: an election whose next heartbeat is due at a moment it
+// names must be pulsed at that moment, not a Pulse's length before it, when it has nothing to do
+// and the loop would pulse again only a MinPollInterval later, once more for every heartbeat.
+func TestOwnerRestCountsFromWhenTheElectionAsks(t *testing.T) {
+	limits := fastLimits() // MinPollInterval 10ms, HeartbeatTimeout 1s: rests of up to 250ms
+	r := newRig(t, limits)
+	r.elector.rest = 100 * time.Millisecond
+	r.elector.pulseTakes = 100 * time.Millisecond
+	ids := r.load(3, 3)
+	r.start()
+	r.elector.set(stateLeader)
+	r.waitEmpty(10 * time.Second)
+	r.checkOrder(ids)
+	// The epoch runs (it published the records), so the loop is at rest. A Pulse and the rest after it take 200ms: 8 pulses in 1.6s. Counting the rest from the
+	// Pulse's beginning gives one every 100ms, 16.
+	if n := r.pulsesWithin(1600 * time.Millisecond); n < 4 || n > 11 {
+		t.Fatalf("%d pulses in 1.6s, each taking 100ms and asking for a rest of 100ms after it; want about 8", n)
+	}
+}
