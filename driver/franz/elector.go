@@ -280,7 +280,7 @@ func (e *elector) Rest() time.Duration {
 		if !leading {
 			return 0
 		}
-		rest = min(rest, time.Until(e.lastSent.Add(e.heartbeatEvery)), time.Until(e.view.Lapses()))
+		rest = min(rest, time.Until(e.nextBeat()), time.Until(e.view.Lapses()))
 	}
 	return max(rest, 0)
 }
@@ -345,7 +345,7 @@ func (e *elector) Partitions() []int32 { return e.view.Partitions() }
 const maxChangesPerPulse = 100
 
 // Pulse does one round of the election: it joins the group if this contender is out of it,
-// applies the group's changes (waiting up to PollDuration for the first), counts acknowledged
+// applies the group's changes (waiting up to PollDuration for one a callback is handing over), counts acknowledged
 // heartbeats, fences a leader whose heartbeats stopped, and sends heartbeats. Kafka outages are
 // logged and ridden out; the error is for what retrying cannot fix.
 func (e *elector) Pulse(ctx context.Context) (bool, error) {
@@ -374,7 +374,7 @@ func (e *elector) Pulse(ctx context.Context) (bool, error) {
 	}
 	e.readAcks()
 	e.fenceIfSilent()
-	if e.Leading() && time.Since(e.lastSent) >= e.heartbeatEvery {
+	if e.Leading() && !time.Now().Before(e.nextBeat()) {
 		e.sendHeartbeats()
 	}
 	if e.fatal != nil {
@@ -429,22 +429,27 @@ func (e *elector) join(ctx context.Context) error {
 // joins again (see stalled).
 func (e *elector) watch(m *member) {
 	limit := 2 * e.cfg.HeartbeatTimeout
-	ticker := time.NewTicker(e.cfg.HeartbeatTimeout / 4)
-	defer ticker.Stop()
+	// A timer set for when the limit would pass, not a ticker: a loop that keeps pulsing costs
+	// this goroutine one wake every limit, not several.
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
 	for {
 		select {
 		case <-m.retired:
 			return
 		case <-m.closed:
 			return
-		case <-ticker.C:
-			if since := time.Since(time.Unix(0, e.lastPulse.Load())); since > limit {
-				e.log.Warn("the election loop has not pulsed for two heartbeat timeouts; leaving the group so that other contenders lead",
-					"since", since.Round(time.Millisecond))
-				m.retire()
-				m.close(e.leaveAgain)
-				return
+		case <-timer.C:
+			since := time.Since(time.Unix(0, e.lastPulse.Load()))
+			if since <= limit {
+				timer.Reset(limit - since + time.Millisecond)
+				continue
 			}
+			e.log.Warn("the election loop has not pulsed for two heartbeat timeouts; leaving the group so that other contenders lead",
+				"since", since.Round(time.Millisecond))
+			m.retire()
+			m.close(e.leaveAgain)
+			return
 		}
 	}
 }
@@ -456,18 +461,24 @@ func (e *elector) stalled(m *member) {
 	e.member, e.leaving = nil, m.closed
 }
 
-// serve applies the changes m's callbacks hand over: it waits up to wait for the first, then
-// takes what is ready.
+// serve applies the changes m's callbacks hand over: while a callback is posting one it waits up
+// to wait for the first, then takes what is ready. With none posting it sets no timer: a
+// callback that posts later wakes the loop (see post), and a resting leader's Pulse stays one
+// wake of the process rather than two.
 func (e *elector) serve(m *member, wait time.Duration) {
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	select {
-	case c := <-m.changes:
-		e.apply(c)
-	case <-timer.C:
-		return
+	served := 0
+	if m.posting.Load() > 0 {
+		timer := time.NewTimer(wait)
+		defer timer.Stop()
+		select {
+		case c := <-m.changes:
+			e.apply(c)
+			served++
+		case <-timer.C:
+			return
+		}
 	}
-	for range maxChangesPerPulse - 1 {
+	for ; served < maxChangesPerPulse; served++ {
 		select {
 		case c := <-m.changes:
 			e.apply(c)
@@ -635,6 +646,23 @@ func (e *elector) checkGroupError() error {
 		e.kafkaTrouble.Fail(e.log, "group", err)
 	}
 	return e.fatal
+}
+
+// beatGrid is the origin of every contender's heartbeat rounds in this process: a round is due on
+// a multiple of heartbeatEvery after it (see nextBeat), so that the rounds of many outboxes' leaders
+// in one reaper, and the loops that send them, wake the process together rather than each at a
+// moment of its own. What an idle outbox costs a reaper is mostly those wakes, not the work
+// done in them.
+var beatGrid = time.Now()
+
+// nextBeat is when the heartbeat round after the last one is due: the first point of the grid
+// after it was sent. Rounds are never further apart than heartbeatEvery; the first after a
+// leadership begins may come sooner.
+func (e *elector) nextBeat() time.Time {
+	if e.lastSent.IsZero() {
+		return e.lastSent
+	}
+	return beatGrid.Add((e.lastSent.Sub(beatGrid)/e.heartbeatEvery + 1) * e.heartbeatEvery)
 }
 
 // sendHeartbeats sends a round of heartbeats, "name|tenure|seq", to up to

@@ -722,3 +722,66 @@ func TestFranzElectorHeartbeatRetriesForTheSession(t *testing.T) {
 	}
 	t.Logf("%d heartbeats refused over %v; the contender kept its partition", refused, refusing)
 }
+
+// The leaders of many outboxes in one process send their heartbeat rounds together, on one grid
+// of heartbeatTimeout/10, rather than each on a clock of its own started when it began to lead:
+// what an idle outbox costs a reaper is mostly the process's wakes, and leaders that beat
+// together share them. Two leaders that began half a round apart are checked at the broker.
+func TestFranzLeadersOfOneProcessHeartbeatTogether(t *testing.T) {
+	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	addr := cluster.ListenAddrs()[0]
+	const heartbeatTimeout = 4 * time.Second // a round every 400ms
+	const round = heartbeatTimeout / 10
+	var mu sync.Mutex
+	arrived := map[string][]time.Time{} // heartbeat produce requests by contender
+	cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		now := time.Now()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, topic := range req.(*kmsg.ProduceRequest).Topics {
+			for _, p := range topic.Partitions {
+				for _, name := range []string{"c0", "c1"} {
+					if bytes.Contains(p.Records, []byte(name+"|")) {
+						arrived[name] = append(arrived[name], now)
+					}
+				}
+			}
+		}
+		return nil, nil, false
+	})
+	for i := range 2 {
+		group := fmt.Sprintf("kfake-together-%d", kfakeElections.Add(1))
+		e := joinKfake(t, addr, group, fmt.Sprintf("c%d", i), 1, heartbeatTimeout, func([]int32) {})
+		pulsing(t, e, 5*time.Millisecond)
+		if !testwait.Until(30*time.Second, e.Leading) {
+			t.Fatalf("contender %d did not lead within 30s", i)
+		}
+		// The second begins to lead half a round after the first, and a join's length more: a
+		// clock of its own would keep it well off the first's rounds.
+		time.Sleep(round / 2)
+	}
+	time.Sleep(10 * round)
+	mu.Lock()
+	first, second := slices.Clone(arrived["c0"]), slices.Clone(arrived["c1"])
+	mu.Unlock()
+	if len(first) < 10 || len(second) < 8 {
+		t.Fatalf("%d and %d heartbeat rounds; want at least 10 and 8", len(first), len(second))
+	}
+	// Each of the second leader's rounds after its first comes within a few milliseconds of one
+	// of the first leader's.
+	var apart []time.Duration
+	for _, at := range second[1:] {
+		nearest := time.Hour
+		for _, other := range first {
+			nearest = min(nearest, max(at.Sub(other), other.Sub(at)))
+		}
+		if nearest > 25*time.Millisecond {
+			apart = append(apart, nearest)
+		}
+	}
+	if len(apart) > 1 {
+		t.Fatalf("%d of the second leader's %d heartbeat rounds came more than 25ms from any of the first's (%v); want them together",
+			len(apart), len(second[1:]), apart)
+	}
+}
