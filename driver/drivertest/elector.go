@@ -99,11 +99,14 @@ func join(t *testing.T, e Election, name string) *contender {
 				c.mu.Unlock()
 				return
 			}
-			wait := e.PulseEvery
+			next := began.Add(e.PulseEvery)
 			if resting != nil {
-				wait = max(wait, resting.Rest())
+				// As the engine: a rest counts from when the elector says it.
+				if after := time.Now().Add(resting.Rest()); after.After(next) {
+					next = after
+				}
 			}
-			timer.Reset(time.Until(began.Add(wait)))
+			timer.Reset(time.Until(next))
 			select {
 			case <-c.stop:
 				return
