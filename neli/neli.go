@@ -93,10 +93,14 @@ type Neli struct {
 	events   *dispatch.Dispatcher[Event]
 
 	// loop serialises Pulse and Close; the fields below it belong to whoever holds it.
-	loop           sync.Mutex
-	closed         bool
-	subscribed     bool
-	topicChecked   bool
+	loop         sync.Mutex
+	closed       bool
+	subscribed   bool
+	topicChecked bool
+	// sizeUnknown is set when the leader topic's size could not be read after an assignment
+	// (see checkSize); sizeCheckedAt is when it was last asked.
+	sizeUnknown    bool
+	sizeCheckedAt  time.Time
 	tenure         string // random, new when leadership begins; marks our heartbeats
 	seq            uint64 // heartbeat sequence within the tenure
 	lastSent       time.Time
@@ -223,6 +227,9 @@ func (n *Neli) Pulse(ctx context.Context) (bool, error) {
 			return false, err
 		}
 	}
+	if n.sizeUnknown && time.Since(n.sizeCheckedAt) >= n.cfg.HeartbeatTimeout {
+		n.checkSize()
+	}
 	n.readDeliveries()
 	n.releaseIfLeft()
 	n.fenceIfSilent()
@@ -339,11 +346,50 @@ func (n *Neli) handle(ev kafka.Event) error {
 func (n *Neli) onRebalance(_ *kafka.Consumer, ev kafka.Event) error {
 	switch e := ev.(type) {
 	case kafka.AssignedPartitions:
+		if n.checkSize(); n.fatal != nil {
+			return nil
+		}
 		n.acquire(partitionsOf(e.Partitions))
 	case kafka.RevokedPartitions:
 		n.revoke(partitionsOf(e.Partitions))
 	}
 	return nil
+}
+
+// checkSize stops a contender the group has just assigned (librdkafka calls the callback at every
+// rebalance, with nothing new too) if the leader topic has more partitions than it is configured
+// for. A contender configured for more grows the topic before it joins. Being assigned no
+// partition at or above its own count does not show a contender that the others agree with it:
+// the balancer can give the new partitions to the one that grew them and leave the others what
+// they had, and the two would then split the keys differently, the same key in two shards with
+// two leaders. The topic's size shows it. When Kafka does not say, Pulse asks again, once a
+// heartbeat timeout, until it does.
+func (n *Neli) checkSize() {
+	n.sizeCheckedAt = time.Now()
+	inTopic := n.partitionsInTopic()
+	n.sizeUnknown = inTopic == 0
+	if inTopic > n.cfg.Partitions {
+		n.fatal = fmt.Errorf("neli: leader topic %s has %d partitions, and this contender is configured for %d: "+
+			"a member of group %s runs with a different number of partitions (shards); stop them all and "+
+			"start them with one setting", n.cfg.LeaderTopic, inTopic, n.cfg.Partitions, n.cfg.LeaderGroupID)
+	}
+}
+
+// partitionsInTopic asks how many partitions the leader topic has: 0 if Kafka does not say within
+// a quarter of the heartbeat timeout, since the loop waits for the answer. It asks through the
+// heartbeat producer: the consumer's metadata requests, asked from inside or just after a
+// rebalance, timed out again and again.
+func (n *Neli) partitionsInTopic() int {
+	topic := n.cfg.LeaderTopic
+	md, err := n.producer.GetMetadata(&topic, false, int((n.cfg.HeartbeatTimeout / 4).Milliseconds()))
+	if err != nil {
+		return 0
+	}
+	t, ok := md.Topics[topic]
+	if !ok || t.Error.Code() != kafka.ErrNoError {
+		return 0
+	}
+	return len(t.Partitions)
 }
 
 func partitionsOf(tps []kafka.TopicPartition) []int32 {

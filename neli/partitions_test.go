@@ -210,3 +210,29 @@ func TestStalledContenderFencesAllItsPartitionsAndRejoins(t *testing.T) {
 		checkEventOrder(t, c)
 	}
 }
+
+// A contender started with more partitions than a running one grows the leader topic and joins.
+// The balancer may give it the new partitions and leave the running one what it led, so that
+// neither is assigned a partition beyond its count while the two split the keys differently; the
+// running one finds the topic grown when the join's rebalance assigns it, and stops with an error
+// that says why.
+func TestContenderStopsWhenAnotherGrowsTheTopic(t *testing.T) {
+	b, group := kafkacluster.Shared(t), newGroup("grown")
+	fewer := startContender(t, b.Addr(), group, "fewer", func(c *Config) { c.Partitions = 2 })
+	waitForBalance(t, 20*time.Second, 2, 2, 2, fewer)
+	startContender(t, b.Addr(), group, "more", func(c *Config) { c.Partitions = 4 })
+	select {
+	case err := <-fewer.done:
+		fewer.cancel()
+		fewer.cancel = nil
+		if err == nil || !strings.Contains(err.Error(), "different number of partitions") {
+			t.Fatalf("the contender with 2 partitions stopped with %v; want the error naming a different number of partitions", err)
+		}
+		if err := fewer.n.Close(t.Context()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the contender with 2 partitions still ran 30s after one with 4 joined, leading %v: it did not notice the grown topic",
+			fewer.n.Partitions())
+	}
+}
