@@ -143,10 +143,14 @@ type elector struct {
 	topicReady bool
 	member     *member       // in the group, or joining; nil otherwise
 	leaving    chan struct{} // closed once a member let go after a fence has left the group
-	tenure     string        // random, new when leadership begins; marks its heartbeats
-	seq        uint64
-	lastSent   time.Time
-	fatal      error
+	// sizeUnknown is set when the leader topic's size could not be read after an assignment
+	// (see checkSize); sizeCheckedAt is when it was last asked.
+	sizeUnknown   bool
+	sizeCheckedAt time.Time
+	tenure        string // random, new when leadership begins; marks its heartbeats
+	seq           uint64
+	lastSent      time.Time
+	fatal         error
 
 	// view is what this contender leads, which Leading, Fenced and Partitions read.
 	view *leadership.View
@@ -173,7 +177,10 @@ type member struct {
 type change struct {
 	assigned   bool // else revoked or lost
 	partitions []int32
-	done       chan struct{}
+	// inTopic is how many partitions the leader topic had when the group assigned (0 when
+	// unknown: the metadata request failed).
+	inTopic int
+	done    chan struct{}
 }
 
 type beatResult struct {
@@ -186,8 +193,15 @@ type beatResult struct {
 func (e *elector) groupOpts(m *member) []kgo.Opt {
 	h := e.cfg.HeartbeatTimeout
 	post := func(assigned bool) func(context.Context, *kgo.Client, map[string][]int32) {
-		return func(_ context.Context, _ *kgo.Client, parts map[string][]int32) {
-			m.post(change{assigned: assigned, partitions: slices.Sorted(slices.Values(parts[e.cfg.LeaderTopic]))}, e.poke)
+		return func(ctx context.Context, cl *kgo.Client, parts map[string][]int32) {
+			c := change{assigned: assigned, partitions: slices.Sorted(slices.Values(parts[e.cfg.LeaderTopic]))}
+			// A rebalance may come from a contender that grew the leader topic: the group's
+			// leader must see the new partitions, and rejoins to assign them once it does.
+			cl.ForceMetadataRefresh()
+			if assigned {
+				c.inTopic = e.partitionsInTopic(ctx)
+			}
+			m.post(c, e.poke)
 		}
 	}
 	// The client ID and backoff first, so that those of the user's (in opts) win. kgo gives up on
@@ -212,10 +226,8 @@ func (e *elector) groupOpts(m *member) []kgo.Opt {
 		kgo.OnPartitionsAssigned(post(true)),
 		kgo.OnPartitionsRevoked(post(false)),
 		kgo.OnPartitionsLost(post(false)),
-		// A member whose metadata misses a change to the leader topic (created or grown just
-		// before it joined) must not act on the stale view for long: as the group's leader it
-		// assigns from it.
-		kgo.MetadataMaxAge(max(time.Second, h)),
+		// See electionMetadataMaxAge.
+		kgo.MetadataMaxAge(electionMetadataMaxAge),
 		kgo.MetadataMinAge(100*time.Millisecond),
 		kgo.WithHooks(groupErrorHook{e}),
 		kgo.WithLogger(slogLogger{e.log}),
@@ -226,7 +238,10 @@ func (e *elector) groupOpts(m *member) []kgo.Opt {
 // nothing, so it is given up rather than delivered late; the acknowledgement of the partition's
 // leader broker is all the evidence a heartbeat gives (acks=1; see neli's sendHeartbeat for why
 // not all in-sync replicas), and idempotence, which needs acks=all, has nothing to guard in
-// heartbeats.
+// heartbeats. Its metadata keeps kgo's age (5 minutes): kgo refreshes it when a partition's
+// leader moves or its broker goes, and a heartbeat to a partition the client does not know yet
+// asks for it (see heartbeatFailed). A refresh every heartbeat timeout cost an idle reaper of 50
+// outboxes about half a percent of a core.
 func (e *elector) heartbeatOpts() []kgo.Opt {
 	opts := append([]kgo.Opt{kgo.ClientID(e.cfg.Name + ".heartbeat"), kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultElectionRetryBackoffMax))}, e.opts...)
 	return append(opts,
@@ -236,7 +251,6 @@ func (e *elector) heartbeatOpts() []kgo.Opt {
 		kgo.ProducerLinger(0),
 		kgo.RecordDeliveryTimeout(e.cfg.HeartbeatTimeout),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.MetadataMaxAge(max(time.Second, e.cfg.HeartbeatTimeout)),
 		kgo.MetadataMinAge(100*time.Millisecond),
 		kgo.WithLogger(slogLogger{e.log}),
 	)
@@ -372,6 +386,7 @@ func (e *elector) Pulse(ctx context.Context) (bool, error) {
 			return false, err
 		}
 	}
+	e.checkSize(ctx)
 	e.readAcks()
 	e.fenceIfSilent()
 	if e.Leading() && !time.Now().Before(e.nextBeat()) {
@@ -491,8 +506,14 @@ func (e *elector) serve(m *member, wait time.Duration) {
 // apply applies one change, then lets its callback return.
 func (e *elector) apply(c change) {
 	if c.assigned {
+		e.sizeCheckedAt, e.sizeUnknown = time.Now(), c.inTopic == 0
+	}
+	switch {
+	case c.inTopic > e.cfg.Partitions:
+		e.fatal = e.mismatch(c.inTopic)
+	case c.assigned:
 		e.acquire(c.partitions)
-	} else {
+	default:
 		e.revoke(c.partitions)
 	}
 	close(c.done)
@@ -504,9 +525,7 @@ func (e *elector) acquire(ps []int32) {
 	}
 	if last := ps[len(ps)-1]; int(last) >= e.cfg.Partitions {
 		// As in neli: another contender created or grew the topic for more partitions.
-		e.fatal = fmt.Errorf("franz: assigned partition %d of leader topic %s, which should have %d partitions: "+
-			"a member of group %s runs with a different number of partitions (shards); stop them all and "+
-			"start them with one setting", last, e.cfg.LeaderTopic, e.cfg.Partitions, e.cfg.LeaderGroupID)
+		e.fatal = e.mismatch(int(last) + 1)
 		return
 	}
 	beginning := e.view.Acquire(ps)
@@ -648,6 +667,47 @@ func (e *elector) checkGroupError() error {
 	return e.fatal
 }
 
+// partitionsInTopic asks how many partitions the leader topic has, for a member the group has
+// just assigned: 0 if Kafka does not say within a quarter of the heartbeat timeout, since the
+// rebalance waits for the answer (and Pulse, asking again; see checkSize).
+//
+// Every member is assigned at every rebalance (kgo calls OnPartitionsAssigned even with nothing
+// new), and a contender configured for more partitions than the others grows the topic before
+// it joins. Being assigned no partition at or above its own count does not show a member that
+// the others agree with it: the balancer can give the new partitions to the one that grew them
+// and leave the others what they had, and the two would then split the keys differently, the
+// same key in two shards with two leaders. The topic's size shows it.
+func (e *elector) partitionsInTopic(ctx context.Context) int {
+	ctx, cancel := context.WithTimeout(ctx, e.cfg.HeartbeatTimeout/4)
+	defer cancel()
+	t, err := e.topicMetadata(ctx)
+	if err != nil || t.ErrorCode != 0 {
+		return 0
+	}
+	return len(t.Partitions)
+}
+
+// checkSize asks again, once a heartbeat timeout, for the size of a leader topic that could not be
+// read when the group last assigned this contender (see partitionsInTopic).
+func (e *elector) checkSize(ctx context.Context) {
+	if !e.sizeUnknown || time.Since(e.sizeCheckedAt) < e.cfg.HeartbeatTimeout {
+		return
+	}
+	inTopic := e.partitionsInTopic(ctx)
+	e.sizeCheckedAt, e.sizeUnknown = time.Now(), inTopic == 0
+	if inTopic > e.cfg.Partitions {
+		e.fatal = e.mismatch(inTopic)
+	}
+}
+
+// mismatch is the error that stops a contender whose leader topic has grown to partitions, more
+// than it is configured for.
+func (e *elector) mismatch(partitions int) error {
+	return fmt.Errorf("franz: leader topic %s has %d partitions or more, and this contender is configured for %d: "+
+		"a member of group %s runs with a different number of partitions (shards); stop them all and "+
+		"start them with one setting", e.cfg.LeaderTopic, partitions, e.cfg.Partitions, e.cfg.LeaderGroupID)
+}
+
 // beatGrid is the origin of every contender's heartbeat rounds in this process: a round is due on
 // a multiple of heartbeatEvery after it (see nextBeat), so that the rounds of many outboxes' leaders
 // in one reaper, and the loops that send them, wake the process together rather than each at a
@@ -732,9 +792,10 @@ func (e *elector) heartbeatFailed(a beatResult) {
 	var kafkaErr *kerr.Error
 	if a.partition != 0 && !errors.As(a.err, &kafkaErr) && !errors.Is(a.err, kgo.ErrRecordTimeout) {
 		// kgo refused the partition itself: the topic has grown and the client's metadata does
-		// not show the new partitions yet (see heartbeatOpts). Partition 0 always exists, and
-		// its acknowledgement shows the same. The original send time stands: the
-		// acknowledgement still comes after it.
+		// not show the new partitions yet (see heartbeatOpts), so it asks for them. Partition 0
+		// always exists, and its acknowledgement shows the same. The original send time
+		// stands: the acknowledgement still comes after it.
+		e.beats.ForceMetadataRefresh()
 		e.produceHeartbeat(0, a.sentAt)
 		return
 	}
@@ -996,3 +1057,11 @@ func (e *elector) permissionError(what string, cause error, grant string) error 
 	}
 	return fmt.Errorf("franz: group %s, leader topic %s: this client %s: grant %s", e.cfg.LeaderGroupID, e.cfg.LeaderTopic, what, grant)
 }
+
+// electionMetadataMaxAge is how old a member's metadata may grow. What a member needs of it is
+// the leader topic's partitions: as the group's leader it assigns from them, and kgo's leader
+// rejoins when they grow. The topic grows only when a contender configured with more partitions
+// joins, and the join's rebalance refreshes every member's metadata whose assignment it changes
+// (see groupOpts), so the periodic refresh is a backstop. A refresh every heartbeat timeout
+// cost an idle reaper of 50 outboxes about half a percent of a core.
+const electionMetadataMaxAge = time.Minute

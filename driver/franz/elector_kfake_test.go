@@ -785,3 +785,41 @@ func TestFranzLeadersOfOneProcessHeartbeatTogether(t *testing.T) {
 			len(apart), len(second[1:]), apart)
 	}
 }
+
+// A contender started with more shards than the others grows the leader topic and joins. The
+// balancer may well give it the new partitions and leave the others what they led, so no
+// contender is assigned a partition beyond its count; the two would then split the keys
+// differently, a key in two shards with two leaders. The contender configured for fewer finds
+// the topic grown when the join's rebalance assigns it, and stops with an error that says why.
+func TestFranzContenderStopsWhenAnotherGrowsTheTopic(t *testing.T) {
+	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	addr := cluster.ListenAddrs()[0]
+	const heartbeatTimeout = time.Second
+	group := fmt.Sprintf("kfake-grown-%d", kfakeElections.Add(1))
+	fewer := joinKfake(t, addr, group, "fewer", 2, heartbeatTimeout, func([]int32) {})
+	stopped := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := fewer.Pulse(context.Background()); err != nil {
+				stopped <- err
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	t.Cleanup(func() { _ = fewer.Close(context.Background()) })
+	if !testwait.Until(30*time.Second, func() bool { return len(fewer.Partitions()) == 2 }) {
+		t.Fatal("the first contender did not lead both partitions within 30s")
+	}
+	more := joinKfake(t, addr, group, "more", 4, heartbeatTimeout, func([]int32) {})
+	pulsing(t, more, 10*time.Millisecond)
+	select {
+	case err := <-stopped:
+		if !strings.Contains(err.Error(), "different number of partitions") {
+			t.Fatalf("the contender with 2 partitions stopped with %v; want the error naming a different number of partitions", err)
+		}
+	case <-time.After(10 * heartbeatTimeout):
+		t.Fatalf("the contender with 2 partitions still ran 10s after one with 4 joined (leading %v; the other %v); "+
+			"it did not notice the grown topic", fewer.Partitions(), more.Partitions())
+	}
+}
