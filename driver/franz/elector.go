@@ -505,16 +505,10 @@ func (e *elector) serve(m *member, wait time.Duration) {
 
 // apply applies one change, then lets its callback return.
 func (e *elector) apply(c change) {
-	if c.assigned {
-		e.sizeCheckedAt, e.sizeUnknown = time.Now(), c.inTopic == 0
-	}
-	switch {
-	case c.inTopic > e.cfg.Partitions:
-		e.fatal = e.mismatch(c.inTopic)
-	case c.assigned:
-		e.acquire(c.partitions)
-	default:
+	if !c.assigned {
 		e.revoke(c.partitions)
+	} else if e.sizeRead(c.inTopic) {
+		e.acquire(c.partitions)
 	}
 	close(c.done)
 }
@@ -693,11 +687,18 @@ func (e *elector) checkSize(ctx context.Context) {
 	if !e.sizeUnknown || time.Since(e.sizeCheckedAt) < e.cfg.HeartbeatTimeout {
 		return
 	}
-	inTopic := e.partitionsInTopic(ctx)
+	e.sizeRead(e.partitionsInTopic(ctx))
+}
+
+// sizeRead takes up an answer of partitionsInTopic (0 for none): it reports false, and stops the
+// contender, when the topic has more partitions than it is configured for.
+func (e *elector) sizeRead(inTopic int) bool {
 	e.sizeCheckedAt, e.sizeUnknown = time.Now(), inTopic == 0
 	if inTopic > e.cfg.Partitions {
 		e.fatal = e.mismatch(inTopic)
+		return false
 	}
+	return true
 }
 
 // mismatch is the error that stops a contender whose leader topic has grown to partitions, more

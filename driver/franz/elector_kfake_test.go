@@ -823,3 +823,82 @@ func TestFranzContenderStopsWhenAnotherGrowsTheTopic(t *testing.T) {
 			"it did not notice the grown topic", fewer.Partitions(), more.Partitions())
 	}
 }
+
+// The leader topic's size, asked at each assignment (see TestFranzContenderStopsWhenAnotherGrowsTheTopic),
+// may never be answered. Each ask is bounded: the rebalance whose callbacks ask goes through, the
+// contenders lead what they are assigned, Pulse returns within a quarter of the heartbeat
+// timeout and a little while it asks again, Ping answers from the heartbeats, and Close returns.
+func TestFranzElectorRidesOutAnUnansweredSizeQuestion(t *testing.T) {
+	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	addr := cluster.ListenAddrs()[0]
+	const heartbeatTimeout = time.Second
+	group := fmt.Sprintf("kfake-unanswered-%d", kfakeElections.Add(1))
+	var hold atomic.Bool
+	var held atomic.Int32
+	// The election's own metadata requests ask for the topic's authorized operations; kgo's do not.
+	cluster.ControlKey(int16(kmsg.Metadata), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		if hold.Load() && req.(*kmsg.MetadataRequest).IncludeTopicAuthorizedOperations {
+			held.Add(1)
+			return nil, nil, true // taken, never answered
+		}
+		return nil, nil, false
+	})
+	first := joinKfake(t, addr, group, "first", 2, heartbeatTimeout, func([]int32) {})
+	var mu sync.Mutex
+	var longest time.Duration
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			began := time.Now()
+			if _, err := first.Pulse(context.Background()); err != nil {
+				t.Errorf("Pulse: %v", err)
+				return
+			}
+			mu.Lock()
+			longest = max(longest, time.Since(began))
+			mu.Unlock()
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}()
+	if !testwait.Until(30*time.Second, func() bool { return len(first.Partitions()) == 2 }) {
+		t.Fatal("the first contender did not lead both partitions within 30s")
+	}
+	second := joinKfake(t, addr, group, "second", 2, heartbeatTimeout, func([]int32) {})
+	if _, err := second.Pulse(t.Context()); err != nil { // its look at the topic, and its join
+		t.Fatal(err)
+	}
+	hold.Store(true) // before the rebalance the join causes reaches the callbacks
+	pulsing(t, second, 10*time.Millisecond)
+	if !testwait.Until(30*time.Second, func() bool { return len(first.Partitions()) == 1 && len(second.Partitions()) == 1 }) {
+		t.Fatalf("leading %v and %v 30s after the second joined with the size unanswered; want one partition each",
+			first.Partitions(), second.Partitions())
+	}
+	time.Sleep(3 * heartbeatTimeout) // Pulse asks again once a heartbeat timeout
+	if n := held.Load(); n < 3 {
+		t.Fatalf("%d size questions held; want the callbacks' and Pulse's asking again", n)
+	}
+	if !first.Leading() || len(first.Partitions()) != 1 {
+		t.Fatalf("the first contender leads %v (leading %v) three heartbeat timeouts on; want its partition kept", first.Partitions(), first.Leading())
+	}
+	if err := first.(driver.Pinger).Ping(t.Context()); err != nil {
+		t.Fatalf("Ping while the size goes unanswered: %v", err)
+	}
+	close(stop)
+	<-done
+	mu.Lock()
+	if limit := heartbeatTimeout/4 + 150*time.Millisecond; longest > limit {
+		t.Errorf("a Pulse took %v while the size went unanswered; want at most %v", longest, limit)
+	}
+	mu.Unlock()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if err := first.Close(ctx); err != nil {
+		t.Fatalf("Close while the size goes unanswered: %v", err)
+	}
+}
