@@ -221,6 +221,7 @@ func Start(deps Deps) *Epoch {
 		written:     newWake(),
 		produced:    newWake(),
 		remarkCh:    make(chan struct{}),
+		held:        heldSet{added: newWake()},
 		heldWake:    newWake(),
 		deadTrouble: &outage.Logger{What: "dead-letter table (held records stay held)"},
 	}

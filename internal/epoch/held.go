@@ -55,6 +55,9 @@ type heldEntry struct {
 
 // heldSet is the pipeline's registry of held records and keys.
 type heldSet struct {
+	// added is poked whenever a record enters the registry: the held loop ticks only while
+	// something is held.
+	added   wake
 	mu      sync.Mutex
 	keys    map[string]int // held key -> records of it in the registry
 	records map[int64]*heldEntry
@@ -71,6 +74,7 @@ func (s *heldSet) put(f *flight, key string, err error, doom bool) {
 		e = &heldEntry{f: f}
 		s.records[f.rec.ID] = e
 		s.keys[key]++
+		s.added.poke()
 	}
 	e.HeldRecord = event.HeldRecord{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: key, Attempts: f.attempts,
 		Since: f.firstFailure}
@@ -215,19 +219,39 @@ func sameContent(a, b driver.MarkedRecord) bool {
 func (p *Epoch) wakeHeldLoop() { p.heldWake.poke() }
 
 // heldLoop reads the held rows afresh and moves the doomed ones to the dead-letter table: every
-// HeldCheckInterval, and when a worker asks.
+// HeldCheckInterval while a record is held, and when a worker asks. With nothing held it does not
+// tick: the first record held starts the ticker (heldSet.put). One reaper may run many idle
+// outboxes, and what an idle outbox costs it is mostly such wakes, not the work done in them.
 func (p *Epoch) heldLoop() {
-	tick := time.NewTicker(p.Limits.HeldCheckInterval)
-	defer tick.Stop()
+	var tick *time.Ticker
+	defer func() {
+		if tick != nil {
+			tick.Stop()
+		}
+	}()
 	for {
+		var ticks <-chan time.Time
+		if tick != nil {
+			ticks = tick.C
+		}
 		select {
 		case <-p.ctx.Done():
 			return
-		case <-tick.C:
+		case <-p.held.added:
+			if tick == nil {
+				tick = time.NewTicker(p.Limits.HeldCheckInterval)
+			}
+			continue
+		case <-ticks:
 		case <-p.heldWake:
 		}
 		entries := p.held.snapshot()
 		if len(entries) == 0 {
+			// A record held after the snapshot has poked added, which starts the ticker again.
+			if tick != nil {
+				tick.Stop()
+				tick = nil
+			}
 			continue
 		}
 		p.deadLetter(entries)
