@@ -25,6 +25,7 @@ import (
 	"github.com/goharvest/goharvest/internal/leadership"
 	"github.com/goharvest/goharvest/internal/outage"
 	"github.com/goharvest/goharvest/internal/timing"
+	"github.com/goharvest/goharvest/internal/wakegrid"
 	"github.com/goharvest/goharvest/outbox"
 )
 
@@ -709,21 +710,15 @@ func (e *elector) mismatch(partitions int) error {
 		"start them with one setting", e.cfg.LeaderTopic, partitions, e.cfg.Partitions, e.cfg.LeaderGroupID)
 }
 
-// beatGrid is the origin of every contender's heartbeat rounds in this process: a round is due on
-// a multiple of heartbeatEvery after it (see nextBeat), so that the rounds of many outboxes' leaders
-// in one reaper, and the loops that send them, wake the process together rather than each at a
-// moment of its own. What an idle outbox costs a reaper is mostly those wakes, not the work
-// done in them.
-var beatGrid = time.Now()
-
-// nextBeat is when the heartbeat round after the last one is due: the first point of the grid
-// after it was sent. Rounds are never further apart than heartbeatEvery; the first after a
-// leadership begins may come sooner.
+// nextBeat is when the heartbeat round after the last one is due: the first point after it was
+// sent of the process's wake grid (package wakegrid), so that the rounds of many outboxes'
+// leaders in one reaper, and the loops that send them, wake the process together. Rounds are
+// never further apart than heartbeatEvery; the first after a leadership begins may come sooner.
 func (e *elector) nextBeat() time.Time {
 	if e.lastSent.IsZero() {
 		return e.lastSent
 	}
-	return beatGrid.Add((e.lastSent.Sub(beatGrid)/e.heartbeatEvery + 1) * e.heartbeatEvery)
+	return wakegrid.Next(e.lastSent, e.heartbeatEvery)
 }
 
 // sendHeartbeats sends a round of heartbeats, "name|tenure|seq", to up to

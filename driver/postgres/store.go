@@ -17,6 +17,7 @@ import (
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/pgname"
+	"github.com/goharvest/goharvest/internal/wakegrid"
 	"github.com/goharvest/goharvest/outbox"
 )
 
@@ -433,8 +434,8 @@ func (b *Store) Listen(ctx context.Context, wake func()) error {
 // the same server connection back, and the check would pass until it did not.)
 //
 // Heard, it reports its notifications covering when the table has a trigger that notifies on
-// insert (see coverSQL), and asks that again, on its own connection, after every
-// listenCheckInterval without a notification: the answer is also the proof that the connection
+// insert (see coverSQL), and asks that again, on its own connection, at most every
+// listenCheckInterval while no notification comes (on the process's wake grid): the answer is also the proof that the connection
 // still works, which a connection cut without a word (no FIN, no RST) would otherwise hide for as
 // long as TCP's keepalives take. Without such a trigger (a writer that notifies by hand, say) the
 // wake-ups still come, but the harvester polls too.
@@ -491,7 +492,8 @@ func (b *Store) ListenCovering(ctx context.Context, wake func(), covered func(bo
 	// notifications to nobody, so look now.
 	wake()
 	for {
-		waitCtx, cancel := context.WithTimeout(ctx, listenCheckInterval)
+		// Until the next point of the process's wake grid: a reaper's listeners check together.
+		waitCtx, cancel := context.WithDeadline(ctx, wakegrid.Next(time.Now(), listenCheckInterval))
 		_, err := conn.WaitForNotification(waitCtx)
 		quiet := err != nil && waitCtx.Err() != nil && ctx.Err() == nil
 		cancel()

@@ -14,6 +14,7 @@ import (
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/internal/epoch"
+	"github.com/goharvest/goharvest/internal/wakegrid"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -139,19 +140,19 @@ func (h *Owner) lossEvent(shard int) event.Event {
 }
 
 // sampleBacklog keeps the backlog metrics current while this harvester leads: the whole outbox's,
-// and with Config.Shards > 1 each led shard's.
+// and with Config.Shards > 1 each led shard's. It samples on the process's wake grid, so that the
+// samplers of a reaper's outboxes wake together.
 func (h *Owner) sampleBacklog() {
 	sampler := h.features.Backlog
 	if sampler == nil {
 		return
 	}
-	tick := time.NewTicker(h.cfg.Limits.BacklogSampleInterval)
-	defer tick.Stop()
+	every := h.cfg.Limits.BacklogSampleInterval
 	for {
 		select {
 		case <-h.done:
 			return
-		case <-tick.C:
+		case <-time.After(time.Until(wakegrid.Next(time.Now(), every))):
 		}
 		led := h.LeadShards()
 		if len(led) == 0 {

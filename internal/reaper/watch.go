@@ -12,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/wakegrid"
 )
 
 // watch keeps what the status page and goharvest_reaper_ready need between requests: the last
@@ -82,16 +83,13 @@ func (w *watch) collectors() (info, ready prometheus.Collector) {
 	return gauge, ready
 }
 
-// run checks readiness and samples the counters every w.every until ctx ends.
+// run checks readiness and samples the counters every w.every until ctx ends, on the process's
+// wake grid: the watches of a reaper's outboxes check together.
 func (w *watch) run(ctx context.Context) {
-	tick := time.NewTicker(w.every)
-	defer tick.Stop()
 	for {
 		w.check(ctx)
-		select {
-		case <-ctx.Done():
+		if !wakegrid.Wait(ctx, w.every) {
 			return
-		case <-tick.C:
 		}
 	}
 }
