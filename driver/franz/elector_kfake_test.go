@@ -750,7 +750,7 @@ func TestFranzLeadersOfOneProcessHeartbeatTogether(t *testing.T) {
 		defer mu.Unlock()
 		for _, topic := range req.(*kmsg.ProduceRequest).Topics {
 			for _, p := range topic.Partitions {
-				for _, name := range []string{"c0", "c1"} {
+				for _, name := range []string{"cx0", "cx1"} { // "x": no hex tenure holds these
 					if bytes.Contains(p.Records, []byte(name+"|")) {
 						arrived[name] = append(arrived[name], now)
 					}
@@ -761,7 +761,7 @@ func TestFranzLeadersOfOneProcessHeartbeatTogether(t *testing.T) {
 	})
 	for i := range 2 {
 		group := fmt.Sprintf("kfake-together-%d", kfakeElections.Add(1))
-		e := joinKfake(t, addr, group, fmt.Sprintf("c%d", i), 1, heartbeatTimeout, func([]int32) {})
+		e := joinKfake(t, addr, group, fmt.Sprintf("cx%d", i), 1, heartbeatTimeout, func([]int32) {})
 		pulsing(t, e, 5*time.Millisecond)
 		if !testwait.Until(30*time.Second, e.Leading) {
 			t.Fatalf("contender %d did not lead within 30s", i)
@@ -772,7 +772,7 @@ func TestFranzLeadersOfOneProcessHeartbeatTogether(t *testing.T) {
 	}
 	time.Sleep(10 * round)
 	mu.Lock()
-	first, second := slices.Clone(arrived["c0"]), slices.Clone(arrived["c1"])
+	first, second := slices.Clone(arrived["cx0"]), slices.Clone(arrived["cx1"])
 	mu.Unlock()
 	if len(first) < 10 || len(second) < 8 {
 		t.Fatalf("%d and %d heartbeat rounds; want at least 10 and 8", len(first), len(second))
@@ -929,8 +929,8 @@ func TestFranzElectorsOfOneClientShareTheirHeartbeatClient(t *testing.T) {
 		}
 	})
 	groupA := fmt.Sprintf("kfake-shared-%d", kfakeElections.Add(1))
-	a := joinKfakeOn(t, client, groupA, "a", 1, heartbeatTimeout, func([]int32) {})
-	b := joinKfakeOn(t, client, fmt.Sprintf("kfake-shared-%d", kfakeElections.Add(1)), "b", 1, heartbeatTimeout, func([]int32) {})
+	a := joinKfakeOn(t, client, groupA, "alpha", 1, heartbeatTimeout, func([]int32) {})
+	b := joinKfakeOn(t, client, fmt.Sprintf("kfake-shared-%d", kfakeElections.Add(1)), "beta", 1, heartbeatTimeout, func([]int32) {})
 	if n := franz.HeartbeatClientsOpen(client); n != 1 {
 		t.Fatalf("%d heartbeat clients for two electors of one heartbeat timeout; want 1", n)
 	}
@@ -978,7 +978,7 @@ func TestFranzElectorsOfOneClientShareTheirHeartbeatClient(t *testing.T) {
 			produce := req.(*kmsg.ProduceRequest)
 			produce.Topics = slices.DeleteFunc(produce.Topics, func(topic kmsg.ProduceRequestTopic) bool {
 				for _, p := range topic.Partitions {
-					if bytes.Contains(p.Records, []byte("a|")) {
+					if bytes.Contains(p.Records, []byte("alpha|")) {
 						return true
 					}
 				}
