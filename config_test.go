@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"log/slog"
 	"reflect"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -146,35 +145,6 @@ func TestKafkaClientChoosesTheClient(t *testing.T) {
 	if got, err := c.kafkaClient(); err != nil || got != (stubKafka{}) {
 		t.Errorf("with Kafka set: %v, %v", got, err)
 	}
-}
-
-// Harvesters of one process with the same Kafka settings share a franz client, and with it their
-// elections' heartbeat clients (franz.Client); any setting that shapes the client keeps them apart.
-func TestHarvestersWithTheSameKafkaSettingsShareAFranzClient(t *testing.T) {
-	c := validConfig()
-	c.KafkaClient = KafkaClientFranz
-	first, err := c.kafkaClient()
-	if err != nil {
-		t.Fatal(err)
-	}
-	same := validConfig() // its own maps, equal in content
-	same.KafkaClient = KafkaClientFranz
-	if got, err := same.kafkaClient(); err != nil || got != first {
-		t.Errorf("the same settings made another client (%p, %v); want the first (%p)", got, err, first)
-	}
-	for name, change := range map[string]func(*Config){
-		"base property":     func(c *Config) { c.BaseKafkaConfig["client.id"] = "other" },
-		"producer property": func(c *Config) { c.ProducerKafkaConfig = KafkaConfigMap{"linger.ms": 7} },
-		"queue timeout":     func(c *Config) { c.Limits.QueueTimeout = 7 * time.Second },
-	} {
-		other := validConfig()
-		other.KafkaClient = KafkaClientFranz
-		change(&other)
-		if got, err := other.kafkaClient(); err != nil || got == first {
-			t.Errorf("%s changed: %p, %v; want a client of its own", name, got, err)
-		}
-	}
-	runtime.KeepAlive(first) // held weakly by the cache: the harvester's reference keeps it shared
 }
 
 func TestValidateNamesFieldAndRange(t *testing.T) {

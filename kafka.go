@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
-	"weak"
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/franz"
@@ -42,49 +40,12 @@ func (c Config) kafkaClient() (driver.Kafka, error) {
 	case c.Kafka != nil:
 		return c.Kafka, nil
 	case c.KafkaClient == KafkaClientFranz:
-		return c.sharedFranzClient()
+		cfg, problems := c.franzConfig()
+		return franz.New(cfg), errors.Join(problems...)
 	case c.KafkaClient == KafkaClientLibrdkafka:
 		return librdkafkaClient(c)
 	}
 	return nil, unknownKafkaClient(c.KafkaClient)
-}
-
-// franzClients are the franz clients of the process's harvesters, by their settings (franzKey),
-// held weakly: while a harvester made from one is alive, the next harvester with the same
-// settings gets the same client, and with it the one heartbeat client per heartbeat timeout that
-// its elections share (see franz.Client). A reaper's outboxes of one Kafka cluster and settings
-// then send their heartbeats together. Once no harvester holds a client, the next is made
-// afresh, from files (certificates) read again.
-var franzClients = struct {
-	sync.Mutex
-	m map[string]weak.Pointer[franz.Client]
-}{m: map[string]weak.Pointer[franz.Client]{}}
-
-// sharedFranzClient returns the franz client for c's settings, made or shared (franzClients).
-func (c Config) sharedFranzClient() (driver.Kafka, error) {
-	cfg, problems := c.franzConfig()
-	if err := errors.Join(problems...); err != nil {
-		return nil, err
-	}
-	key := c.franzKey()
-	franzClients.Lock()
-	defer franzClients.Unlock()
-	if cl := franzClients.m[key].Value(); cl != nil {
-		return cl, nil
-	}
-	for k, p := range franzClients.m {
-		if p.Value() == nil {
-			delete(franzClients.m, k)
-		}
-	}
-	cl := franz.New(cfg)
-	franzClients.m[key] = weak.Make(cl)
-	return cl, nil
-}
-
-// franzKey is what franzConfig makes a franz client from, as a string: fmt prints maps in key order.
-func (c Config) franzKey() string {
-	return fmt.Sprintf("%#v\x00%#v\x00%d", c.BaseKafkaConfig, c.ProducerKafkaConfig, c.Limits.QueueTimeout)
 }
 
 // kafkaProblems are Validate's findings about the Kafka fields: a client both set and chosen, an

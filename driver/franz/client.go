@@ -31,7 +31,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -126,62 +125,15 @@ type Config struct {
 	MaxQueued int
 }
 
-// Client makes franz-go producers and electors. It holds no connection of its own but those its
-// electors share: one heartbeat client for all of its electors of one heartbeat timeout (see
-// NewElector), open while any of them is.
-type Client struct {
-	cfg Config
-
-	mu    sync.Mutex
-	beats map[time.Duration]*sharedBeats // by heartbeat timeout
-}
-
-// sharedBeats is a heartbeat client and how many electors use it.
-type sharedBeats struct {
-	cl    *kgo.Client
-	users int
-}
+// Client makes franz-go producers. It holds no connection of its own.
+type Client struct{ cfg Config }
 
 // New returns a client with cfg's settings (copied). It contacts no broker.
 func New(cfg Config) *Client {
 	cfg.SeedBrokers = slices.Clone(cfg.SeedBrokers)
 	cfg.Opts = slices.Clone(cfg.Opts)
 	cfg.ProducerOpts = slices.Clone(cfg.ProducerOpts)
-	return &Client{cfg: cfg, beats: map[time.Duration]*sharedBeats{}}
-}
-
-// heartbeats returns the heartbeat client of this client's electors of heartbeat timeout h,
-// creating it with opts if none is open, and the function that lets it go: the last elector to
-// let it go closes it.
-func (c *Client) heartbeats(h time.Duration, opts []kgo.Opt) (*kgo.Client, func(), error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	b := c.beats[h]
-	if b == nil {
-		cl, err := kgo.NewClient(opts...)
-		if err != nil {
-			return nil, nil, err
-		}
-		b = &sharedBeats{cl: cl}
-		c.beats[h] = b
-	}
-	b.users++
-	var once sync.Once
-	release := func() {
-		once.Do(func() {
-			c.mu.Lock()
-			b.users--
-			last := b.users == 0
-			if last {
-				delete(c.beats, h)
-			}
-			c.mu.Unlock()
-			if last {
-				b.cl.Close()
-			}
-		})
-	}
-	return b.cl, release, nil
+	return &Client{cfg: cfg}
 }
 
 // NewProducer creates a transactional producer. It contacts no broker: InitTransactions does.

@@ -100,11 +100,11 @@ func (c *Client) NewElector(cfg driver.ElectorConfig) (driver.Elector, error) {
 		wake:           make(chan struct{}, 1),
 		closing:        make(chan struct{}),
 	}
-	beats, release, err := c.heartbeats(cfg.HeartbeatTimeout, e.heartbeatOpts())
+	beats, err := kgo.NewClient(e.heartbeatOpts()...)
 	if err != nil {
 		return nil, fmt.Errorf("franz: create heartbeat client: %w", err)
 	}
-	e.beats, e.releaseBeats = beats, release
+	e.beats = beats
 	return e, nil
 }
 
@@ -119,11 +119,8 @@ type elector struct {
 	kafkaTrouble   *outage.Logger
 
 	// beats sends heartbeats and the election's own requests (the leader topic's metadata and
-	// creation, Ping). It lives as long as the contender; members come and go. The Client's other
-	// electors of the same heartbeat timeout share it (see heartbeatOpts), and releaseBeats lets
-	// it go.
-	beats        *kgo.Client
-	releaseBeats func()
+	// creation, Ping). It lives as long as the contender; members come and go.
+	beats *kgo.Client
 	// acks are the heartbeats' outcomes, posted by kgo's promises and read by Pulse: only the
 	// loop may vouch that the contender still runs (see readAcks).
 	acksMu sync.Mutex
@@ -246,13 +243,6 @@ func (e *elector) groupOpts(m *member) []kgo.Opt {
 // leader moves or its broker goes, and a heartbeat to a partition the client does not know yet
 // asks for it (see heartbeatFailed). A refresh every heartbeat timeout cost an idle reaper of 50
 // outboxes about half a percent of a core.
-//
-// The Client's electors of one heartbeat timeout share the client (Client.heartbeats), which
-// takes the name, client ID and logger of the one that opened it: a reaper's outboxes with the
-// same Kafka settings then send each round's heartbeats, which fall on one grid (nextBeat), in
-// one produce request per broker rather than one each, over one connection per broker. Each
-// heartbeat is still a record of its own contender's leader topic, acknowledged or refused
-// alone: one outbox's missing ACL or lost partition fails only its own.
 func (e *elector) heartbeatOpts() []kgo.Opt {
 	opts := append([]kgo.Opt{kgo.ClientID(e.cfg.Name + ".heartbeat"), kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultElectionRetryBackoffMax))}, e.opts...)
 	return append(opts,
@@ -850,9 +840,7 @@ func (e *elector) Close(ctx context.Context) error {
 	beatsClosed := make(chan struct{})
 	go func() {
 		defer close(beatsClosed)
-		// The last elector to let the shared client go closes it, failing the heartbeats in
-		// flight; others' heartbeats in flight complete, and nobody reads their outcome.
-		e.releaseBeats()
+		e.beats.Close() // fails the heartbeats in flight
 	}()
 	select {
 	case <-beatsClosed:

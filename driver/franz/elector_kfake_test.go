@@ -71,14 +71,7 @@ func startKfake(t *testing.T, opts ...kfake.Opt) *kfake.Cluster {
 
 func joinKfake(t *testing.T, addr, group, name string, partitions int, heartbeatTimeout time.Duration, lost func([]int32)) driver.Elector {
 	t.Helper()
-	return joinKfakeOn(t, franz.New(franz.Config{SeedBrokers: []string{addr}}), group, name, partitions, heartbeatTimeout, lost)
-}
-
-// joinKfakeOn is joinKfake with a client of the caller's, whose electors share their heartbeat
-// clients.
-func joinKfakeOn(t *testing.T, client *franz.Client, group, name string, partitions int, heartbeatTimeout time.Duration, lost func([]int32)) driver.Elector {
-	t.Helper()
-	e, err := client.NewElector(driver.ElectorConfig{
+	e, err := franz.New(franz.Config{SeedBrokers: []string{addr}}).NewElector(driver.ElectorConfig{
 		LeaderTopic:      group + ".leader",
 		LeaderGroupID:    group,
 		Partitions:       partitions,
@@ -909,111 +902,5 @@ func TestFranzElectorRidesOutAnUnansweredSizeQuestion(t *testing.T) {
 	defer cancel()
 	if err := first.Close(ctx); err != nil {
 		t.Fatalf("Close while the size goes unanswered: %v", err)
-	}
-}
-
-// The electors of one client and heartbeat timeout (a reaper's outboxes of one Kafka cluster and
-// settings) share one heartbeat client; each heartbeat still stands or falls alone. When the
-// broker stops answering for one outbox's leader topic, that outbox's heartbeats fail and it
-// stops leading, and the other keeps leading on the same client; closing the first leaves the client open for the
-// other, and closing the last closes it.
-func TestFranzElectorsOfOneClientShareTheirHeartbeatClient(t *testing.T) {
-	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	addr := cluster.ListenAddrs()[0]
-	const heartbeatTimeout = time.Second
-	client := franz.New(franz.Config{SeedBrokers: []string{addr}})
-	// Registered first, so run last: after pulsing's Cleanup has closed b.
-	t.Cleanup(func() {
-		if n := franz.HeartbeatClientsOpen(client); n != 0 {
-			t.Errorf("%d heartbeat clients open once every elector closed; want 0", n)
-		}
-	})
-	groupA := fmt.Sprintf("kfake-shared-%d", kfakeElections.Add(1))
-	a := joinKfakeOn(t, client, groupA, "alpha", 1, heartbeatTimeout, func([]int32) {})
-	b := joinKfakeOn(t, client, fmt.Sprintf("kfake-shared-%d", kfakeElections.Add(1)), "beta", 1, heartbeatTimeout, func([]int32) {})
-	if n := franz.HeartbeatClientsOpen(client); n != 1 {
-		t.Fatalf("%d heartbeat clients for two electors of one heartbeat timeout; want 1", n)
-	}
-	other := joinKfakeOn(t, client, fmt.Sprintf("kfake-shared-%d", kfakeElections.Add(1)), "other", 1, 2*heartbeatTimeout, func([]int32) {})
-	if n := franz.HeartbeatClientsOpen(client); n != 2 {
-		t.Fatalf("%d heartbeat clients for electors of two heartbeat timeouts; want 2", n)
-	}
-	closeNow := func(e driver.Elector) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := e.Close(ctx); err != nil {
-			t.Errorf("Close: %v", err)
-		}
-	}
-	closeNow(other)
-
-	// a is pulsed here, and may stop on an error once its topic is gone; b as the engine pulses.
-	stopA, aDone := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(aDone)
-		for {
-			if _, err := a.Pulse(context.Background()); err != nil {
-				return
-			}
-			select {
-			case <-stopA:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-	}()
-	pulsing(t, b, 5*time.Millisecond)
-	if !testwait.Until(30*time.Second, func() bool { return a.Leading() && b.Leading() }) {
-		t.Fatalf("a leading %v, b leading %v after 30s; want both", a.Leading(), b.Leading())
-	}
-
-	// From here the broker takes no record of a's leader topic: it strips that topic from every
-	// produce request before serving the rest, so a's heartbeats go unanswered in the requests
-	// that carry b's.
-	var strip atomic.Bool
-	strip.Store(true)
-	cluster.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		cluster.KeepControl()
-		if strip.Load() {
-			produce := req.(*kmsg.ProduceRequest)
-			produce.Topics = slices.DeleteFunc(produce.Topics, func(topic kmsg.ProduceRequestTopic) bool {
-				for _, p := range topic.Partitions {
-					if bytes.Contains(p.Records, []byte("alpha|")) {
-						return true
-					}
-				}
-				return false
-			})
-		}
-		return nil, nil, false
-	})
-	// b must lead throughout: sampled every 10ms from then until 3 heartbeat timeouts after a
-	// stopped leading.
-	var aStopped time.Time
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if !b.Leading() {
-			t.Fatal("b stopped leading when a's heartbeats went unanswered; want only a to")
-		}
-		if aStopped.IsZero() && !a.Leading() {
-			aStopped = time.Now()
-		}
-		if !aStopped.IsZero() && time.Since(aStopped) > 3*heartbeatTimeout {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("a still leads 30s after its heartbeats went unanswered")
-		}
-	}
-
-	close(stopA)
-	<-aDone
-	closeNow(a)
-	if n := franz.HeartbeatClientsOpen(client); n != 1 {
-		t.Fatalf("%d heartbeat clients with b still open; want 1", n)
-	}
-	for until := time.Now().Add(3 * heartbeatTimeout); time.Now().Before(until); time.Sleep(10 * time.Millisecond) {
-		if !b.Leading() {
-			t.Fatal("b stopped leading once a closed; the heartbeat client they share must stay open for b")
-		}
 	}
 }
