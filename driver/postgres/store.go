@@ -434,11 +434,11 @@ func (b *Store) Listen(ctx context.Context, wake func()) error {
 // the same server connection back, and the check would pass until it did not.)
 //
 // Heard, it reports its notifications covering when the table has a trigger that notifies on
-// insert (see coverSQL), and asks that again, on its own connection, at most every
-// listenCheckInterval while no notification comes (on the process's wake grid): the answer is also the proof that the connection
-// still works, which a connection cut without a word (no FIN, no RST) would otherwise hide for as
-// long as TCP's keepalives take. Without such a trigger (a writer that notifies by hand, say) the
-// wake-ups still come, but the harvester polls too.
+// insert (see coverSQL), and asks that again, on its own connection, once no notification has
+// come for about listenCheckInterval (at most that; on the process's wake grid): the answer is
+// also the proof that the connection still works, which a connection cut without a word (no
+// FIN, no RST) would otherwise hide for as long as TCP's keepalives take. Without such a trigger
+// (a writer that notifies by hand, say) the wake-ups still come, but the harvester polls too.
 func (b *Store) ListenCovering(ctx context.Context, wake func(), covered func(bool)) error {
 	conn, err := pgx.ConnectConfig(ctx, b.listen)
 	if err != nil {
@@ -491,9 +491,12 @@ func (b *Store) ListenCovering(ctx context.Context, wake func(), covered func(bo
 	// Listening, and heard: records written before the LISTEN took effect sent their
 	// notifications to nobody, so look now.
 	wake()
+	// A check is due at the next point of the process's wake grid, so that a reaper's idle
+	// listeners check together; after a notification, at the last whole second of the grid
+	// within listenCheckInterval, so that a busy connection is not checked.
+	due := wakegrid.Next(time.Now(), listenCheckInterval)
 	for {
-		// Until the next point of the process's wake grid: a reaper's listeners check together.
-		waitCtx, cancel := context.WithDeadline(ctx, wakegrid.Next(time.Now(), listenCheckInterval))
+		waitCtx, cancel := context.WithDeadline(ctx, due)
 		_, err := conn.WaitForNotification(waitCtx)
 		quiet := err != nil && waitCtx.Err() != nil && ctx.Err() == nil
 		cancel()
@@ -502,9 +505,11 @@ func (b *Store) ListenCovering(ctx context.Context, wake func(), covered func(bo
 			return nil
 		case quiet:
 			err = check()
+			due = wakegrid.Next(time.Now(), listenCheckInterval)
 		case err == nil:
 			b.answeredAt(time.Time{}) // no longer idle: pings go through the pool again
 			wake()
+			due = wakegrid.Next(time.Now().Add(listenCheckInterval-time.Second), time.Second)
 		}
 		if err != nil {
 			if ctx.Err() != nil {
