@@ -150,7 +150,7 @@ admin:
 		t.Errorf("/readyz?outbox=billing while orders is down: %d %q", code, body)
 	}
 	// The status page shows the watch's last check, made every second (the heartbeat timeout),
-	// not a live one as /readyz is: it may lag /readyz by a check.
+	// not a live one as /readyz is: it may lag /readyz by a second plus a check's own time.
 	eventually(t, "status page: one outbox not ready, orders", 10*time.Second, func() (bool, string) {
 		code, body := get(base + reaper.StatusPath)
 		_, orders, _ := strings.Cut(body, `<a href="/?outbox=orders">orders</a>`)
