@@ -65,14 +65,16 @@ lint:
 ## a throwaway Postgres and Apache Kafka, then a table of each client's figures (BENCH=Drain runs
 ## only those whose names match; BENCH is taken as written, so that a regular expression's $ is
 ## not read as one of make's variables). BROKER=kafka3 runs them on a 3-node cluster, BROKER=kfake
-## on the fake broker; CLIENTS=franz on the franz client only.
+## on the fake broker; CLIENTS=franz on the franz client only. IDLE_WINDOW=10m measures
+## BenchmarkIdleOutboxes' idle reaper for that long rather than a minute, printing each minute's CPU.
 BENCH ?= .
+IDLE_WINDOW ?=
 BROKER ?= kafka
 CLIENTS ?= librdkafka franz
 bench: SHELL := /bin/bash
 bench: kafka
 	set -o pipefail; for client in $(CLIENTS); do echo "== Kafka client: $$client"; \
-		GOHARVEST_BENCH_CLIENT=$$client GOHARVEST_BENCH_BROKER=$(BROKER) $(GO) test -run '^$$' -bench '$(value BENCH)' -benchtime 1x -count 1 -timeout 60m . \
+		GOHARVEST_BENCH_CLIENT=$$client GOHARVEST_BENCH_BROKER=$(BROKER) GOHARVEST_BENCH_IDLE_WINDOW=$(IDLE_WINDOW) $(GO) test -run '^$$' -bench '$(value BENCH)' -benchtime 1x -count 1 -timeout 60m . \
 		| $(GO) run ./internal/benchtable || exit 1; done
 
 ## chaos: the long variants of the fault-tolerance suite (int/), once with each Kafka client in

@@ -31,7 +31,9 @@ import (
 // (recommended) limits, and with the election's rates a fifth to a third of those
 // (heartbeatTimeout 15s, minPollInterval 500ms), since the election is most of what an idle
 // outbox costs. Once every outbox has published one record (so each leads, and has made its
-// producer), the reaper is left idle for idleOutboxesWindow, and each row reports:
+// producer), the reaper is left idle for the window (a minute, or GOHARVEST_BENCH_IDLE_WINDOW;
+// the reaper's CPU of each whole minute is printed as it goes, since it drifts over minutes as
+// much as it differs between runs), and each row reports:
 //
 //	reaper-core-%     the reaper's CPU over the idle window, in percent of one core
 //	pg-core-%         Postgres's CPU meanwhile (every server process, the benchmark's own
@@ -145,10 +147,18 @@ func benchIdleOutboxes(b *testing.B, server *pgcluster.Server, broker benchBroke
 		xacts := committed(b, server, dsns)
 		cpu, pg, brokerCPU, machine := pidCPU(b, pid), mustCPU(b, server), broker.cpu(b), machineCPU(b)
 		start := time.Now()
-		fmt.Fprintf(os.Stderr, "the reaper (pid %d) idles; measuring for %v\n", pid, idleOutboxesWindow)
-		for time.Since(start) < idleOutboxesWindow {
-			time.Sleep(min(10*time.Second, idleOutboxesWindow-time.Since(start)))
+		window := idleWindow(b)
+		fmt.Fprintf(os.Stderr, "the reaper (pid %d) idles; measuring for %v\n", pid, window)
+		minuteStart, minuteCPU := start, cpu
+		for time.Since(start) < window {
+			time.Sleep(min(10*time.Second, window-time.Since(start)))
 			perOutbox = max(perOutbox, maxConnsPerOutbox(b, server))
+			if since := time.Since(minuteStart); since >= time.Minute {
+				now := pidCPU(b, pid)
+				fmt.Fprintf(os.Stderr, "minute %d of the window: the reaper used %.2f%% of a core, with %d Kafka connections\n",
+					int(time.Since(start)/time.Minute), 100*(now-minuteCPU).Seconds()/since.Seconds(), tcpConnsTo(b, pid, broker.Addr))
+				minuteStart, minuteCPU = time.Now(), now
+			}
 		}
 		elapsed := time.Since(start)
 		used, pgUsed, brokerUsed := pidCPU(b, pid)-cpu, mustCPU(b, server)-pg, broker.cpu(b)-brokerCPU
@@ -171,11 +181,28 @@ func benchIdleOutboxes(b *testing.B, server *pgcluster.Server, broker benchBroke
 	}
 }
 
-// The idle outboxes' settling time after their records are published, and the window measured.
+// The idle outboxes' settling time after their records are published, and the window measured
+// unless envIdleWindow says otherwise.
 const (
 	idleOutboxesSettle = 30 * time.Second
 	idleOutboxesWindow = 60 * time.Second
 )
+
+// envIdleWindow sets BenchmarkIdleOutboxes' window (a Go duration, at least a minute); make bench
+// passes IDLE_WINDOW on.
+const envIdleWindow = "GOHARVEST_BENCH_IDLE_WINDOW"
+
+func idleWindow(b *testing.B) time.Duration {
+	v := os.Getenv(envIdleWindow)
+	if v == "" {
+		return idleOutboxesWindow
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < time.Minute {
+		b.Fatalf("%s=%q: want a duration of at least 1m", envIdleWindow, v)
+	}
+	return d
+}
 
 // idleRuns counts BenchmarkIdleOutboxes' runs in this process, to name each run's outboxes apart.
 var idleRuns int
