@@ -149,15 +149,15 @@ func benchIdleOutboxes(b *testing.B, server *pgcluster.Server, broker benchBroke
 		start := time.Now()
 		window := idleWindow(b)
 		fmt.Fprintf(os.Stderr, "the reaper (pid %d) idles; measuring for %v\n", pid, window)
-		minuteStart, minuteCPU := start, cpu
+		minute, minuteStart, minuteCPU := 1, start, cpu
 		for time.Since(start) < window {
 			time.Sleep(min(10*time.Second, window-time.Since(start)))
 			perOutbox = max(perOutbox, maxConnsPerOutbox(b, server))
-			if since := time.Since(minuteStart); since >= time.Minute {
-				now := pidCPU(b, pid)
+			if time.Since(start) >= time.Duration(minute)*time.Minute {
+				now, at := pidCPU(b, pid), time.Now()
 				fmt.Fprintf(os.Stderr, "minute %d of the window: the reaper used %.2f%% of a core, with %d Kafka connections\n",
-					int(time.Since(start)/time.Minute), 100*(now-minuteCPU).Seconds()/since.Seconds(), tcpConnsTo(b, pid, broker.Addr))
-				minuteStart, minuteCPU = time.Now(), now
+					minute, 100*(now-minuteCPU).Seconds()/at.Sub(minuteStart).Seconds(), tcpConnsTo(b, pid, broker.Addr))
+				minute, minuteStart, minuteCPU = minute+1, at, now
 			}
 		}
 		elapsed := time.Since(start)
