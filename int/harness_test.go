@@ -121,6 +121,9 @@ type rigOptions struct {
 	// defaultLimits leaves minPollInterval and ioErrorBackoff at goharvest's defaults, which the
 	// other scenarios shorten to speed up recovery.
 	defaultLimits bool
+	// brokerConfig is more broker settings for a defaultKafka cluster (the production scenarios'
+	// GOHARVEST_PRODUCTION_BROKER).
+	brokerConfig map[string]string
 }
 
 func newRig(t *testing.T, o rigOptions) *rig {
@@ -154,7 +157,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 			// the scenario left stopped or frozen runs again before the next scenario.
 			t.Cleanup(func() { restore(t, r.kafka) })
 		case defaultKafka:
-			r.kafka = kafkacluster.Start(t, append(clusterOptions, kafkacluster.GroupDefaults())...)
+			r.kafka = kafkacluster.Start(t, append(clusterOptions, kafkacluster.GroupDefaults(), kafkacluster.BrokerConfig(o.brokerConfig))...)
 		}
 		r.addr = r.kafka.Addr()
 		r.kafka.Topic(t, r.topic, 8)

@@ -3,9 +3,11 @@ package int
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -22,7 +24,8 @@ import (
 // The cluster events an operator meets, at the settings README recommends: a 3-node cluster with
 // Kafka's default group and broker timings (6s minimum session, a broker fenced 9s after its last
 // heartbeat to the controller), three reapers on 8 shards, a 5s heartbeat timeout, goharvest's
-// default limits, 800 records a second. Each event reports the shard leaderships it cost, how long
+// default limits, 800 records a second (GOHARVEST_PRODUCTION_RATE and GOHARVEST_PRODUCTION_BROKER
+// change the load and tune the brokers; see productionSettings). Each event reports the shard leaderships it cost, how long
 // each shard stopped publishing, when every shard published again, and the checker's verdict.
 // make test runs the crash of a broker that coordinates nothing of goharvest's; make chaos adds a
 // rolling restart and the crashes of the group's coordinator and of the busiest transaction
@@ -94,6 +97,47 @@ type production struct {
 	// calm is when the rig last began to run without a fault: the writers' start, or the end of
 	// the last event.
 	calm time.Time
+	// rate and broker are the load and the broker settings over Kafka's defaults (see
+	// productionSettings).
+	rate   int
+	broker map[string]string
+}
+
+// productionSettings reads the production scenarios' load, GOHARVEST_PRODUCTION_RATE (records
+// a second; 800 unless set), and broker settings over Kafka's defaults,
+// GOHARVEST_PRODUCTION_BROKER ("name=value,name=value"), so that an event can be measured at
+// another load or with a broker setting tuned (operations.md, Cluster events).
+func productionSettings(t *testing.T) (rate int, broker map[string]string) {
+	t.Helper()
+	rate = 800
+	if v := os.Getenv("GOHARVEST_PRODUCTION_RATE"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			t.Fatalf("GOHARVEST_PRODUCTION_RATE=%q: want a positive number of records a second", v)
+		}
+		rate = n
+	}
+	if v := os.Getenv("GOHARVEST_PRODUCTION_BROKER"); v != "" {
+		broker = map[string]string{}
+		for _, kv := range strings.Split(v, ",") {
+			name, value, ok := strings.Cut(strings.TrimSpace(kv), "=")
+			if !ok || name == "" {
+				t.Fatalf("GOHARVEST_PRODUCTION_BROKER=%q: %q is not name=value", v, kv)
+			}
+			broker[name] = value
+		}
+	}
+	return rate, broker
+}
+
+// settings describes the rig for the figures: its load and any broker setting over Kafka's
+// defaults.
+func (p *production) settings() string {
+	s := fmt.Sprintf("%d records/s", p.rate)
+	for _, name := range slices.Sorted(maps.Keys(p.broker)) {
+		s += fmt.Sprintf(", brokers' %s=%s", name, p.broker[name])
+	}
+	return s
 }
 
 // quietBefore is how long the rig runs without a fault before each event, so that the event's
@@ -106,8 +150,9 @@ const quietBefore = 20 * time.Second
 // election needs (it still holds a replica of every partition).
 func startProduction(t *testing.T, avoid func(roles) *kafkacluster.Node) *production {
 	t.Helper()
-	r := newRig(t, rigOptions{kafka: defaultKafka, heartbeatTimeout: productionHeartbeatTimeout, shards: productionShards, defaultLimits: true})
-	p := &production{t: t, r: r, roles: coordinatorRoles(t, r, productionShards)}
+	rate, broker := productionSettings(t)
+	r := newRig(t, rigOptions{kafka: defaultKafka, heartbeatTimeout: productionHeartbeatTimeout, shards: productionShards, defaultLimits: true, brokerConfig: broker})
+	p := &production{t: t, r: r, roles: coordinatorRoles(t, r, productionShards), rate: rate, broker: broker}
 	if avoid != nil {
 		if err := r.kafka.CreateTopicLedByOthers(r.group+".leader", productionShards, avoid(p.roles).ID); err != nil {
 			t.Fatal(err)
@@ -118,7 +163,7 @@ func startProduction(t *testing.T, avoid func(roles) *kafkacluster.Node) *produc
 	waitAllShardsLed(t, 2*time.Minute, productionShards, p.reapers...)
 	// The writers start once every shard is led, so that the latency figures are the events'
 	// and not the first election's.
-	r.startWriters(4, 1000, 800)
+	r.startWriters(4, 1000, rate)
 	r.waitProgress(2000, time.Minute)
 	p.calm = time.Now()
 	return p
@@ -178,8 +223,8 @@ func (p *production) finish(scenario string) {
 		res.p99, res.most, res.written = p.r.v.LatencyOfWritten(res.at, res.at.Add(res.allBack))
 		lines = append(lines, res.String())
 	}
-	figure(t, scenario, "3 nodes at Kafka's default timings, 3 reapers, 8 shards, heartbeatTimeout 5s, 800 records/s; %s; latency p99 %v; records %d, duplicates %d, lost %d, reversals %d",
-		strings.Join(lines, "; "), report.P99.Round(time.Millisecond), report.Expected, report.Duplicates, report.LostCount, len(report.Reversals))
+	figure(t, scenario, "3 nodes at Kafka's default timings, 3 reapers, 8 shards, heartbeatTimeout 5s, %s; %s; latency p99 %v; records %d, duplicates %d, lost %d, reversals %d",
+		p.settings(), strings.Join(lines, "; "), report.P99.Round(time.Millisecond), report.Expected, report.Duplicates, report.LostCount, len(report.Reversals))
 }
 
 // roles is what each node coordinates for a rig: its groups and its shards' transactional IDs.
