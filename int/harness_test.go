@@ -157,6 +157,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
 			// the scenario left stopped or frozen runs again before the next scenario.
 			t.Cleanup(func() { restore(t, r.kafka) })
 		case defaultKafka:
+			// brokerConfig: what an operator tuned, for the production scenarios to measure.
 			r.kafka = kafkacluster.Start(t, append(clusterOptions, kafkacluster.GroupDefaults(), kafkacluster.BrokerConfig(o.brokerConfig))...)
 		}
 		r.addr = r.kafka.Addr()
