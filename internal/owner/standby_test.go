@@ -10,8 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/epoch"
+	"github.com/goharvest/goharvest/internal/testwait"
 )
 
 // standbyFakeDB is a fake database whose standbys hold what the test says: every WAL position
@@ -24,7 +27,10 @@ type standbyFakeDB struct {
 }
 
 func (d *standbyFakeDB) WALPosition(context.Context) (driver.WALPosition, error) {
-	return driver.WALPosition{LSN: strconv.FormatInt(d.positions.Add(1), 10), Server: d.server.Load().(string)}, nil
+	// The server first: a test that sees the count move may change the server at once, and the
+	// position counted must be the server's it saw.
+	server := d.server.Load().(string)
+	return driver.WALPosition{LSN: strconv.FormatInt(d.positions.Add(1), 10), Server: server}, nil
 }
 
 func (d *standbyFakeDB) Standbys(_ context.Context, pos driver.WALPosition) (driver.StandbyCount, error) {
@@ -81,7 +87,10 @@ func TestAwaitStandbysEndsTheEpochWhenTheServerChanges(t *testing.T) {
 	ids := r.load(5, 4)
 	r.waitEmpty(20 * time.Second)
 	r.checkOrder(ids)
-	if now := r.h.LeaderID(); now == nil || *now == first {
+	// Between two epochs the harvester has no leader ID, so the successor is waited for rather
+	// than read at the instant the outbox emptied (once, under CI's load, that read nil).
+	var now *uuid.UUID
+	if !testwait.UntilEvery(5*time.Second, 2*time.Millisecond, func() bool { now = r.h.LeaderID(); return now != nil && *now != first }) {
 		t.Fatalf("leader ID %v after the server changed, want a new epoch after %v", now, first)
 	}
 	r.stop()
