@@ -523,3 +523,23 @@ func TestSoakProduction(t *testing.T) {
 	}
 	p.finish(fmt.Sprintf("production soak (SOAK_SEED=%d, %v)", seed, duration))
 }
+
+// The figures name the rate and any broker setting the rig ran at, so that a tuned run cannot
+// be read as one at Kafka's defaults.
+func TestProductionSettingsNameWhatTheRigRanAt(t *testing.T) {
+	t.Setenv("GOHARVEST_PRODUCTION_RATE", "100")
+	t.Setenv("GOHARVEST_PRODUCTION_BROKER", " replica.fetch.backoff.ms = 100,num.replica.fetchers=2")
+	rate, broker := productionSettings(t)
+	p := &production{rate: rate, broker: broker}
+	want := "3 nodes at Kafka's default timings but num.replica.fetchers=2, replica.fetch.backoff.ms=100, 3 reapers, 8 shards, heartbeatTimeout 5s, 100 records/s"
+	if got := p.settings(); got != want {
+		t.Errorf("settings() = %q, want %q", got, want)
+	}
+	t.Setenv("GOHARVEST_PRODUCTION_RATE", "")
+	t.Setenv("GOHARVEST_PRODUCTION_BROKER", "")
+	rate, broker = productionSettings(t)
+	p = &production{rate: rate, broker: broker}
+	if got, want := p.settings(), "3 nodes at Kafka's default timings, 3 reapers, 8 shards, heartbeatTimeout 5s, 800 records/s"; got != want {
+		t.Errorf("settings() unset = %q, want %q", got, want)
+	}
+}
