@@ -108,7 +108,9 @@ type production struct {
 // (records a second; 800 unless set), and broker settings over Kafka's defaults,
 // GOHARVEST_PRODUCTION_BROKER ("name=value,name=value"; a value cannot hold a comma), so that an
 // event can be measured at another rate or with a broker setting tuned (operations.md, Cluster
-// events).
+// events). At a low rate a shard's ordinary gaps come near a short stall: the figures' "every
+// shard publishing again after", the end of each shard's longest gap in the event's window, can
+// then be an ordinary gap's end; read it beside the quiet gap the figure also gives.
 func productionSettings(t *testing.T) (rate int, broker map[string]string) {
 	t.Helper()
 	rate = 800
