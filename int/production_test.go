@@ -144,15 +144,15 @@ const minProductionRate = 50
 
 // settings describes the rig for the figures: the brokers' timings and the record rate.
 func (p *production) settings() string {
-	s := "Kafka's default timings"
-	for i, name := range slices.Sorted(maps.Keys(p.broker)) {
-		sep := ", "
-		if i == 0 {
-			sep = " but "
-		}
-		s += fmt.Sprintf("%s%s=%s", sep, name, p.broker[name])
+	timings := "Kafka's default timings"
+	var tuned []string
+	for _, name := range slices.Sorted(maps.Keys(p.broker)) {
+		tuned = append(tuned, name+"="+p.broker[name])
 	}
-	return fmt.Sprintf("3 nodes at %s, 3 reapers, 8 shards, heartbeatTimeout 5s, %d records/s", s, p.rate)
+	if len(tuned) > 0 {
+		timings += " but " + strings.Join(tuned, ", ")
+	}
+	return fmt.Sprintf("3 nodes at %s, 3 reapers, 8 shards, heartbeatTimeout 5s, %d records/s", timings, p.rate)
 }
 
 // quietBefore is how long the rig runs without a fault before each event, so that the event's
