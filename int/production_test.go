@@ -27,7 +27,8 @@ import (
 // default limits, 800 records a second (GOHARVEST_PRODUCTION_RATE and GOHARVEST_PRODUCTION_BROKER
 // change the rate and the brokers' settings; see productionSettings). Each event reports the
 // shard leaderships it cost, how long each shard stopped publishing, when every shard published
-// again, and the checker's verdict.
+// again, and the checker's verdict, beside what it cost goharvest's producer alone (see
+// loneProducers).
 // make test runs the crash of a broker that coordinates nothing of goharvest's; make chaos adds a
 // rolling restart and the crashes of the group's coordinator and of the busiest transaction
 // coordinator.
@@ -93,6 +94,7 @@ type production struct {
 	r       *rig
 	watch   *shardWatch
 	reapers []*reaper
+	lone    *loneProducers
 	roles   roles
 	results []eventResult
 	// calm is when the rig last began to run without a fault: the writers' start, or the end of
@@ -179,6 +181,7 @@ func startProduction(t *testing.T, avoid func(roles) *kafkacluster.Node) *produc
 	// The writers start once every shard is led, so that the latency figures are the events'
 	// and not the first election's.
 	r.startWriters(4, 1000, rate)
+	p.lone = startLoneProducers(t, r)
 	r.waitProgress(2000, time.Minute)
 	p.calm = time.Now()
 	return p
@@ -195,6 +198,7 @@ func (p *production) event(name string, node *kafkacluster.Node, do func()) even
 	quiet := slices.Max(quietGaps)
 	res := measureEvent(t, p.r, p.watch, p.reapers, productionHeartbeatTimeout, name, do)
 	res.quiet = quiet
+	res.lone = p.lone.stalls(res.at, res.at.Add(res.window))
 	// Until the controller fences a crashed broker, it stays in every in-sync replica set it was
 	// in, and nothing it led or coordinated moves: that much of a crash's cost is Kafka's.
 	if at, ok := p.r.kafka.FencedAt(node.ID, res.at); ok && at.Before(res.at.Add(res.allBack)) {
@@ -311,6 +315,7 @@ type eventResult struct {
 	stalls  []time.Duration
 	allBack time.Duration // from the event to when the last shard published after the stall the event began
 	took    time.Duration // how long the event itself took (a controlled shutdown takes seconds)
+	window  time.Duration // from at, the time in which a stall that began was the event's doing
 	quiet   time.Duration // the longest gap between a shard's records in the quietBefore before it
 	at      time.Time     // when it began
 	// brokerFenced is when, after at, the controller fenced the node (0 if it did not before every
@@ -321,12 +326,23 @@ type eventResult struct {
 	// published again (p99 and the most, of written records), known once every record arrived.
 	p99, most time.Duration
 	written   int
+
+	// lone describes the lone producers' longest gaps between commits in the window (see
+	// loneProducers): what the event cost a transactional producer without the relay.
+	lone string
 }
 
 func (e eventResult) String() string {
 	return fmt.Sprintf("%s (took %v): shard leaderships lost %d (self-fences %d); publishing stalled per shard %v; every shard publishing again after %v; with no fault in the %v before, a shard's longest gap %v",
 		e.name, e.took.Round(100*time.Millisecond), e.lost, e.fenced, roundAll(e.stalls), e.allBack.Round(time.Millisecond),
-		quietBefore, e.quiet.Round(100*time.Millisecond)) + e.fence() + e.latency()
+		quietBefore, e.quiet.Round(100*time.Millisecond)) + e.fence() + e.latency() + e.loneStalls()
+}
+
+func (e eventResult) loneStalls() string {
+	if e.lone == "" {
+		return ""
+	}
+	return fmt.Sprintf("; goharvest's producer alone (no election, Postgres or engine; a transaction to every partition every %v) stalled %s", loneCadence, e.lone)
 }
 
 func (e eventResult) fence() string {
@@ -395,6 +411,7 @@ func measureEvent(t *testing.T, r *rig, w *shardWatch, reapers []*reaper, heartb
 		}
 		p.mu.Unlock()
 	}
+	res.window = causedBy
 	res.stalls, res.allBack = w.stalls(t0, t0.Add(causedBy))
 	return res
 }
@@ -452,6 +469,13 @@ func watchShards(t *testing.T, r *rig, shards int) *shardWatch {
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	return w
+}
+
+// arrived notes that records of shard s arrived at at.
+func (w *shardWatch) arrived(s int, at time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.arrivals[s] = append(w.arrivals[s], at)
 }
 
 func (w *shardWatch) allPublishedSince(at time.Time) bool {
