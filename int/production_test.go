@@ -342,7 +342,7 @@ func (e eventResult) loneStalls() string {
 	if e.lone == "" {
 		return ""
 	}
-	return fmt.Sprintf("; goharvest's producer alone (no election, Postgres or engine; a transaction to every partition every %v) stalled %s", loneCadence, e.lone)
+	return fmt.Sprintf("; goharvest's producer alone (franz; no election, Postgres or engine; a transaction to every partition every %v) stalled %s", loneCadence, e.lone)
 }
 
 func (e eventResult) fence() string {
