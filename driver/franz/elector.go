@@ -172,6 +172,11 @@ type member struct {
 	retireOnce sync.Once
 	closeOnce  sync.Once
 	closed     chan struct{} // closed once cl.Close has returned
+	// joining counts the member's JoinGroup and SyncGroup requests in flight (see joinHook).
+	joining atomic.Int32
+	// stopBeats ends beatGroup, which closes beatsDone once it has returned.
+	stopBeats context.CancelFunc
+	beatsDone chan struct{}
 }
 
 // change is one of kgo's rebalance callbacks.
@@ -219,7 +224,9 @@ func (e *elector) groupOpts(m *member) []kgo.Opt {
 		kgo.Balancers(kgo.CooperativeStickyBalancer()),
 		kgo.SessionTimeout(2*h),
 		kgo.RebalanceTimeout(2*h),
-		kgo.HeartbeatInterval(max(time.Millisecond, h/10)),
+		// The member's heartbeats are beatGroup's, on the process's wake grid; kgo's own, at
+		// three quarters of the session, back them up (see beatGroup).
+		kgo.HeartbeatInterval(max(time.Millisecond, 3*h/2)),
 		kgo.DisableAutoCommit(),
 		// Nothing is read from the leader topic (its fetches are paused; see join); should a
 		// fetch start anyway, it starts at the end.
@@ -230,7 +237,7 @@ func (e *elector) groupOpts(m *member) []kgo.Opt {
 		// See electionMetadataMaxAge.
 		kgo.MetadataMaxAge(electionMetadataMaxAge),
 		kgo.MetadataMinAge(100*time.Millisecond),
-		kgo.WithHooks(groupErrorHook{e}),
+		kgo.WithHooks(groupErrorHook{e}, joinHook{m}),
 		kgo.WithLogger(slogLogger{e.log}),
 	)
 }
@@ -265,6 +272,65 @@ func (h groupErrorHook) OnGroupManageError(err error) {
 	h.e.groupErr.err = err
 	h.e.groupErr.Unlock()
 	h.e.poke()
+}
+
+// joinHook counts a member's JoinGroup and SyncGroup requests from when kgo has written one until
+// its answer (or the connection's failure) has come, so that beatGroup can tell that kgo is
+// already joining the group. A count that stayed up (a request whose end kgo never reported)
+// would only leave the member to kgo's own heartbeats.
+type joinHook struct{ m *member }
+
+func joinOrSync(key int16) bool { return key == int16(kmsg.JoinGroup) || key == int16(kmsg.SyncGroup) }
+
+func (h joinHook) OnBrokerWrite(_ kgo.BrokerMetadata, key int16, _ int, _, _ time.Duration, err error) {
+	if err == nil && joinOrSync(key) {
+		h.m.joining.Add(1)
+	}
+}
+
+func (h joinHook) OnBrokerE2E(_ kgo.BrokerMetadata, key int16, e2e kgo.BrokerE2E) {
+	if e2e.WriteErr == nil && joinOrSync(key) {
+		h.m.joining.Add(-1)
+	}
+}
+
+// beatGroup sends m's group heartbeats every tenth of the heartbeat timeout (the rate at which a
+// member learns of a rebalance), at the points of the process's wake grid (package wakegrid),
+// until ctx ends. kgo sends a member's heartbeats each on its own clock, which drifts by each
+// answer's time: 50 outboxes' members woke an idle reaper 100 times a second at scattered
+// instants; on the grid they beat together (operations.md, Resources per outbox). They keep the
+// member's session as kgo's did, so the coordinator still hears from a member at most a tenth of
+// the timeout before it is cut off (neli/doc.go, Safety).
+//
+// kgo's own heartbeats go on, at three quarters of the session (at a quarter, their own clocks
+// cost most of what this saves), and act on any error as before: a member expired or fenced
+// loses its partitions, now up to 1.5 heartbeat timeouts later, and meanwhile a successor's
+// InitTransactions fences its producer, as in any split brain. This one acts only on a
+// rebalance, which it makes kgo join at once (ForceRebalance), as kgo's own heartbeat would
+// have; but not while kgo is already joining or syncing, or has moved to another generation
+// since this heartbeat's, since a rejoin asked then starts one more rebalance once this one
+// ends, and a heartbeat in that one would ask again. (The instant between a join's answer and
+// the sync's request is left open: a rejoin asked in it costs one more rebalance.)
+func (e *elector) beatGroup(ctx context.Context, m *member) {
+	defer close(m.beatsDone)
+	every := max(time.Millisecond, e.cfg.HeartbeatTimeout/10)
+	for wakegrid.Wait(ctx, every) {
+		memberID, generation := m.cl.GroupMetadata()
+		if memberID == "" || generation < 0 {
+			continue // not in the group yet
+		}
+		req := kmsg.NewPtrHeartbeatRequest()
+		req.Group, req.MemberID, req.Generation = e.cfg.LeaderGroupID, memberID, generation
+		beatCtx, cancel := context.WithTimeout(ctx, every)
+		resp, err := req.RequestWith(beatCtx, m.cl)
+		cancel()
+		if err != nil || !errors.Is(kerr.ErrorForCode(resp.ErrorCode), kerr.RebalanceInProgress) {
+			continue
+		}
+		if id, now := m.cl.GroupMetadata(); id == memberID && now == generation && m.joining.Load() == 0 {
+			m.cl.ForceRebalance()
+		}
+	}
 }
 
 // poke signals wake, without waiting: one pending signal serves any number of reasons.
@@ -336,6 +402,9 @@ func (m *member) close(lost func(memberID string)) {
 	m.closeOnce.Do(func() {
 		go func() {
 			defer close(m.closed)
+			// No heartbeat of beatGroup's may make kgo rejoin once the member is leaving.
+			m.stopBeats()
+			<-m.beatsDone
 			memberID, _ := m.cl.GroupMetadata()
 			err := m.cl.LeaveGroupContext(context.Background())
 			m.cl.Close()
@@ -423,7 +492,7 @@ func (e *elector) join(ctx context.Context) error {
 		}
 		e.topicReady = true
 	}
-	m := &member{changes: make(chan change), retired: make(chan struct{}), closed: make(chan struct{})}
+	m := &member{changes: make(chan change), retired: make(chan struct{}), closed: make(chan struct{}), beatsDone: make(chan struct{})}
 	cl, err := kgo.NewClient(e.groupOpts(m)...)
 	if err != nil {
 		return fmt.Errorf("franz: create election consumer: %w", err)
@@ -433,6 +502,9 @@ func (e *elector) join(ctx context.Context) error {
 	m.cl = cl
 	e.member = m
 	go e.watch(m)
+	var beats context.Context
+	beats, m.stopBeats = context.WithCancel(context.Background())
+	go e.beatGroup(beats, m)
 	e.log.Info("joined the election", "topic", e.cfg.LeaderTopic)
 	return nil
 }

@@ -904,3 +904,147 @@ func TestFranzElectorRidesOutAnUnansweredSizeQuestion(t *testing.T) {
 		t.Fatalf("Close while the size goes unanswered: %v", err)
 	}
 }
+
+// The group members of one process's contenders send their group heartbeats at the same points
+// of the process's wake grid, a tenth of the heartbeat timeout apart, not each on its own clock:
+// on kgo's clocks, 50 idle outboxes' members woke a reaper 100 times a second at scattered
+// instants.
+func TestFranzMembersOfOneProcessHeartbeatTheirGroupsTogether(t *testing.T) {
+	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	addr := cluster.ListenAddrs()[0]
+	const heartbeatTimeout = 4 * time.Second // a round every 400ms; kgo's own every 2s
+	const round = heartbeatTimeout / 10
+	var mu sync.Mutex
+	arrived := map[string][]time.Time{} // group heartbeats by group
+	cluster.ControlKey(int16(kmsg.Heartbeat), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		mu.Lock()
+		defer mu.Unlock()
+		group := req.(*kmsg.HeartbeatRequest).Group
+		arrived[group] = append(arrived[group], time.Now())
+		return nil, nil, false
+	})
+	var groups []string
+	for i := range 2 {
+		group := fmt.Sprintf("kfake-beat-together-%d", kfakeElections.Add(1))
+		groups = append(groups, group)
+		e := joinKfake(t, addr, group, fmt.Sprintf("gx%d", i), 1, heartbeatTimeout, func([]int32) {})
+		pulsing(t, e, 5*time.Millisecond)
+		if !testwait.Until(30*time.Second, e.Leading) {
+			t.Fatalf("contender %d did not lead within 30s", i)
+		}
+		time.Sleep(round / 2) // see TestFranzLeadersOfOneProcessHeartbeatTogether
+	}
+	start := time.Now()
+	time.Sleep(10 * round)
+	mu.Lock()
+	var first, second []time.Time
+	for _, at := range arrived[groups[0]] {
+		if at.After(start) {
+			first = append(first, at)
+		}
+	}
+	for _, at := range arrived[groups[1]] {
+		if at.After(start) {
+			second = append(second, at)
+		}
+	}
+	mu.Unlock()
+	// kgo's own heartbeats alone would be 5 in 10 rounds; the grid's are 10 more.
+	if len(first) < 12 || len(second) < 12 {
+		t.Fatalf("%d and %d group heartbeats in 10 rounds; want at least 12 each", len(first), len(second))
+	}
+	// kgo's own (one every 5 rounds) keep their clocks; every other heartbeat of the second
+	// member comes within a few milliseconds of one of the first's.
+	var apart []time.Duration
+	for _, at := range second {
+		nearest := time.Hour
+		for _, other := range first {
+			nearest = min(nearest, max(at.Sub(other), other.Sub(at)))
+		}
+		if nearest > 25*time.Millisecond {
+			apart = append(apart, nearest)
+		}
+	}
+	if len(apart) > 3 {
+		t.Fatalf("%d of the second member's %d group heartbeats came more than 25ms from any of the first's (%v); want all but kgo's own together",
+			len(apart), len(second), apart)
+	}
+}
+
+// A member learns of a rebalance from its heartbeats on the grid, a tenth of the heartbeat
+// timeout apart, and joins it at once: kgo's own heartbeats, at a quarter of the session, would
+// leave a newcomer waiting up to half the heartbeat timeout for each round of the rebalance.
+func TestFranzMemberJoinsARebalanceAtTheGridsRate(t *testing.T) {
+	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	addr := cluster.ListenAddrs()[0]
+	// A grid round every 2s; kgo's own heartbeat every 10s, the first 0.5s into the session (a
+	// cooperative member's quick check), the next 10s after it.
+	const heartbeatTimeout = 20 * time.Second
+	group := fmt.Sprintf("kfake-beat-rebalance-%d", kfakeElections.Add(1))
+	first := joinKfake(t, addr, group, "first", 2, heartbeatTimeout, func([]int32) {})
+	pulsing(t, first, 5*time.Millisecond)
+	if !testwait.Until(30*time.Second, func() bool { return len(first.Partitions()) == 2 }) {
+		t.Fatalf("the first contender did not lead both partitions within 30s: %v", first.Partitions())
+	}
+	time.Sleep(time.Second) // past the quick check: kgo's next heartbeat is 9.5s away
+	joined := time.Now()
+	second := joinKfake(t, addr, group, "second", 2, heartbeatTimeout, func([]int32) {})
+	pulsing(t, second, 5*time.Millisecond)
+	// Two rounds (cooperative: the first gives a partition up, then the second is assigned it),
+	// each begun within a grid round of the newcomer's join.
+	const within = 7 * time.Second
+	if !testwait.Until(within, func() bool { return second.Leading() }) {
+		t.Fatalf("the newcomer did not lead within %v of joining (first leads %v); the first member did not notice the rebalance on the grid",
+			within, first.Partitions())
+	}
+	t.Logf("the newcomer led %v after joining", time.Since(joined).Round(time.Millisecond))
+}
+
+// A grid heartbeat answered REBALANCE_IN_PROGRESS while kgo is already joining asks for no rejoin:
+// one asked then would start another rebalance once this one ends, and the heartbeats of that one
+// would ask again. Each join here takes 600ms to be taken up (three grid rounds, as a busy
+// coordinator or a slow member can make it), yet members joining together settle, and the group
+// then stays as it is. (kfake let a version without that care settle too, after more rounds: 13
+// joins in each of four runs, against 7 to 10 with it; so this guards against rejoins that never
+// end, not against one more round.)
+func TestFranzGridHeartbeatsStartNoRebalanceOfTheirOwn(t *testing.T) {
+	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	addr := cluster.ListenAddrs()[0]
+	const heartbeatTimeout = 2 * time.Second // a grid round every 200ms
+	group := fmt.Sprintf("kfake-beat-settle-%d", kfakeElections.Add(1))
+	var joins atomic.Int64
+	cluster.ControlKey(int16(kmsg.JoinGroup), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		if req.(*kmsg.JoinGroupRequest).Group == group {
+			joins.Add(1)
+			// kgo sends joins on a connection of their own, so the heartbeats go on meanwhile.
+			cluster.SleepControl(func() { time.Sleep(600 * time.Millisecond) })
+		}
+		return nil, nil, false
+	})
+	var contenders []driver.Elector
+	for i := range 3 {
+		e := joinKfake(t, addr, group, fmt.Sprintf("settle%d", i), 6, heartbeatTimeout, func([]int32) {})
+		pulsing(t, e, 5*time.Millisecond)
+		contenders = append(contenders, e)
+	}
+	if !testwait.Until(30*time.Second, func() bool {
+		n := 0
+		for _, e := range contenders {
+			if len(e.Partitions()) == 0 {
+				return false
+			}
+			n += len(e.Partitions())
+		}
+		return n == 6
+	}) {
+		t.Fatal("the three contenders did not share the 6 partitions within 30s")
+	}
+	time.Sleep(heartbeatTimeout) // the last round's cooperative follow-up
+	before := joins.Load()
+	time.Sleep(3 * heartbeatTimeout / 2)
+	if n := joins.Load() - before; n > 0 {
+		t.Fatalf("%d JoinGroup requests in %v after the group settled; want none", n, 3*heartbeatTimeout/2)
+	}
+}
