@@ -501,10 +501,11 @@ func (e *elector) join(ctx context.Context) error {
 	cl.PauseFetchTopics(e.cfg.LeaderTopic)
 	m.cl = cl
 	e.member = m
-	go e.watch(m)
+	// Before the watchdog starts: it may close the member, which stops the heartbeats.
 	var beats context.Context
 	beats, m.stopBeats = context.WithCancel(context.Background())
 	go e.beatGroup(beats, m)
+	go e.watch(m)
 	e.log.Info("joined the election", "topic", e.cfg.LeaderTopic)
 	return nil
 }
