@@ -772,16 +772,7 @@ func TestFranzLeadersOfOneProcessHeartbeatTogether(t *testing.T) {
 	}
 	// Each of the second leader's rounds after its first comes within a few milliseconds of one
 	// of the first leader's.
-	var apart []time.Duration
-	for _, at := range second[1:] {
-		nearest := time.Hour
-		for _, other := range first {
-			nearest = min(nearest, max(at.Sub(other), other.Sub(at)))
-		}
-		if nearest > 25*time.Millisecond {
-			apart = append(apart, nearest)
-		}
-	}
+	apart := farFrom(second[1:], first, 25*time.Millisecond)
 	if len(apart) > 1 {
 		t.Fatalf("%d of the second leader's %d heartbeat rounds came more than 25ms from any of the first's (%v); want them together",
 			len(apart), len(second[1:]), apart)
@@ -956,16 +947,7 @@ func TestFranzMembersOfOneProcessHeartbeatTheirGroupsTogether(t *testing.T) {
 	}
 	// kgo's own (one every 15 rounds) keep their clocks; every other heartbeat of the second
 	// member comes within a few milliseconds of one of the first's.
-	var apart []time.Duration
-	for _, at := range second {
-		nearest := time.Hour
-		for _, other := range first {
-			nearest = min(nearest, max(at.Sub(other), other.Sub(at)))
-		}
-		if nearest > 25*time.Millisecond {
-			apart = append(apart, nearest)
-		}
-	}
+	apart := farFrom(second, first, 25*time.Millisecond)
 	if len(apart) > 2 {
 		t.Fatalf("%d of the second member's %d group heartbeats came more than 25ms from any of the first's (%v); want all but kgo's own together",
 			len(apart), len(second), apart)
@@ -1047,4 +1029,20 @@ func TestFranzGridHeartbeatsStartNoRebalanceOfTheirOwn(t *testing.T) {
 	if n := joins.Load() - before; n > 0 {
 		t.Fatalf("%d JoinGroup requests in %v after the group settled; want none", n, 3*heartbeatTimeout/2)
 	}
+}
+
+// farFrom returns, for each of times further than within from every one of others, how far it is
+// from the nearest.
+func farFrom(times, others []time.Time, within time.Duration) []time.Duration {
+	var apart []time.Duration
+	for _, at := range times {
+		nearest := time.Hour
+		for _, other := range others {
+			nearest = min(nearest, max(at.Sub(other), other.Sub(at)))
+		}
+		if nearest > within {
+			apart = append(apart, nearest)
+		}
+	}
+	return apart
 }
