@@ -1046,3 +1046,54 @@ func farFrom(times, others []time.Time, within time.Duration) []time.Duration {
 	}
 	return apart
 }
+
+// Group heartbeats that are never answered (a coordinator that takes them and hangs) do not hold
+// up the election loop: each of the grid's heartbeats is given up after a round. Once they are
+// answered again, Close stops them and leaves. (Close while they hang returns at its context,
+// as it always has, and leaves kgo's client closing in the background, which the package's leak
+// check would count; so the hang ends first here.)
+func TestFranzElectionAnswersWhileGroupHeartbeatsHang(t *testing.T) {
+	cluster := startKfake(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	addr := cluster.ListenAddrs()[0]
+	const heartbeatTimeout = time.Second
+	group := fmt.Sprintf("kfake-beat-hang-%d", kfakeElections.Add(1))
+	var hang atomic.Bool
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	end := func() { releaseOnce.Do(func() { hang.Store(false); close(release) }) }
+	t.Cleanup(end) // before the cluster closes
+	cluster.ControlKey(int16(kmsg.Heartbeat), func(kmsg.Request) (kmsg.Response, error, bool) {
+		cluster.KeepControl()
+		if hang.Load() {
+			cluster.SleepControl(func() { <-release })
+		}
+		return nil, nil, false
+	})
+	e := joinKfake(t, addr, group, "hang", 1, heartbeatTimeout, func([]int32) {})
+	led := func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if _, err := e.Pulse(ctx); err != nil {
+			t.Fatalf("Pulse: %v", err)
+		}
+		return e.Leading()
+	}
+	if !testwait.Until(30*time.Second, led) {
+		t.Fatal("the contender did not lead within 30s")
+	}
+	hang.Store(true)
+	// Three heartbeat timeouts of hung group heartbeats: every Pulse returns within a second.
+	for stop := time.Now().Add(3 * heartbeatTimeout); time.Now().Before(stop); time.Sleep(20 * time.Millisecond) {
+		start := time.Now()
+		led()
+		if took := time.Since(start); took > time.Second {
+			t.Fatalf("a Pulse took %v while the group heartbeats hung", took)
+		}
+	}
+	end()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.Close(ctx); err != nil {
+		t.Fatalf("Close after the hang ended: %v", err)
+	}
+}
