@@ -1048,7 +1048,8 @@ func farFrom(times, others []time.Time, within time.Duration) []time.Duration {
 }
 
 // Group heartbeats that are never answered (a coordinator that takes them and hangs) do not hold
-// up the election loop: each of the grid's heartbeats is given up after a round. Once they are
+// up the election loop or its readiness check: each of the grid's heartbeats is given up after a
+// round. Once they are
 // answered again, Close stops them and leaves. (Close while they hang returns at its context,
 // as it always has, and leaves kgo's client closing in the background, which the package's leak
 // check would count; so the hang ends first here.)
@@ -1088,6 +1089,14 @@ func TestFranzElectionAnswersWhileGroupHeartbeatsHang(t *testing.T) {
 		led()
 		if took := time.Since(start); took > time.Second {
 			t.Fatalf("a Pulse took %v while the group heartbeats hung", took)
+		}
+		// Ping is what readiness asks of the election.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		start = time.Now()
+		err := e.(interface{ Ping(context.Context) error }).Ping(ctx)
+		cancel()
+		if took := time.Since(start); took > 1100*time.Millisecond {
+			t.Fatalf("a Ping took %v (%v) while the group heartbeats hung", took, err)
 		}
 	}
 	end()
