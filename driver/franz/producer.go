@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/internal/mailbox"
 	"github.com/goharvest/goharvest/internal/topiccheck"
 	"github.com/goharvest/goharvest/outbox"
 )
@@ -38,7 +39,7 @@ type producer struct {
 
 	topics *topiccheck.Checker // what the producer learnt of each message's topic; see Produce
 
-	reports    *mailbox
+	reports    *mailbox.Mailbox[driver.Delivery]
 	deliveries chan driver.Delivery
 
 	// mu guards the fields below, which Produce, the transactional calls and kgo's promises
@@ -91,7 +92,7 @@ type ending struct {
 func newProducer(cl *kgo.Client, newNotes func() (*kgo.Client, error), txnID string, txnTimeout time.Duration, maxQueued int) *producer {
 	ctx, stop := context.WithCancel(context.Background())
 	p := &producer{cl: cl, newNotes: newNotes, txnID: txnID, txnTimeout: txnTimeout, maxQueued: maxQueued, ctx: ctx, stop: stop,
-		reports: newMailbox(), deliveries: make(chan driver.Delivery, 1024)}
+		reports: mailbox.New[driver.Delivery](), deliveries: make(chan driver.Delivery, 1024)}
 	p.topics = topiccheck.New(p.describe)
 	p.idle = sync.NewCond(&p.mu)
 	go p.forward()
@@ -312,9 +313,12 @@ func (p *producer) describe(topic string) error {
 	return nil
 }
 
-// delivered is kgo's promise for a message of topic: it must not block.
+// delivered is kgo's promise for a message of topic: it must not block. The report is posted
+// before the message stops counting as queued, so that Close, which closes the mailbox once none
+// is queued, never drops one.
 func (p *producer) delivered(topic string, opaque any, err error) {
 	err = deliveryError(topic, err)
+	p.reports.Post(driver.Delivery{Opaque: opaque, Err: err})
 	p.mu.Lock()
 	p.queued--
 	if p.queued == 0 {
@@ -324,7 +328,6 @@ func (p *producer) delivered(topic string, opaque any, err error) {
 		p.failure = err
 	}
 	p.mu.Unlock()
-	p.reports.post(driver.Delivery{Opaque: opaque, Err: err})
 }
 
 // deliveryError marks errors that retrying the same message will not cure.
@@ -350,12 +353,12 @@ func (p *producer) Deliveries() <-chan driver.Delivery { return p.deliveries }
 func (p *producer) forward() {
 	defer close(p.deliveries)
 	for {
-		batch, closed := p.reports.take()
+		batch, ok := p.reports.Wait(0)
+		if !ok {
+			return
+		}
 		for _, d := range batch {
 			p.deliveries <- d
-		}
-		if closed {
-			return
 		}
 	}
 }
@@ -811,53 +814,7 @@ func (p *producer) Close() {
 		p.idle.Wait()
 	}
 	p.mu.Unlock()
-	p.reports.close()
+	p.reports.Close()
 }
 
 var _ driver.KafkaProducer = (*producer)(nil)
-
-// mailbox passes delivery reports from kgo's promises, which must not block, to forward.
-type mailbox struct {
-	mu     sync.Mutex
-	items  []driver.Delivery
-	closed bool
-	wake   chan struct{} // one slot: a post or close while take waits
-}
-
-func newMailbox() *mailbox { return &mailbox{wake: make(chan struct{}, 1)} }
-
-func (m *mailbox) post(d driver.Delivery) {
-	m.mu.Lock()
-	m.items = append(m.items, d)
-	m.mu.Unlock()
-	m.signal()
-}
-
-func (m *mailbox) close() {
-	m.mu.Lock()
-	m.closed = true
-	m.mu.Unlock()
-	m.signal()
-}
-
-func (m *mailbox) signal() {
-	select {
-	case m.wake <- struct{}{}:
-	default:
-	}
-}
-
-// take waits for reports or the close, and returns what there is, and whether the mailbox is
-// closed (nothing more will come).
-func (m *mailbox) take() ([]driver.Delivery, bool) {
-	for {
-		m.mu.Lock()
-		items, closed := m.items, m.closed
-		m.items = nil
-		m.mu.Unlock()
-		if len(items) > 0 || closed {
-			return items, closed
-		}
-		<-m.wake
-	}
-}

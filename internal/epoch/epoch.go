@@ -59,6 +59,7 @@ import (
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/event"
+	"github.com/goharvest/goharvest/internal/mailbox"
 	"github.com/goharvest/goharvest/internal/outage"
 	"github.com/goharvest/goharvest/metric"
 )
@@ -153,7 +154,7 @@ type Epoch struct {
 	txnMx sync.Mutex
 	txn   []*flight
 	// produced wakes the transaction loop when a record joins an empty transaction.
-	produced wake
+	produced mailbox.Wake
 	// txnFailures counts commits that failed in a row (guarded by txnMu): retrying in place is
 	// right for a passing fault, but a producer whose transactions keep failing is replaced.
 	txnFailures int
@@ -162,14 +163,14 @@ type Epoch struct {
 	fatal error
 
 	workers  []*sendWorker
-	outcomes *mailbox[outcome] // from the transaction loop to the committers; closed by stop
+	outcomes *mailbox.Mailbox[outcome] // from the transaction loop to the committers; closed by stop
 
 	// budget counts the records in flight, what MaxInFlightRecords bounds (pipeline_mark.go).
 	budget budget
 	// activity is what decides whether the current transaction can still grow, and awaits the
 	// producer's delivery reports (pipeline_txn.go).
 	activity activity
-	written  wake // wakes an idle marker when records are written
+	written  mailbox.Wake // wakes an idle marker when records are written
 	// covered says that every record written wakes the marker (driver.CoveringListener), which
 	// then does not poll an idle outbox; written by the listen loop. wakes counts the listener's
 	// wake-ups, and emptyAt is one more than that count as it stood before the marker's latest
@@ -186,7 +187,7 @@ type Epoch struct {
 	remarkErr atomic.Bool
 
 	held        heldSet        // held records and keys (held.go; guarded by its own lock)
-	heldWake    wake           // wakes the held loop
+	heldWake    mailbox.Wake   // wakes the held loop
 	deadTrouble *outage.Logger // moving rows to the dead-letter table fails
 
 	// server is the database server the epoch has seen (standby.go).
@@ -215,21 +216,21 @@ func Start(deps Deps) *Epoch {
 		cancel:      cancel,
 		flushCtx:    flushCtx,
 		flushCancel: flushCancel,
-		outcomes:    newMailbox[outcome](),
-		budget:      budget{keys: map[string]int{}, room: newWake()},
-		activity:    activity{settled: closedChan(), wake: newWake()},
-		written:     newWake(),
-		produced:    newWake(),
+		outcomes:    mailbox.New[outcome](),
+		budget:      budget{keys: map[string]int{}, room: mailbox.NewWake()},
+		activity:    activity{settled: closedChan(), wake: mailbox.NewWake()},
+		written:     mailbox.NewWake(),
+		produced:    mailbox.NewWake(),
 		remarkCh:    make(chan struct{}),
-		held:        heldSet{added: newWake()},
-		heldWake:    newWake(),
+		held:        heldSet{added: mailbox.NewWake()},
+		heldWake:    mailbox.NewWake(),
 		deadTrouble: &outage.Logger{What: "dead-letter table (held records stay held)"},
 	}
 	for range deps.Limits.SendConcurrency {
 		w := &sendWorker{
 			p:      p,
 			in:     make(chan *flight, deps.Limits.SendBuffer),
-			box:    newMailbox[workerMsg](),
+			box:    mailbox.New[workerMsg](),
 			queues: map[string]*keyQueue{},
 			purged: map[int64]uint64{},
 		}
@@ -296,7 +297,7 @@ func (p *Epoch) Stop(timeout time.Duration) (unpurged Unpurged, closed <-chan st
 			"records", p.activity.unreportedCount(), "waited", timeout)
 		p.Producer.Abandon()
 	}
-	p.outcomes.close()
+	p.outcomes.Close()
 	p.committing.Wait()
 
 	done := make(chan struct{})

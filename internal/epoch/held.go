@@ -10,6 +10,7 @@ import (
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/event"
+	"github.com/goharvest/goharvest/internal/mailbox"
 )
 
 // Held keys. A record that cannot be published (Kafka or goharvest refused it, or its row is
@@ -57,7 +58,7 @@ type heldEntry struct {
 type heldSet struct {
 	// added is poked whenever a record enters the registry: the held loop ticks only while
 	// something is held.
-	added   wake
+	added   mailbox.Wake
 	mu      sync.Mutex
 	keys    map[string]int // held key -> records of it in the registry
 	records map[int64]*heldEntry
@@ -74,7 +75,7 @@ func (s *heldSet) put(f *flight, key string, err error, doom bool) {
 		e = &heldEntry{f: f}
 		s.records[f.rec.ID] = e
 		s.keys[key]++
-		s.added.poke()
+		s.added.Poke()
 	}
 	e.HeldRecord = event.HeldRecord{ID: f.rec.ID, Topic: f.rec.KafkaTopic, Key: key, Attempts: f.attempts,
 		Since: f.firstFailure}
@@ -216,7 +217,7 @@ func sameContent(a, b driver.MarkedRecord) bool {
 		slices.Equal(a.KafkaHeaders, b.KafkaHeaders) && errText(a.Err) == errText(b.Err)
 }
 
-func (p *Epoch) wakeHeldLoop() { p.heldWake.poke() }
+func (p *Epoch) wakeHeldLoop() { p.heldWake.Poke() }
 
 // heldLoop reads the held rows afresh and moves the doomed ones to the dead-letter table: every
 // HeldCheckInterval while a record is held, and when a worker asks. With nothing held it does not

@@ -1,60 +1,15 @@
 package epoch
 
 import (
-	"slices"
-	"sync"
+	"github.com/goharvest/goharvest/internal/mailbox"
 	"testing"
 	"time"
 )
 
-// A mailbox hands over what was posted, in order, to whichever receiver takes it, without a
-// sender ever waiting; closing it lets every receiver finish what is left and return.
-func TestMailbox(t *testing.T) {
-	m := newMailbox[int]()
-	const n = 10_000
-	for i := range n {
-		m.post(i) // no receiver yet: must not block
-	}
-	var mu sync.Mutex
-	var got [][]int
-	var receivers sync.WaitGroup
-	for range 2 {
-		receivers.Go(func() {
-			for {
-				batch, ok := m.wait(7)
-				if !ok {
-					return
-				}
-				if len(batch) > 7 {
-					t.Errorf("took %d, asked for at most 7", len(batch))
-				}
-				mu.Lock()
-				got = append(got, batch)
-				mu.Unlock()
-			}
-		})
-	}
-	m.post(n)
-	m.close()
-	m.post(n + 1) // dropped
-	receivers.Wait()
-	var all []int
-	for _, b := range got {
-		if !slices.IsSorted(b) {
-			t.Fatalf("a batch out of order: %v", b)
-		}
-		all = append(all, b...)
-	}
-	slices.Sort(all)
-	if len(all) != n+1 || all[0] != 0 || all[n] != n {
-		t.Fatalf("received %d messages, want %d, each once", len(all), n+1)
-	}
-}
-
 // The transaction loop is told when the transaction cannot grow: once the marker waits, nothing
 // waits for a worker and every message has been reported, and not before.
 func TestActivityWakesWhenStalled(t *testing.T) {
-	a := activity{settled: closedChan(), wake: newWake()}
+	a := activity{settled: closedChan(), wake: mailbox.NewWake()}
 	woken := func() bool {
 		select {
 		case <-a.wake:

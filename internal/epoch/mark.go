@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/internal/mailbox"
 )
 
 // budget is the pipeline's one count of records in flight: records this epoch has marked and not
@@ -27,7 +28,7 @@ type budget struct {
 	// marks numbers the mark queries (guarded by mu): the marker adds one before each (see
 	// sendWorker.purged).
 	marks uint64
-	room  wake // wakes the marker when records leave the budget
+	room  mailbox.Wake // wakes the marker when records leave the budget
 }
 
 // reserve returns how many records the marker may mark now, at most limit, and when that is
@@ -74,7 +75,7 @@ func (b *budget) give(fs ...*flight) (lastMark uint64) {
 		}
 	}
 	b.count -= len(fs)
-	b.room.poke()
+	b.room.Poke()
 	return b.marks
 }
 
@@ -199,14 +200,14 @@ func (p *Epoch) listenLoop() {
 	wake := func() {
 		trouble.OK(p.Log)
 		p.wakes.Add(1)
-		p.written.poke()
+		p.written.Poke()
 	}
 	covered := func(c bool) {
 		if !p.covered.Swap(c) || c {
 			return
 		}
 		// No longer covered: the marker, which may be waiting for a wake-up alone, polls again.
-		p.written.poke()
+		p.written.Poke()
 	}
 	listen := l.Listen
 	if c := p.Features.Covering; c != nil {

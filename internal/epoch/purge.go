@@ -15,7 +15,7 @@ import (
 // again. The committers share the outcomes mailbox; each owns the batch it takes.
 func (p *Epoch) commitLoop() {
 	for {
-		batch, ok := p.outcomes.wait(MaxCommitBatch)
+		batch, ok := p.outcomes.Wait(MaxCommitBatch)
 		if !ok {
 			return
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/internal/mailbox"
 )
 
 // txnGather is the least a transaction stays open after the transaction loop finds its first
@@ -50,7 +51,7 @@ type activity struct {
 	settled    chan struct{} // closed while unreported is 0
 	backlog    int           // marked records and news posted to workers and not yet handled
 	idle       bool          // the marker waits: for room, or for rows to be written
-	wake       wake          // tells the transaction loop to look at stalled again
+	wake       mailbox.Wake  // tells the transaction loop to look at stalled again
 }
 
 func closedChan() chan struct{} {
@@ -73,7 +74,7 @@ func (a *activity) stalledLocked() bool { return a.idle && a.unreported <= 0 && 
 // changed pokes the transaction loop if the transaction has stalled (mu held).
 func (a *activity) changed() {
 	if a.stalledLocked() {
-		a.wake.poke()
+		a.wake.Poke()
 	}
 }
 
@@ -254,7 +255,7 @@ func (p *Epoch) endTxn(ctx context.Context, next bool) {
 			p.endSpan(f, nil)
 			outcomes = append(outcomes, outcome{f: f})
 		}
-		p.outcomes.post(outcomes...)
+		p.outcomes.Post(outcomes...)
 		if next {
 			p.beginTxn()
 		}
@@ -295,7 +296,7 @@ func (p *Epoch) endTxn(ctx context.Context, next bool) {
 			p.endSpan(f, err)
 			outcomes = append(outcomes, outcome{f: f, failed: true})
 		}
-		p.outcomes.post(outcomes...)
+		p.outcomes.Post(outcomes...)
 		if p.ctx.Err() == nil {
 			p.requestRemark("transaction failed", err)
 		}

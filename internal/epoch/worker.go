@@ -7,6 +7,7 @@ import (
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/event"
+	"github.com/goharvest/goharvest/internal/mailbox"
 )
 
 // sendWorker owns the keys that hash to it: it keeps their records in order, and lets each key
@@ -14,8 +15,8 @@ import (
 // but p, and the flights of its keys (see flight).
 type sendWorker struct {
 	p      *Epoch
-	in     chan *flight        // marked records, from the marker (the only send that waits for room)
-	box    *mailbox[workerMsg] // news of its keys' records, from the other stages
+	in     chan *flight                // marked records, from the marker (the only send that waits for room)
+	box    *mailbox.Mailbox[workerMsg] // news of its keys' records, from the other stages
 	queues map[string]*keyQueue
 	// purged holds the ids of records finished lately, with their purgedAt, to recognise copies
 	// marked again (see wasPurged); prunedAt is the mark number it was last pruned at.
@@ -36,7 +37,7 @@ type workerMsg struct {
 // so the transaction loop counts it (see activity.stalled) until the worker has acted on it.
 func (w *sendWorker) tell(m workerMsg) {
 	w.p.activity.posted(1)
-	w.box.post(m)
+	w.box.Post(m)
 }
 
 // wasPurged reports whether f is a copy of a record this worker has already finished: a mark
@@ -80,8 +81,8 @@ func (w *sendWorker) run() {
 		case f := <-w.in:
 			w.arrive(f)
 			w.p.activity.handled(1)
-		case <-w.box.ready:
-			msgs, _ := w.box.take(0)
+		case <-w.box.Ready:
+			msgs, _ := w.box.Take(0)
 			for _, m := range msgs {
 				w.handle(m)
 			}
@@ -249,7 +250,7 @@ func (p *Epoch) produce(f *flight, q *keyQueue) error {
 	first := len(p.txn) == 1
 	p.txnMx.Unlock()
 	if first {
-		p.produced.poke()
+		p.produced.Poke()
 	}
 	return nil
 }
