@@ -17,6 +17,7 @@ import (
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/outbox"
 )
 
 // BenchmarkDrainShards: BenchmarkDrain's backlog (200,000 records over 10,000 keys) drained with
@@ -78,7 +79,7 @@ func benchDrainShards(b *testing.B, shards, processes int) {
 		m := rig.measure()
 		cm := measureScale(b, rig, children)
 		run.exec(`BEGIN; ALTER TABLE outbox RENAME TO outbox_standby; ALTER TABLE outbox_backlog RENAME TO outbox;
-			SELECT pg_notify('` + goharvest.NotifyChannel("outbox") + `', ''); COMMIT`)
+			SELECT pg_notify('` + outbox.NotifyChannel("outbox") + `', ''); COMMIT`)
 		testwait.For(b, 10*time.Minute, "the outbox to drain", run.empty)
 		m.stop(b, records)
 		cm.stop(b, m, records)
@@ -142,7 +143,12 @@ func serveHarvesterIfChild() {
 		fmt.Fprintln(os.Stderr, "bench harvester:", err)
 		os.Exit(1)
 	}
-	h, err := goharvest.New(c.config())
+	cfg, err := c.config()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench harvester:", err)
+		os.Exit(1)
+	}
+	h, err := goharvest.New(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench harvester:", err)
 		os.Exit(1)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	goutbox "github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
@@ -170,7 +171,7 @@ func benchShardStorage(b *testing.B, d shardDesign) {
 		for _, sql := range d.ddlFirst {
 			exec(sql)
 		}
-		if err := goharvest.CreateOutboxTable(ctx, dsn, "outbox"); err != nil {
+		if err := postgres.CreateOutboxTable(ctx, dsn, "outbox", goutbox.TableOptions{}); err != nil {
 			b.Fatal(err)
 		}
 		for _, sql := range d.ddl {

@@ -23,11 +23,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/goharvest/goharvest"
-	"github.com/goharvest/goharvest/driver/franz"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgbouncer"
 	"github.com/goharvest/goharvest/internal/pgcluster"
+	"github.com/goharvest/goharvest/internal/reaper"
 	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/internal/verifytest"
@@ -307,7 +308,7 @@ func benchMarkLatency(b *testing.B, dsnSuffix, poolMode string) {
 			defer bouncer.Stop()
 			dsn = bouncer.DSN(run.dsn)
 		}
-		binding, err := goharvest.NewPostgresBinding(dsn, "outbox")
+		binding, err := postgres.New(dsn, "outbox")
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -552,7 +553,7 @@ func (rig *benchRig) newRun() *benchRun {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	if err := goharvest.CreateOutboxTable(ctx, dsn, "outbox"); err != nil {
+	if err := postgres.CreateOutboxTable(ctx, dsn, "outbox", outboxpkg.TableOptions{}); err != nil {
 		b.Fatal(err)
 	}
 	// Enough connections for the writers; the harvester has a pool of its own.
@@ -569,7 +570,10 @@ func (rig *benchRig) newRun() *benchRun {
 func (r *benchRun) startHarvester() {
 	r.rig.runs++
 	r.group = fmt.Sprintf("bench-%d-%d", os.Getpid(), r.rig.runs)
-	cfg := r.harvesterConfig().config()
+	cfg, err := r.harvesterConfig().config()
+	if err != nil {
+		r.b.Fatal(err)
+	}
 	h, err := goharvest.New(cfg)
 	if err != nil {
 		r.b.Fatal(err)
@@ -596,27 +600,28 @@ func (r *benchRun) harvesterConfig() benchHarvesterConfig {
 		Shards: r.shards, MaxKeyRun: r.maxKeyRun, AwaitStandbys: r.rig.awaitStandbys, Claim: r.claim}
 }
 
-func (c benchHarvesterConfig) config() goharvest.Config {
-	cfg := goharvest.Config{
-		BaseKafkaConfig:   goharvest.KafkaConfigMap{"bootstrap.servers": c.Broker},
-		LeaderGroupID:     c.Group,
-		LeaderTopic:       c.Group + ".leader",
-		DataSource:        c.DSN,
-		Shards:            c.Shards,
-		ClaimStrategy:     c.Claim,
-		Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, MaxKeyRun: c.MaxKeyRun, AwaitStandbys: c.AwaitStandbys},
-		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
-		MetricsRegisterer: prometheus.NewRegistry(),
-	}
+// config returns the harvester's Config, with the drivers the reaper would make of the same
+// settings.
+func (c benchHarvesterConfig) config() (goharvest.Config, error) {
 	switch c.Client {
-	case "librdkafka":
-		cfg.KafkaClient = goharvest.KafkaClientLibrdkafka
-	case "", "franz":
-		cfg.BaseKafkaConfig, cfg.Kafka = nil, franz.New(franz.Config{SeedBrokers: strings.Split(c.Broker, ",")})
+	case "", "franz", "librdkafka":
 	default:
-		panic(fmt.Sprintf("%s=%q: want librdkafka or franz", EnvBenchClient, c.Client))
+		return goharvest.Config{}, fmt.Errorf("%s=%q: want librdkafka or franz", EnvBenchClient, c.Client)
 	}
-	return cfg
+	return reaper.Settings{
+		Config: goharvest.Config{
+			LeaderGroupID:     c.Group,
+			LeaderTopic:       c.Group + ".leader",
+			Shards:            c.Shards,
+			ClaimStrategy:     c.Claim,
+			Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, MaxKeyRun: c.MaxKeyRun, AwaitStandbys: c.AwaitStandbys},
+			Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
+			MetricsRegisterer: prometheus.NewRegistry(),
+		},
+		KafkaClient:     reaper.KafkaClient(c.Client),
+		BaseKafkaConfig: reaper.KafkaConfigMap{"bootstrap.servers": c.Broker},
+		DataSource:      c.DSN,
+	}.HarvestConfig()
 }
 
 // commits returns how many Kafka transactions the harvester whose metrics registry holds has

@@ -22,7 +22,7 @@ import (
 // rolled-back transactions burned, and a writing transaction left open.
 
 // readClaims has a harvester claim by reading (ClaimRead, which these tests are about).
-func readClaims(c *goharvest.Config) { c.ClaimStrategy = goharvest.ClaimRead }
+func readClaims(c *harvestSettings) { c.ClaimStrategy = goharvest.ClaimRead }
 
 // stashIn writes one record of key with value in tx.
 func stashIn(t *testing.T, tx pgx.Tx, topic, key, value string) {

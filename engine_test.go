@@ -7,7 +7,6 @@ package goharvest
 import (
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/librdkafka"
@@ -38,36 +37,27 @@ func localKafka(elector driver.Elector) stubKafka {
 	return stubKafka{librdkafka.New(librdkafka.Config{Properties: map[string]any{"bootstrap.servers": "localhost:9092"}}), elector}
 }
 
-// A transaction timeout shorter than the message timeout is an error naming both, with the
-// field it stands in, with each client (their settings are driver/librdkafka's and driver/franz's
-// tests).
-func TestTransactionTimeoutShorterThanQueueTimeout(t *testing.T) {
-	for _, client := range []KafkaClient{KafkaClientFranz, KafkaClientLibrdkafka} {
-		_, err := New(Config{KafkaClient: client, LeaderGroupID: "g", LeaderTopic: "t", Limits: Limits{QueueTimeout: 90 * time.Second},
-			ProducerKafkaConfig: KafkaConfigMap{"transaction.timeout.ms": "70000"}})
-		if err == nil || !strings.Contains(err.Error(), "ProducerKafkaConfig (producerKafkaConfig.transaction.timeout.ms): 1m10s is shorter") {
-			t.Errorf("%s: a transaction timeout shorter than the message timeout gave %v", client, err)
+// New needs both drivers, and says which is missing and what provides one.
+func TestNewRequiresTheDrivers(t *testing.T) {
+	_, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t"})
+	for _, want := range []string{"Store: required", "postgres.New", "Kafka: required", "franz.New"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("New without drivers gave %v, want it to say %q", err, want)
 		}
 	}
-}
-
-// The Kafka properties configure the client KafkaClient chooses, alone: set beside a client of the
-// caller's, they would be ignored, so they are refused.
-func TestKafkaPropertiesWithAClientOfOnesOwn(t *testing.T) {
-	_, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", Kafka: stubKafka{},
-		BaseKafkaConfig: KafkaConfigMap{"bootstrap.servers": "b:9092"}})
-	if err == nil || !strings.Contains(err.Error(), "BaseKafkaConfig (baseKafkaConfig): configures the client that KafkaClient chooses; Kafka is set") {
-		t.Fatalf("BaseKafkaConfig beside Config.Kafka gave %v", err)
+	_, err = New(Config{LeaderGroupID: "g", LeaderTopic: "t", Store: memory.NewStore()})
+	if err == nil || strings.Contains(err.Error(), "Store") || !strings.Contains(err.Error(), "Kafka: required") {
+		t.Errorf("New without Kafka gave %v", err)
 	}
 }
 
 func TestStartRejectsBadProducerConfig(t *testing.T) {
 	db, elector := memory.NewStore(), follower()
 	h, err := New(Config{
-		LeaderGroupID:           "g",
-		LeaderTopic:             "t",
-		MetricsRegisterer:       prometheus.NewRegistry(),
-		DatabaseBindingProvider: func(string, string) (driver.DatabaseBinding, error) { return db, nil },
+		LeaderGroupID:     "g",
+		LeaderTopic:       "t",
+		MetricsRegisterer: prometheus.NewRegistry(),
+		Store:             db,
 		Kafka: stubKafka{librdkafka.New(librdkafka.Config{
 			Properties:         map[string]any{"bootstrap.servers": "localhost:9092"},
 			ProducerProperties: map[string]any{"compresion.type": "lz4"},
@@ -91,11 +81,11 @@ func TestStartRejectsBadProducerConfig(t *testing.T) {
 func TestStartRefusesBindingWithoutHeldRows(t *testing.T) {
 	type wrapper struct{ driver.DatabaseBinding }
 	h, err := New(Config{
-		LeaderGroupID:           "g",
-		LeaderTopic:             "t",
-		MetricsRegisterer:       prometheus.NewRegistry(),
-		DatabaseBindingProvider: func(string, string) (driver.DatabaseBinding, error) { return wrapper{memory.NewStore()}, nil },
-		Kafka:                   localKafka(follower()),
+		LeaderGroupID:     "g",
+		LeaderTopic:       "t",
+		MetricsRegisterer: prometheus.NewRegistry(),
+		Store:             wrapper{memory.NewStore()},
+		Kafka:             localKafka(follower()),
 	})
 	if err != nil {
 		t.Fatal(err)

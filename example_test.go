@@ -12,22 +12,21 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver/franz"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/event"
+	"github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
 )
 
-// Read a harvester's configuration from YAML, as the reaper sidecar does. Unknown keys are
-// errors; zero fields take their defaults.
+// Read a harvester's settings from YAML, with the keys the reaper sidecar's file uses for them.
+// Unknown keys are errors; zero fields take their defaults. The drivers, Store and Kafka, are
+// set in code.
 func ExampleUnmarshal() {
 	config, err := goharvest.Unmarshal([]byte(`
-baseKafkaConfig:
-  bootstrap.servers: localhost:9092
-producerKafkaConfig:
-  compression.type: lz4
 leaderTopic: billing-api.leader
 leaderGroupID: billing-api
-dataSource: host=localhost port=5432 user=postgres dbname=billing sslmode=disable
-outboxTable: billing.outbox
+shards: 4
 limits:
   heartbeatTimeout: 5s
   maxInFlightRecords: 1000
@@ -39,8 +38,8 @@ limits:
 	if err := config.Validate(); err != nil {
 		panic(err)
 	}
-	fmt.Println(config.OutboxTable, config.Limits.HeartbeatTimeout, config.Limits.MaxPollInterval, config.Limits.SendConcurrency)
-	// Output: billing.outbox 5s 2.5s 8
+	fmt.Println(config.Shards, config.Limits.HeartbeatTimeout, config.Limits.MaxPollInterval, config.Limits.SendConcurrency)
+	// Output: 4 5s 2.5s 8
 }
 
 // A misspelt key is reported with its line rather than silently ignored.
@@ -54,53 +53,11 @@ func ExampleUnmarshal_unknownKey() {
 func ExampleConfig_Validate() {
 	config := goharvest.Config{LeaderGroupID: "billing-api", LeaderTopic: "billing-api.leader", Name: "billing-1"}.WithDefaults()
 	config.Limits.MaxPollInterval = config.Limits.HeartbeatTimeout
-	config.BaseKafkaConfig["session.timeout.ms"] = 10000
+	config.Shards = 0
 	fmt.Println(config.Validate())
 	// Output:
-	// invalid harvest config: BaseKafkaConfig (baseKafkaConfig.session.timeout.ms): goharvest sets this property itself (derived from the heartbeat timeout so that a leader fences itself before its partition can be reassigned); remove it
+	// invalid harvest config: Shards (shards): 0 is out of range [1, 256]
 	// Limits.MaxPollInterval (limits.maxPollInterval): 5s is out of range [100ms, 2.5s]: must be at least minPollInterval and at most half of heartbeatTimeout, so that a fenced leader has finished before another can be elected
-}
-
-// Create the outbox table if it does not exist yet.
-func ExampleCreateOutboxTable() {
-	if err := goharvest.CreateOutboxTable(context.Background(), exampleDataSource, "outbox"); err != nil {
-		panic(err)
-	}
-	ddl, _ := goharvest.OutboxTableDDL("outbox")
-	fmt.Println(ddl)
-	// Output:
-	// CREATE TABLE IF NOT EXISTS "outbox" (
-	//   id                  BIGSERIAL PRIMARY KEY,
-	//   create_time         TIMESTAMP WITH TIME ZONE NOT NULL,
-	//   kafka_topic         VARCHAR(249) NOT NULL,
-	//   kafka_key           VARCHAR(100) NOT NULL,  -- pick your own maximum key size
-	//   kafka_value         VARCHAR(10000),         -- pick your own maximum value size
-	//   kafka_header_keys   TEXT[] NOT NULL,
-	//   kafka_header_values TEXT[] NOT NULL,
-	//   leader_id           UUID
-	// ) WITH (fillfactor = 80);
-	// CREATE OR REPLACE FUNCTION goharvest_notify() RETURNS trigger LANGUAGE plpgsql AS $fn$
-	// BEGIN
-	//   PERFORM pg_notify(TG_ARGV[0], '');
-	//   RETURN NULL;
-	// END
-	// $fn$;
-	// DO $do$
-	// BEGIN
-	//   IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = '"outbox"'::regclass AND tgname = 'goharvest_notify') THEN
-	//     CREATE TRIGGER goharvest_notify AFTER INSERT ON "outbox" FOR EACH STATEMENT EXECUTE FUNCTION goharvest_notify('goharvest.outbox');
-	//   END IF;
-	// END
-	// $do$;
-	// CREATE TABLE IF NOT EXISTS "outbox_dead_letters" (
-	//   LIKE "outbox",
-	//   error              TEXT NOT NULL,
-	//   attempts           INTEGER NOT NULL,
-	//   first_failure_time TIMESTAMP WITH TIME ZONE NOT NULL,
-	//   last_failure_time  TIMESTAMP WITH TIME ZONE NOT NULL,
-	//   dead_letter_time   TIMESTAMP WITH TIME ZONE NOT NULL DEFAULT now(),
-	//   PRIMARY KEY (id)
-	// )
 }
 
 // Embed a harvester in a Go service. It joins the leader election, and while it leads it
@@ -108,7 +65,7 @@ func ExampleCreateOutboxTable() {
 func ExampleHarvest_Run() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := goharvest.CreateOutboxTable(ctx, exampleDataSource, "outbox"); err != nil {
+	if err := postgres.CreateOutboxTable(ctx, exampleDataSource, "outbox", outbox.TableOptions{}); err != nil {
 		panic(err)
 	}
 	st, _ := stasher.New("outbox")
@@ -159,13 +116,18 @@ func ExampleHarvest_Run() {
 // publishOutbox is what a Go service runs to publish its outbox, word for word what README.md and
 // docs/getting-started.md show (TestDocsQuoteTheExamples holds them equal).
 func publishOutbox(ctx context.Context, bootstrapServers, dataSource string) error {
+	store, err := postgres.New(dataSource, "outbox")
+	if err != nil {
+		return err
+	}
 	h, err := goharvest.New(goharvest.Config{
-		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": bootstrapServers},
-		DataSource:      dataSource,
-		LeaderGroupID:   "order-service",
-		LeaderTopic:     "order-service.leader",
+		Store:         store, // the harvester disposes of it when it stops
+		Kafka:         franz.New(franz.Config{SeedBrokers: []string{bootstrapServers}}),
+		LeaderGroupID: "order-service",
+		LeaderTopic:   "order-service.leader",
 	})
 	if err != nil {
+		store.Dispose()
 		return err
 	}
 	h.SetEventHandler(func(e event.Event) {

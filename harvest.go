@@ -2,14 +2,14 @@ package goharvest
 
 import (
 	"context"
-	"strconv"
+	"errors"
+	"fmt"
 
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/event"
-	"github.com/goharvest/goharvest/internal/epoch"
 	"github.com/goharvest/goharvest/internal/owner"
 )
 
@@ -21,58 +21,51 @@ const TransactionalIDPrefix = "goharvest."
 // leave their notes (see NotePlace). The producer's principal needs Read on this group.
 const NoteGroupSuffix = ".notes"
 
-// State is a Harvest's place in its lifecycle.
-type State int
+// State is a Harvest's place in its lifecycle: Created, Running, Stopping, then Stopped.
+type State = owner.State
 
+// The states of a Harvest.
 const (
 	// Created: configured, not started.
-	Created State = iota
+	Created = owner.Created
 	// Running: started.
-	Running
+	Running = owner.Running
 	// Stopping: Stop was called (or a fatal error happened); work is winding down.
-	Stopping
+	Stopping = owner.Stopping
 	// Stopped: everything has been released.
-	Stopped
+	Stopped = owner.Stopped
 )
-
-func (s State) String() string {
-	switch s {
-	case Created:
-		return "created"
-	case Running:
-		return "running"
-	case Stopping:
-		return "stopping"
-	case Stopped:
-		return "stopped"
-	}
-	return "State(" + strconv.Itoa(int(s)) + ")"
-}
 
 // Harvest publishes an outbox table to Kafka. Create it with New, then Run it, or Start it and
 // later Stop and Await it. It runs once.
 //
 // It is the engine (package internal/owner, which runs each shard's epochs of package
-// internal/epoch) with the drivers Config names plugged in: the store
-// (DatabaseBindingProvider) and the Kafka client (Kafka), which makes the producers and the
-// leader election.
+// internal/epoch) with the drivers Config hands it: the store (Store) and the Kafka client
+// (Kafka), which makes the producers and the leader election.
 type Harvest struct {
 	cfg   Config
 	owner *owner.Owner
 }
 
 // New validates the config (after applying defaults to a copy) and returns a harvester ready
-// to start. It does not connect to anything.
+// to start. It does not connect to anything, and needs both drivers, Store and Kafka.
 func New(config Config) (*Harvest, error) {
 	cfg := config.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	claim, _ := cfg.ClaimStrategy.engineClaim() // Validate refused any other
-	kafka, err := cfg.kafkaClient()
-	if err != nil {
-		return nil, err // Validate said so already
+	var missing []error
+	if cfg.Store == nil {
+		missing = append(missing, errors.New("Store: required: the outbox's driver, such as postgres.New(dataSource, outboxTable) of package driver/postgres"))
 	}
+	if cfg.Kafka == nil {
+		missing = append(missing, errors.New("Kafka: required: the Kafka client's driver, such as franz.New(franz.Config{SeedBrokers: brokers}) of package driver/franz"))
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("invalid harvest config: %w", errors.Join(missing...))
+	}
+	claim, _ := cfg.ClaimStrategy.engineClaim() // Validate refused any other
+	kafka := cfg.Kafka
 	var tracer trace.Tracer
 	if cfg.TracerProvider != nil {
 		tracer = cfg.TracerProvider.Tracer("github.com/goharvest/goharvest")
@@ -81,7 +74,7 @@ func New(config Config) (*Harvest, error) {
 	h.owner = owner.New(owner.Config{
 		Name:            cfg.Name,
 		Shards:          cfg.Shards,
-		Limits:          epoch.Limits(cfg.Limits),
+		Limits:          cfg.Limits,
 		Logger:          cfg.Logger,
 		Registerer:      cfg.MetricsRegisterer,
 		Tracer:          tracer,
@@ -90,9 +83,7 @@ func New(config Config) (*Harvest, error) {
 		NoteGroup:       cfg.LeaderGroupID + NoteGroupSuffix,
 		LeaderTopic:     cfg.LeaderTopic,
 		TransactionalID: TransactionalID(cfg.LeaderGroupID, 0, 1),
-		OpenStore: func() (driver.DatabaseBinding, error) {
-			return cfg.DatabaseBindingProvider(cfg.DataSource, cfg.OutboxTable)
-		},
+		OpenStore:       func() (driver.DatabaseBinding, error) { return cfg.Store, nil },
 		NewElector: func(lost func([]int32)) (driver.Elector, error) {
 			return kafka.NewElector(driver.ElectorConfig{
 				LeaderTopic:      cfg.LeaderTopic,
@@ -141,17 +132,7 @@ func (h *Harvest) Await() error { return h.owner.Await() }
 func (h *Harvest) Run(ctx context.Context) error { return h.owner.Run(ctx) }
 
 // State returns where the harvester is in its lifecycle.
-func (h *Harvest) State() State {
-	switch h.owner.State() {
-	case owner.Created:
-		return Created
-	case owner.Running:
-		return Running
-	case owner.Stopping:
-		return Stopping
-	}
-	return Stopped
-}
+func (h *Harvest) State() State { return h.owner.State() }
 
 // IsLeader reports whether this harvester is publishing now (any shard, with Config.Shards > 1).
 func (h *Harvest) IsLeader() bool { return h.owner.IsLeader() }

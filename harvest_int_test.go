@@ -22,15 +22,18 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/driver/franz"
 	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/reaper"
 	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/internal/verifytest"
 	"github.com/goharvest/goharvest/internal/wakegrid"
+	"github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
 )
 
@@ -103,6 +106,16 @@ func (r *intRig) outboxRows() int {
 	return n
 }
 
+// store returns a Postgres store of the rig's outbox, which the harvester given it disposes.
+func (r *intRig) store() *postgres.Store {
+	r.t.Helper()
+	store, err := postgres.New(r.dsn, "outbox")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return store
+}
+
 func (r *intRig) harvester(events *eventRecorder) *goharvest.Harvest {
 	r.t.Helper()
 	h := r.harvesterWith("harvest-int", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil)
@@ -113,18 +126,26 @@ func (r *intRig) harvester(events *eventRecorder) *goharvest.Harvest {
 }
 
 // kafkaClients are the Kafka clients that tests about both run on, the default first.
-var kafkaClients = []goharvest.KafkaClient{goharvest.KafkaClientFranz, goharvest.KafkaClientLibrdkafka}
+var kafkaClients = []reaper.KafkaClient{reaper.KafkaClientFranz, reaper.KafkaClientLibrdkafka}
 
 // testKafkaClient is the Kafka client the rig's harvesters use unless a test chooses one:
 // GOHARVEST_TEST_KAFKA_CLIENT's ("librdkafka" or "franz"), as in int/, or the default.
-func testKafkaClient() goharvest.KafkaClient {
-	return goharvest.KafkaClient(os.Getenv("GOHARVEST_TEST_KAFKA_CLIENT"))
+func testKafkaClient() reaper.KafkaClient {
+	return reaper.KafkaClient(os.Getenv("GOHARVEST_TEST_KAFKA_CLIENT"))
+}
+
+// harvestSettings are a test harvester's settings: the reaper's, which make its drivers (the
+// Kafka client a test names, the Postgres store), and a wrapper of the store, for tests that
+// inject faults into it.
+type harvestSettings struct {
+	reaper.Settings
+	wrapStore func(*postgres.Store) driver.DatabaseBinding
 }
 
 // harvesterWith returns a harvester in the election group named group, with a 1 s heartbeat
 // timeout and frequent polls unless limits say otherwise, and its metrics in registry (a
 // registry of its own if nil).
-func (r *intRig) harvesterWith(group string, limits goharvest.Limits, registry prometheus.Registerer, adjust ...func(*goharvest.Config)) *goharvest.Harvest {
+func (r *intRig) harvesterWith(group string, limits goharvest.Limits, registry prometheus.Registerer, adjust ...func(*harvestSettings)) *goharvest.Harvest {
 	r.t.Helper()
 	if limits.HeartbeatTimeout == 0 {
 		limits.HeartbeatTimeout = time.Second
@@ -136,23 +157,39 @@ func (r *intRig) harvesterWith(group string, limits goharvest.Limits, registry p
 		registry = prometheus.NewRegistry()
 	}
 	group = r.id + "." + group
-	cfg := goharvest.Config{
-		KafkaClient:       testKafkaClient(),
-		BaseKafkaConfig:   goharvest.KafkaConfigMap{"bootstrap.servers": r.addr},
-		LeaderGroupID:     group,
-		LeaderTopic:       group + ".leader",
-		DataSource:        r.dsn,
-		Name:              group,
-		Limits:            limits,
-		MetricsRegisterer: registry,
-		Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
-	}
+	s := harvestSettings{Settings: reaper.Settings{
+		Config: goharvest.Config{
+			LeaderGroupID:     group,
+			LeaderTopic:       group + ".leader",
+			Name:              group,
+			Limits:            limits,
+			MetricsRegisterer: registry,
+			Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
+		},
+		KafkaClient:     testKafkaClient(),
+		BaseKafkaConfig: reaper.KafkaConfigMap{"bootstrap.servers": r.addr},
+		DataSource:      r.dsn,
+	}}
 	for _, f := range adjust {
-		f(&cfg)
+		f(&s)
+	}
+	return newTestHarvester(r.t, s)
+}
+
+// newTestHarvester makes a harvester with the drivers s makes, its store wrapped as s says.
+func newTestHarvester(t testing.TB, s harvestSettings) *goharvest.Harvest {
+	t.Helper()
+	cfg, err := s.HarvestConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.wrapStore != nil {
+		cfg.Store = s.wrapStore(cfg.Store.(*postgres.Store))
 	}
 	h, err := goharvest.New(cfg)
 	if err != nil {
-		r.t.Fatal(err)
+		cfg.Store.Dispose()
+		t.Fatal(err)
 	}
 	return h
 }
@@ -225,7 +262,7 @@ func TestHarvestDrainsFiftyThousandRecordsInOrder(t *testing.T) {
 			v := r.verifier()
 			updatedBefore, deletedBefore := r.rowStats()
 			start := time.Now()
-			h := r.harvesterWith("harvest-int", goharvest.Limits{}, nil, func(c *goharvest.Config) { c.ClaimStrategy = strategy })
+			h := r.harvesterWith("harvest-int", goharvest.Limits{}, nil, func(c *harvestSettings) { c.ClaimStrategy = strategy })
 			r.runUntilDelivered(h, v, keys*perKey)
 			t.Logf("drained and verified %d records in %v", keys*perKey, time.Since(start))
 			if dups := checkDelivered(t, v, expected); dups != 0 {
@@ -338,11 +375,10 @@ func TestHarvestNextEpochPurgesNotedRecords(t *testing.T) {
 	v := r.verifier()
 	limits := goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond, MaxKeyRun: 100}
 	binding := &failingPurges{pool: r.pool}
-	first := r.harvesterWith("harvest-int", limits, nil, func(c *goharvest.Config) {
-		c.DatabaseBindingProvider = func(dataSource, table string) (driver.DatabaseBinding, error) {
-			pg, err := goharvest.NewPostgresBinding(dataSource, table)
+	first := r.harvesterWith("harvest-int", limits, nil, func(c *harvestSettings) {
+		c.wrapStore = func(pg *postgres.Store) driver.DatabaseBinding {
 			binding.Store = pg
-			return binding, err
+			return binding
 		}
 	})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -419,13 +455,13 @@ func TestTraceContextRoundTrip(t *testing.T) {
 
 	spans := tracetest.NewSpanRecorder()
 	h, err := goharvest.New(goharvest.Config{
-		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": r.addr},
-		LeaderGroupID:   r.id + ".trace-int",
-		LeaderTopic:     r.id + ".trace-int.leader",
-		DataSource:      r.dsn,
-		Limits:          goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond},
-		TracerProvider:  sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
-		Logger:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
+		Store:          r.store(),
+		Kafka:          franz.New(franz.Config{SeedBrokers: []string{r.addr}}),
+		LeaderGroupID:  r.id + ".trace-int",
+		LeaderTopic:    r.id + ".trace-int.leader",
+		Limits:         goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond},
+		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
+		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -548,7 +584,7 @@ func TestNotificationWakesIdleHarvester(t *testing.T) {
 	if n := r.outboxRows(); n != 1 {
 		t.Fatalf("%d rows in the outbox without a notification; want the record still waiting", n)
 	}
-	if _, err := r.pool.Exec(ctx, "SELECT pg_notify($1, '')", goharvest.NotifyChannel("outbox")); err != nil {
+	if _, err := r.pool.Exec(ctx, "SELECT pg_notify($1, '')", outbox.NotifyChannel("outbox")); err != nil {
 		t.Fatal(err)
 	}
 	r.waitEmpty(5 * time.Second)

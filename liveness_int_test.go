@@ -7,6 +7,7 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
+	"github.com/goharvest/goharvest/internal/reaper"
 )
 
 // A broker that refuses the producer's transaction timeout (above its transaction.max.timeout.ms)
@@ -20,11 +21,11 @@ func TestHarvestStopsWhenKafkaRefusesItsTransactions(t *testing.T) {
 	}
 }
 
-func stopsWhenKafkaRefusesItsTransactions(t *testing.T, c *kafkacluster.Cluster, client goharvest.KafkaClient) {
+func stopsWhenKafkaRefusesItsTransactions(t *testing.T, c *kafkacluster.Cluster, client reaper.KafkaClient) {
 	r := newIntRigOn(t, c)
 	r.load(2, 2)
 	h := r.harvesterWith("harvest-int", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil,
-		func(cfg *goharvest.Config) { cfg.KafkaClient = client })
+		func(cfg *harvestSettings) { cfg.KafkaClient = client })
 	if err := h.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -56,12 +57,12 @@ func TestHarvestWithLongQueueTimeout(t *testing.T) {
 	}
 }
 
-func harvestWithLongQueueTimeout(t *testing.T, client goharvest.KafkaClient) {
+func harvestWithLongQueueTimeout(t *testing.T, client reaper.KafkaClient) {
 	r := newIntRig(t)
 	expected := r.load(10, 10)
 	v := r.verifier()
 	h := r.harvesterWith("harvest-int", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond, QueueTimeout: 90 * time.Second}, nil,
-		func(cfg *goharvest.Config) { cfg.KafkaClient = client })
+		func(cfg *harvestSettings) { cfg.KafkaClient = client })
 	r.runUntilDelivered(h, v, 100)
 	checkDelivered(t, v, expected)
 }

@@ -10,6 +10,7 @@ func TestIDHeaderConfig(t *testing.T) {
 	if err != nil || c.IDHeader != "goharvest-id" {
 		t.Fatalf("got %q, %v", c.IDHeader, err)
 	}
+	validConfig := func() Config { return Config{LeaderGroupID: "g", LeaderTopic: "t", Name: "test"}.WithDefaults() }
 	if c := validConfig(); c.IDHeader != "" || c.Validate() != nil {
 		t.Fatalf("the default is %q (%v), want empty: no id header", c.IDHeader, c.Validate())
 	}

@@ -17,7 +17,9 @@ import (
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
+	"github.com/goharvest/goharvest/internal/reaper"
 	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
 )
 
@@ -118,12 +120,12 @@ func partitionKeys(n int) []string {
 func TestDefaultPartitionerMatchesJavaClient(t *testing.T) {
 	cases := []struct {
 		name        string
-		client      goharvest.KafkaClient
+		client      reaper.KafkaClient
 		partitioner string // "" for the default
 	}{
-		{"default/franz", goharvest.KafkaClientFranz, ""},
-		{"default/librdkafka", goharvest.KafkaClientLibrdkafka, ""},
-		{"consistent_random configured", goharvest.KafkaClientLibrdkafka, "consistent_random"},
+		{"default/franz", reaper.KafkaClientFranz, ""},
+		{"default/librdkafka", reaper.KafkaClientLibrdkafka, ""},
+		{"consistent_random configured", reaper.KafkaClientLibrdkafka, "consistent_random"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -139,10 +141,10 @@ func TestDefaultPartitionerMatchesJavaClient(t *testing.T) {
 				t.Fatal(err)
 			}
 			consumed := collect(t, r.addr, r.topic)
-			stop := runHarvester(t, r.harvesterWith("partition-int", goharvest.Limits{}, nil, func(cfg *goharvest.Config) {
+			stop := runHarvester(t, r.harvesterWith("partition-int", goharvest.Limits{}, nil, func(cfg *harvestSettings) {
 				cfg.KafkaClient = c.client
 				if c.partitioner != "" {
-					cfg.ProducerKafkaConfig = goharvest.KafkaConfigMap{"partitioner": c.partitioner}
+					cfg.ProducerKafkaConfig = reaper.KafkaConfigMap{"partitioner": c.partitioner}
 				}
 			}))
 			got := consumed.awaitCount(t, len(keys), 2*time.Minute)
@@ -223,7 +225,7 @@ func TestPayloadFormatsReachConsumer(t *testing.T) {
 				t.Fatal(err)
 			}
 			if c.name == "bytea" {
-				if err := goharvest.CreateOutboxTableWith(ctx, r.dsn, "outbox", goharvest.TableOptions{Bytea: true}); err != nil {
+				if err := postgres.CreateOutboxTable(ctx, r.dsn, "outbox", outbox.TableOptions{Bytea: true}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -239,7 +241,7 @@ func TestPayloadFormatsReachConsumer(t *testing.T) {
 			}
 			ids := rowIDs(t, r)
 			consumed := collect(t, r.addr, r.topic)
-			stop := runHarvester(t, r.harvesterWith("payload-int", goharvest.Limits{}, nil, func(cfg *goharvest.Config) {
+			stop := runHarvester(t, r.harvesterWith("payload-int", goharvest.Limits{}, nil, func(cfg *harvestSettings) {
 				cfg.IDHeader = "goharvest-id"
 			}))
 			got := consumed.awaitCount(t, len(c.records), time.Minute)
@@ -328,14 +330,11 @@ func TestIDHeaderIsTheSameOnEveryPublish(t *testing.T) {
 		idOf[records[i].KafkaKey] = strconv.FormatInt(id, 10)
 	}
 	consumed := collect(t, r.addr, r.topic)
-	withIDs := func(cfg *goharvest.Config) { cfg.IDHeader = "goharvest-id" }
+	withIDs := func(cfg *harvestSettings) { cfg.IDHeader = "goharvest-id" }
 	limits := goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}
 
-	stop := runHarvester(t, r.harvesterWith("id-int", limits, nil, withIDs, func(cfg *goharvest.Config) {
-		cfg.DatabaseBindingProvider = func(dataSource, table string) (driver.DatabaseBinding, error) {
-			pg, err := goharvest.NewPostgresBinding(dataSource, table)
-			return failedPurges{pg}, err
-		}
+	stop := runHarvester(t, r.harvesterWith("id-int", limits, nil, withIDs, func(cfg *harvestSettings) {
+		cfg.wrapStore = func(pg *postgres.Store) driver.DatabaseBinding { return failedPurges{pg} }
 	}))
 	consumed.awaitCount(t, n, time.Minute)
 	stop()
@@ -437,7 +436,7 @@ func TestDebeziumStyleTableThroughView(t *testing.T) {
 	consumed := collect(t, r.addr, "outbox.event.order")
 	// Without a notification, an idle harvester would not look again for 50s.
 	limits := goharvest.Limits{MarkBackoff: 50 * time.Second, MaxMarkBackoff: time.Minute}
-	stop := runHarvester(t, r.harvesterWith("debezium-int", limits, nil, func(cfg *goharvest.Config) {
+	stop := runHarvester(t, r.harvesterWith("debezium-int", limits, nil, func(cfg *harvestSettings) {
 		cfg.OutboxTable = "outboxevent_goharvest"
 	}))
 	defer func() {

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -32,5 +33,30 @@ func TestEmbeddingBuildsAndRunsWithoutCgo(t *testing.T) {
 	out, err := exec.Command(bin).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "published 1000 records of 10 keys in order, without cgo") {
 		t.Fatalf("examples/memory: %v\n%s", err, out)
+	}
+}
+
+// An embedder links only the drivers it names, with cgo on as well as off: the root package and
+// the in-memory example link no Postgres or Kafka client, and a program that names the Postgres
+// store and the franz client links no librdkafka.
+func TestEmbedderLinksOnlyTheDriversItNames(t *testing.T) {
+	const pgx, kgo, librdkafka = "github.com/jackc/pgx/v5", "github.com/twmb/franz-go/pkg/kgo", "github.com/confluentinc/confluent-kafka-go/v2/kafka"
+	for pkg, refused := range map[string][]string{
+		".":                 {pgx, kgo, librdkafka},
+		"./examples/memory": {pgx, kgo, librdkafka},
+		"./examples/embed":  {librdkafka},
+	} {
+		list := exec.Command("go", "list", "-deps", pkg)
+		list.Env = append(os.Environ(), "CGO_ENABLED=1")
+		out, err := list.Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", pkg, err)
+		}
+		deps := strings.Fields(string(out))
+		for _, r := range refused {
+			if slices.Contains(deps, r) {
+				t.Errorf("%s links %s, which it does not name", pkg, r)
+			}
+		}
 	}
 }

@@ -77,7 +77,7 @@ func TestHarvestBehindPgBouncer(t *testing.T) {
 			v := r.verifier()
 			registry := prometheus.NewRegistry()
 			h := r.harvesterWith("harvest-pooled", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond, MarkQueryRecords: 100}, registry,
-				func(c *goharvest.Config) { c.DataSource = b.DSN(r.dsn) + " pool_max_conns=6" })
+				func(c *harvestSettings) { c.DataSource = b.DSN(r.dsn) + " pool_max_conns=6" })
 			r.runUntilDelivered(h, v, keys*perKey)
 			if dups := checkDelivered(t, v, expected); dups != 0 {
 				t.Errorf("%d duplicates in a run without faults", dups)
@@ -101,7 +101,7 @@ func TestNotificationsBehindPgBouncer(t *testing.T) {
 	t.Run("direct listen data source", func(t *testing.T) {
 		logs := &syncbuf.Buffer{}
 		h := r.harvesterWith("notify-direct", goharvest.Limits{MarkBackoff: time.Minute, MaxMarkBackoff: time.Minute}, nil,
-			func(c *goharvest.Config) {
+			func(c *harvestSettings) {
 				// Pool settings copied along with the rest do no harm.
 				c.DataSource, c.ListenDataSource = pooled, r.dsn+" pool_max_conns=2"
 				c.Logger = slogTo(logs)
@@ -125,7 +125,7 @@ func TestNotificationsBehindPgBouncer(t *testing.T) {
 		session := r.startBouncer(pgbouncer.Session)
 		logs := &syncbuf.Buffer{}
 		h := r.harvesterWith("notify-session", goharvest.Limits{MarkBackoff: time.Minute, MaxMarkBackoff: time.Minute}, nil,
-			func(c *goharvest.Config) {
+			func(c *harvestSettings) {
 				c.DataSource = session.DSN(r.dsn)
 				c.Logger = slogTo(logs)
 			})
@@ -145,7 +145,7 @@ func TestNotificationsBehindPgBouncer(t *testing.T) {
 	t.Run("listening through the pooler", func(t *testing.T) {
 		logs := &syncbuf.Buffer{}
 		h := r.harvesterWith("notify-pooled", goharvest.Limits{MarkBackoff: 100 * time.Millisecond, MaxMarkBackoff: 200 * time.Millisecond}, nil,
-			func(c *goharvest.Config) {
+			func(c *harvestSettings) {
 				c.DataSource = pooled
 				c.Logger = slogTo(logs)
 			})
@@ -183,7 +183,7 @@ func TestReadinessDuringPoolerStall(t *testing.T) {
 	v := r.verifier()
 	registry := prometheus.NewRegistry()
 	h := r.harvesterWith("stall", goharvest.Limits{IOErrorBackoff: 100 * time.Millisecond}, registry,
-		func(c *goharvest.Config) { c.DataSource, c.ListenDataSource = b.DSN(r.dsn), r.dsn })
+		func(c *harvestSettings) { c.DataSource, c.ListenDataSource = b.DSN(r.dsn), r.dsn })
 	if err := h.Start(); err != nil {
 		t.Fatal(err)
 	}

@@ -54,7 +54,7 @@ func exec(t *testing.T, dsn, sql string) {
 // written, none while its WAL receiver is frozen, and a position of another server is refused.
 func TestPostgresStandbys(t *testing.T) {
 	primary, standby, db := startPair(t)
-	b, err := NewPostgresBinding(pgcluster.WithDatabase(primary.AdminDSN(), db), "outbox")
+	b, err := postgres.New(pgcluster.WithDatabase(primary.AdminDSN(), db), "outbox")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestPostgresStandbys(t *testing.T) {
 	if _, err := b.Standbys(ctx, driver.WALPosition{LSN: pos.LSN, Server: "another"}); !errors.Is(err, driver.ErrServerChanged) {
 		t.Fatalf("a position of another server: %v, want errServerChanged", err)
 	}
-	onStandby, err := NewPostgresBinding(pgcluster.WithDatabase(standby.AdminDSN(), db), "outbox")
+	onStandby, err := postgres.New(pgcluster.WithDatabase(standby.AdminDSN(), db), "outbox")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestHarvesterOnAStandbyJoinsOnceItIsPromoted(t *testing.T) {
 		LeaderGroupID:     "g",
 		LeaderTopic:       "t",
 		Name:              "on-standby",
-		DataSource:        pgcluster.WithDatabase(standby.AdminDSN(), db),
+		Store:             onStandby(t, standby, db),
 		Limits:            Limits{HeartbeatTimeout: time.Second, MinPollInterval: 10 * time.Millisecond},
 		MetricsRegisterer: prometheus.NewRegistry(),
 		Logger:            slog.New(slog.NewTextHandler(logs, nil)),
@@ -162,4 +162,14 @@ func TestHarvesterOnAStandbyJoinsOnceItIsPromoted(t *testing.T) {
 			t.Errorf("the log does not say %q:\n%s", want, logs.String())
 		}
 	}
+}
+
+// onStandby is a Postgres store of the outbox in database db, through standby.
+func onStandby(t *testing.T, standby *pgcluster.Server, db string) *postgres.Store {
+	t.Helper()
+	b, err := postgres.New(pgcluster.WithDatabase(standby.AdminDSN(), db), "outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -10,8 +10,10 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/syncbuf"
 	"github.com/goharvest/goharvest/internal/verify"
+	"github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
 )
 
@@ -45,7 +47,7 @@ func TestHarvestWithLeastPrivileges(t *testing.T) {
 	admin("GRANT USAGE ON SCHEMA app TO " + writer + ", " + harvester)
 	as := func(role string) string { return r.dsn + " user=" + role }
 
-	if err := goharvest.CreateOutboxTable(ctx, as(owner), "app.outbox"); err != nil {
+	if err := postgres.CreateOutboxTable(ctx, as(owner), "app.outbox", outbox.TableOptions{}); err != nil {
 		t.Fatalf("reaper init as a role with CREATE on the schema: %v", err)
 	}
 	conn, err := pgx.Connect(ctx, as(owner))
@@ -78,7 +80,7 @@ func TestHarvestWithLeastPrivileges(t *testing.T) {
 	v := r.verifier()
 	logs := &syncbuf.Buffer{}
 	h := r.harvesterWith("least-privilege", goharvest.Limits{MarkBackoff: time.Minute, MaxMarkBackoff: time.Minute}, nil,
-		func(c *goharvest.Config) {
+		func(c *harvestSettings) {
 			c.DataSource, c.OutboxTable = as(harvester), "app.outbox"
 			c.Logger = slogTo(logs)
 		})

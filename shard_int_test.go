@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/reaper"
 	outboxpkg "github.com/goharvest/goharvest/outbox"
 )
 
@@ -36,7 +37,7 @@ type shardedRun struct {
 	mu     sync.Mutex
 	live   map[string]*runningHarvester
 	// client is each harvester's Kafka client (Config.KafkaClient).
-	client goharvest.KafkaClient
+	client reaper.KafkaClient
 }
 
 type runningHarvester struct {
@@ -48,7 +49,7 @@ type runningHarvester struct {
 func (sr *shardedRun) start(name string) {
 	sr.r.t.Helper()
 	h := sr.r.harvesterWith("sharded", goharvest.Limits{IOErrorBackoff: 50 * time.Millisecond}, nil,
-		func(c *goharvest.Config) {
+		func(c *harvestSettings) {
 			c.Shards, c.Name, c.KafkaClient = sr.shards, name, sr.client
 			c.BaseKafkaConfig["client.id"] = name
 		})
@@ -139,7 +140,7 @@ func TestShardedHarvestersShareTheOutboxAndHandOver(t *testing.T) {
 }
 
 // shareTheOutboxAndHandOver runs TestShardedHarvestersShareTheOutboxAndHandOver on client.
-func shareTheOutboxAndHandOver(t *testing.T, client goharvest.KafkaClient) {
+func shareTheOutboxAndHandOver(t *testing.T, client reaper.KafkaClient) {
 	const shards, keys, perKey = 8, 400, 50
 	r := newIntRig(t)
 	r.shardIndex(shards)

@@ -13,7 +13,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/franz"
 	"github.com/goharvest/goharvest/driver/librdkafka"
@@ -26,14 +25,14 @@ import (
 // its own; the successor must ask again sooner, so that it starts about when the abort is done.
 // kgo (the franz client) asks again after 20ms, 200ms once refused for a second.
 func TestSuccessorInitTransactionsRetriesPromptly(t *testing.T) {
-	for _, client := range []goharvest.KafkaClient{goharvest.KafkaClientFranz, goharvest.KafkaClientLibrdkafka} {
-		t.Run(string(client), func(t *testing.T) {
+	for _, client := range []string{"franz", "librdkafka"} {
+		t.Run(client, func(t *testing.T) {
 			successorRetriesPromptly(t, client)
 		})
 	}
 }
 
-func successorRetriesPromptly(t *testing.T, client goharvest.KafkaClient) {
+func successorRetriesPromptly(t *testing.T, client string) {
 	c := kafkacluster.Shared(t)
 	topic := c.Topic(t, fmt.Sprintf("inittxn%d.events", rigs.Add(1)), 8)
 	txnID := topic + ".txn"
@@ -41,7 +40,7 @@ func successorRetriesPromptly(t *testing.T, client goharvest.KafkaClient) {
 	attempts := &timesOf{}
 	producer := func(name string, successor bool) (driver.KafkaProducer, error) {
 		cfg := driver.ProducerConfig{TransactionalID: txnID, Logger: slog.New(slog.DiscardHandler)}
-		if client == goharvest.KafkaClientFranz {
+		if client == "franz" {
 			var opts []kgo.Opt
 			if successor {
 				opts = append(opts, kgo.WithHooks(initProducerIDWrites{attempts}))
@@ -99,7 +98,7 @@ func successorRetriesPromptly(t *testing.T, client goharvest.KafkaClient) {
 	initTxn(successor)
 	done := time.Now()
 	asked := attempts.times()
-	if client == goharvest.KafkaClientLibrdkafka {
+	if client == "librdkafka" {
 		asked = append(asked, done) // librdkafka logs each refusal; the last attempt is the one that returned
 	}
 	if len(asked) < 2 {

@@ -14,10 +14,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/internal/verify"
+	"github.com/goharvest/goharvest/outbox"
 )
 
 // pgFailoverMode is one way of replicating to the standby that a failover promotes.
@@ -57,7 +58,7 @@ func pgFailover(t *testing.T, m pgFailoverMode) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := goharvest.CreateOutboxTable(ctx, dsn, "outbox"); err != nil {
+	if err := postgres.CreateOutboxTable(ctx, dsn, "outbox", outbox.TableOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	standby, err := primary.StartStandby("standby1")

@@ -30,6 +30,9 @@ var (
 	bytesPayloadColumns = [3]string{"BYTEA NOT NULL,", "BYTEA,", "BYTEA[]"}
 )
 
+// DefaultTable is the outbox table's name where none is given (the reaper's outboxTable).
+const DefaultTable = "outbox"
+
 // TableOptions choose how TableDDLWith (and goharvest.CreateOutboxTableWith) make the outbox
 // table.
 type TableOptions struct {

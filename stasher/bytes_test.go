@@ -8,7 +8,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
 )
 
@@ -17,7 +19,7 @@ import (
 func byteaOutbox(t *testing.T) string {
 	t.Helper()
 	dsn := pgtest.NewDatabase(t)
-	if err := goharvest.CreateOutboxTableWith(context.Background(), dsn, "outbox", goharvest.TableOptions{Bytea: true}); err != nil {
+	if err := postgres.CreateOutboxTable(context.Background(), dsn, "outbox", outbox.TableOptions{Bytea: true}); err != nil {
 		t.Fatal(err)
 	}
 	return dsn

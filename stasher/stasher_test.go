@@ -15,8 +15,10 @@ import (
 	_ "github.com/lib/pq"              // registers the "postgres" database/sql driver
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/leakcheck"
 	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
 )
 
@@ -26,7 +28,7 @@ var exampleDataSource string
 func TestMain(m *testing.M) {
 	os.Exit(leakcheck.After(pgtest.RunWithDatabase(m, func(dsn string) error {
 		ctx := context.Background()
-		if err := goharvest.CreateOutboxTable(ctx, dsn, "outbox"); err != nil {
+		if err := postgres.CreateOutboxTable(ctx, dsn, "outbox", outbox.TableOptions{}); err != nil {
 			return err
 		}
 		conn, err := pgx.Connect(ctx, dsn)
@@ -45,7 +47,7 @@ func TestMain(m *testing.M) {
 // readBack marks everything in the outbox and returns it in id order.
 func readBack(t *testing.T, dsn string) []goharvest.OutboxRecord {
 	t.Helper()
-	b, err := goharvest.NewPostgresBinding(dsn, "outbox")
+	b, err := postgres.New(dsn, "outbox")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/pgtest"
+	outboxpkg "github.com/goharvest/goharvest/outbox"
 )
 
 // The mark leaves held keys alone; a re-read gives each row's version, which an update changes;
@@ -131,9 +132,9 @@ func TestDeadLetterTableName(t *testing.T) {
 	for in, want := range map[string]string{
 		"outbox":     "outbox_dead_letters",
 		"app.outbox": "app.outbox_dead_letters",
-		long:         long[:63-len(goharvest.DeadLetterSuffix)] + goharvest.DeadLetterSuffix,
+		long:         long[:63-len(outboxpkg.DeadLetterSuffix)] + outboxpkg.DeadLetterSuffix,
 	} {
-		if got := goharvest.DeadLetterTable(in); got != want || len(got) > 63 && in == long {
+		if got := outboxpkg.DeadLetterTable(in); got != want || len(got) > 63 && in == long {
 			t.Errorf("DeadLetterTable(%q) = %q, want %q", in, got, want)
 		}
 	}
@@ -144,7 +145,7 @@ func TestDeadLetterTableName(t *testing.T) {
 func TestMarkExceptBinaryKeys(t *testing.T) {
 	ctx := context.Background()
 	dsn := pgtest.NewDatabase(t)
-	if err := goharvest.CreateOutboxTableWith(ctx, dsn, "outbox", goharvest.TableOptions{Bytea: true}); err != nil {
+	if err := postgres.CreateOutboxTable(ctx, dsn, "outbox", outboxpkg.TableOptions{Bytea: true}); err != nil {
 		t.Fatal(err)
 	}
 	b, err := postgres.New(dsn, "outbox")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/pgtest"
+	outboxpkg "github.com/goharvest/goharvest/outbox"
 )
 
 // Mark reads bytea, json and jsonb columns as the bytes Kafka is to get, NULLs included, in
@@ -20,7 +21,7 @@ func TestMarkReadsBytesAndJSON(t *testing.T) {
 	for _, mode := range []string{"", "simple_protocol"} {
 		t.Run("mode="+mode, func(t *testing.T) {
 			dsn := pgtest.NewDatabase(t)
-			if err := goharvest.CreateOutboxTableWith(ctx, dsn, "outbox", goharvest.TableOptions{Bytea: true}); err != nil {
+			if err := postgres.CreateOutboxTable(ctx, dsn, "outbox", outboxpkg.TableOptions{Bytea: true}); err != nil {
 				t.Fatal(err)
 			}
 			conn, err := pgx.Connect(ctx, dsn)

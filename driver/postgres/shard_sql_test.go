@@ -12,7 +12,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/pgtest"
 	goutbox "github.com/goharvest/goharvest/outbox"
 )
@@ -102,7 +101,7 @@ func TestShardMarkUsesShardIndex(t *testing.T) {
 		t.Run(fmt.Sprintf("bytea=%t", bytea), func(t *testing.T) {
 			ctx := context.Background()
 			dsn := pgtest.NewDatabase(t)
-			if err := goharvest.CreateOutboxTableWith(ctx, dsn, "outbox", goharvest.TableOptions{Bytea: bytea, Shards: shards}); err != nil {
+			if err := postgres.CreateOutboxTable(ctx, dsn, "outbox", goutbox.TableOptions{Bytea: bytea, Shards: shards}); err != nil {
 				t.Fatal(err)
 			}
 			conn, err := pgx.Connect(ctx, dsn)

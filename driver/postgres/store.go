@@ -42,6 +42,7 @@ type Store struct {
 	// table. A view shares its parent's pool, which only the parent disposes.
 	shard      string
 	shardOrder string // the order that walks the shard index, "id" for the whole table
+	ownsPool   bool   // New made the pool, so Dispose closes it; NewWithPool's is the caller's
 }
 
 // markStatement marks the oldest records not marked by this leader, of the rows where holds,
@@ -235,10 +236,7 @@ func WithNotificationProbeTimeout(d time.Duration) Option {
 // connection poolers in transaction or session mode (PgBouncer and the like): it sends no
 // startup parameters of its own and uses no named prepared statements (see execMode).
 func New(dataSource, outboxTable string, opt ...Option) (*Store, error) {
-	opts := options{probe: DefaultNotificationProbeTimeout}
-	for _, o := range opt {
-		o(&opts)
-	}
+	opts := applyOptions(opt)
 	table, err := pgname.QuoteTable(outboxTable)
 	if err != nil {
 		return nil, err
@@ -256,7 +254,43 @@ func New(dataSource, outboxTable string, opt ...Option) (*Store, error) {
 	if !poolHealthSet.MatchString(dataSource) {
 		cfg.HealthCheckPeriod = DefaultPoolHealthCheckPeriod
 	}
-	listen := cfg.ConnConfig.Copy()
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	b, err := newStore(pool, table, outboxTable, opts)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	b.ownsPool = true
+	return b, nil
+}
+
+// NewWithPool returns a binding to the outbox table through pool, which the caller keeps: the
+// binding's Dispose leaves it open. The binding listens for notifications on a connection of its
+// own, made from the pool's settings (or WithListenDataSource's). Use a pool with the settings
+// New gives its own (see New): pgx's default query mode prepares statements on each server
+// connection, which a pooler in transaction mode does not keep.
+func NewWithPool(pool *pgxpool.Pool, outboxTable string, opt ...Option) (*Store, error) {
+	table, err := pgname.QuoteTable(outboxTable)
+	if err != nil {
+		return nil, err
+	}
+	return newStore(pool, table, outboxTable, applyOptions(opt))
+}
+
+func applyOptions(opt []Option) options {
+	opts := options{probe: DefaultNotificationProbeTimeout}
+	for _, o := range opt {
+		o(&opts)
+	}
+	return opts
+}
+
+// newStore is the binding to the outbox table (quoted as table) through pool.
+func newStore(pool *pgxpool.Pool, table, outboxTable string, opts options) (*Store, error) {
+	listen := pool.Config().ConnConfig.Copy()
 	if opts.listenDataSource != "" {
 		// Parsed as a pool's, so that pool settings copied from the data source (pool_max_conns)
 		// are understood and dropped rather than sent to the server.
@@ -265,10 +299,6 @@ func New(dataSource, outboxTable string, opt ...Option) (*Store, error) {
 			return nil, fmt.Errorf("parse listen data source: %w", err)
 		}
 		listen = listenCfg.ConnConfig
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
 	}
 	var answered *atomic.Int64
 	if opts.listenDataSource == "" {
@@ -539,7 +569,7 @@ func describeConn(c *pgx.ConnConfig) string {
 
 // Dispose implements DatabaseBinding.
 func (b *Store) Dispose() {
-	if b.shard == "" {
+	if b.shard == "" && b.ownsPool {
 		b.pool.Close()
 	}
 }

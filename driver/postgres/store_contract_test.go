@@ -9,17 +9,18 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/drivertest"
 	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/pgtest"
+	outboxpkg "github.com/goharvest/goharvest/outbox"
 )
 
 var contractTables atomic.Int32
 
 // The Postgres store keeps the store contract that the engine relies on, and that the in-memory
-// store keeps too (driver/memory and internal/owner run the same suite on it).
+// store keeps too (driver/memory and internal/owner run the same suite on it): made from a data
+// source, or on a pool of the caller's.
 func TestStoreContract(t *testing.T) {
 	ctx := context.Background()
 	dataSource := pgtest.NewDatabase(t)
@@ -28,12 +29,46 @@ func TestStoreContract(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	for name, open := range map[string]func(table string) (*postgres.Store, error){
+		"New":         func(table string) (*postgres.Store, error) { return postgres.New(dataSource, table) },
+		"NewWithPool": func(table string) (*postgres.Store, error) { return postgres.NewWithPool(pool, table) },
+	} {
+		t.Run(name, func(t *testing.T) { runStoreContract(t, ctx, dataSource, pool, open) })
+	}
+}
+
+// A store on the caller's pool leaves it open when disposed of: the pool is the caller's.
+func TestNewWithPoolLeavesThePoolToTheCaller(t *testing.T) {
+	ctx := context.Background()
+	dataSource := pgtest.NewOutbox(t)
+	pool, err := pgxpool.New(ctx, dataSource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	b, err := postgres.NewWithPool(pool, "outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b.Dispose()
+	if err := pool.Ping(ctx); err != nil {
+		t.Fatalf("the caller's pool after Dispose: %v", err)
+	}
+	if _, err := postgres.NewWithPool(pool, "a.b.c"); err == nil {
+		t.Fatal("NewWithPool accepted the table a.b.c")
+	}
+}
+
+func runStoreContract(t *testing.T, ctx context.Context, dataSource string, pool *pgxpool.Pool, open func(table string) (*postgres.Store, error)) {
 	drivertest.RunStore(t, func(t *testing.T) drivertest.Outbox {
 		table := fmt.Sprintf("contract_%d", contractTables.Add(1))
-		if err := goharvest.CreateOutboxTable(ctx, dataSource, table); err != nil {
+		if err := postgres.CreateOutboxTable(ctx, dataSource, table, outboxpkg.TableOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		b, err := postgres.New(dataSource, table)
+		b, err := open(table)
 		if err != nil {
 			t.Fatal(err)
 		}

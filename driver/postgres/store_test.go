@@ -46,7 +46,7 @@ func newOutbox(t *testing.T, table string) *outbox {
 			t.Fatal(err)
 		}
 	}
-	if err := goharvest.CreateOutboxTable(ctx, dsn, table); err != nil {
+	if err := postgres.CreateOutboxTable(ctx, dsn, table, outboxpkg.TableOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	b, err := postgres.New(dsn, table)
@@ -385,7 +385,7 @@ func TestNewPostgresBindingRejectsBadTableName(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not allowed") {
 		t.Fatalf("got %v", err)
 	}
-	if _, err := goharvest.OutboxTableDDL("a.b.c"); err == nil {
+	if _, err := outboxpkg.TableDDL("a.b.c"); err == nil {
 		t.Fatal("OutboxTableDDL accepted a.b.c")
 	}
 }
@@ -394,7 +394,7 @@ func TestCreateOutboxTableIsIdempotent(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
 	ctx := context.Background()
 	for range 2 {
-		if err := goharvest.CreateOutboxTable(ctx, dsn, "outbox"); err != nil {
+		if err := postgres.CreateOutboxTable(ctx, dsn, "outbox", outboxpkg.TableOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -539,7 +539,7 @@ func TestListenCoversWritesWhileTheTriggerIsThere(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect(false, 20*time.Second, "after the trigger was dropped")
-	if err := goharvest.CreateOutboxTable(ctx, o.dsn, "app.outbox"); err != nil { // the trigger again
+	if err := postgres.CreateOutboxTable(ctx, o.dsn, "app.outbox", outboxpkg.TableOptions{}); err != nil { // the trigger again
 		t.Fatal(err)
 	}
 	expect(true, 20*time.Second, "after the trigger came back")

@@ -39,12 +39,12 @@ func run(records, keys int) error {
 	}
 	kafka := memory.NewKafka(1)
 	h, err := goharvest.New(goharvest.Config{
-		LeaderGroupID:           "memory-example",
-		LeaderTopic:             "memory-example.leader",
-		DatabaseBindingProvider: func(string, string) (driver.DatabaseBinding, error) { return store, nil },
-		Kafka:                   kafka,
-		Logger:                  slog.New(slog.NewTextHandler(io.Discard, nil)),
-		MetricsRegisterer:       prometheus.NewRegistry(),
+		Store:             store,
+		Kafka:             kafka,
+		LeaderGroupID:     "memory-example",
+		LeaderTopic:       "memory-example.leader",
+		Logger:            slog.New(slog.NewTextHandler(io.Discard, nil)),
+		MetricsRegisterer: prometheus.NewRegistry(),
 	})
 	if err != nil {
 		return err

@@ -1,35 +1,143 @@
 package epoch
 
 import (
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/goharvest/goharvest/internal/timing"
 )
 
-// Limits are goharvest.Limits as the engine reads them, after defaults and validation: the root
-// package converts one into the other (goharvest.Limits documents each field), so the two
-// declare the same fields in the same order, which the conversion checks at compile time.
+// Limits tunes the harvester's timing and throughput: goharvest.Limits, which names this type.
+// The zero value of every field means its documented default; WithDefaults applies them and
+// Validate checks each field against its range.
 type Limits struct {
-	IOErrorBackoff        time.Duration
-	PollDuration          time.Duration
-	MinPollInterval       time.Duration
-	MaxPollInterval       time.Duration
-	HeartbeatTimeout      time.Duration
-	DrainInterval         time.Duration
-	QueueTimeout          time.Duration
-	MarkBackoff           time.Duration
-	MaxMarkBackoff        time.Duration
-	MaxInFlightRecords    int
-	MaxKeyRun             int
-	SendConcurrency       int
-	SendBuffer            int
-	MarkQueryRecords      int
-	MinMetricsInterval    time.Duration
-	BacklogSampleInterval time.Duration
-	HeldCheckInterval     time.Duration
-	DeadLetterAttempts    int
-	DeadLetterAfter       time.Duration
-	AwaitStandbys         int
+	// IOErrorBackoff is how long to wait before retrying after a database error.
+	// Default: DefaultIOErrorBackoff. Range: 1ms to 10m.
+	IOErrorBackoff time.Duration `yaml:"ioErrorBackoff"`
+
+	// PollDuration is how long one poll of the leader-election consumer may block.
+	// Default: DefaultPollDuration. Range: 1ms to MinPollInterval.
+	PollDuration time.Duration `yaml:"pollDuration"`
+
+	// MinPollInterval is the shortest time between two polls of the leader-election consumer.
+	// The leader sends a heartbeat on each, so several must fit within a heartbeat timeout; and
+	// MaxPollInterval must be at least this. Default: DefaultMinPollInterval.
+	// Range: PollDuration to below HeartbeatTimeout / 2.
+	MinPollInterval time.Duration `yaml:"minPollInterval"`
+
+	// MaxPollInterval is the longest the harvester may go without polling the leader-election
+	// consumer. When leadership ends (revoked, fenced, a remark, Stop) the harvester waits up to
+	// this long for the records it has in flight to be acknowledged and purged before it gives up
+	// on them, and a fenced leader must be done before another can be elected; hence the bound.
+	// It is also the timeout of each call to librdkafka's transactional API, which cannot be
+	// cancelled; a call under way when leadership ends ends by the same deadline, so the whole
+	// handover takes about this long at most.
+	// Default: HeartbeatTimeout / 2. Range: MinPollInterval to HeartbeatTimeout / 2.
+	MaxPollInterval time.Duration `yaml:"maxPollInterval"`
+
+	// HeartbeatTimeout is how long a leader may go without Kafka acknowledging one of its
+	// heartbeats before it assumes it has lost its partitions and fences itself. The Kafka session timeout is derived
+	// from it (twice this value), so that a leader always fences itself before the group can
+	// hand its partitions to another member; the broker's group.min.session.timeout.ms (6s by
+	// default in Kafka) therefore requires at least 3s against a default broker.
+	// Default: DefaultHeartbeatTimeout. Range: 100ms to 10m.
+	HeartbeatTimeout time.Duration `yaml:"heartbeatTimeout"`
+
+	// DrainInterval is the longest the marker waits for room in the pipeline (see
+	// MaxInFlightRecords) before it looks again; a purge that makes room wakes it at once.
+	// Default: the smaller of MaxPollInterval and QueueTimeout. Range: 1ms to MaxPollInterval.
+	DrainInterval time.Duration `yaml:"drainInterval"`
+
+	// QueueTimeout is how long the producer keeps trying to deliver a message before it reports
+	// it failed (the producer's delivery timeout: librdkafka's message.timeout.ms, unless the
+	// client's properties set that or delivery.timeout.ms). A record whose delivery fails is sent again in the next transaction.
+	// The producer's transaction.timeout.ms must be at least this: unless the client's properties set
+	// it, it is the larger of this and librdkafka.DefaultTransactionTimeout.
+	// Default: DefaultQueueTimeout. Range: DrainInterval to 1h.
+	QueueTimeout time.Duration `yaml:"queueTimeout"`
+
+	// MarkBackoff is how long to wait after a mark query that found nothing. Each further empty
+	// mark doubles the wait, up to MaxMarkBackoff, so an idle outbox costs few queries.
+	// Default: DefaultMarkBackoff. Range: 1ms to MaxMarkBackoff.
+	MarkBackoff time.Duration `yaml:"markBackoff"`
+
+	// MaxMarkBackoff bounds the wait between marks of an idle outbox. A notification (see
+	// outbox.NotifyChannel) ends the wait at once, so this matters only when none comes: then it bounds
+	// how long a record written to an idle outbox may wait to be noticed. An outbox whose
+	// notifications are known to cover every write (its table has the notification trigger, and
+	// its listening connection works: see driver.CoveringListener) is not polled while idle.
+	// Default: DefaultMaxMarkBackoff. Range: MarkBackoff to 1m.
+	MaxMarkBackoff time.Duration `yaml:"maxMarkBackoff"`
+
+	// MaxInFlightRecords bounds the records in flight: marked by the leader and not yet purged
+	// (or dropped), whether waiting for their key, with Kafka or being purged. It so bounds the
+	// memory the harvester uses, whatever the backlog; goharvest's Harvest.InFlightRecords and the
+	// goharvest_in_flight_records gauge report the same count. The records of a key held back by
+	// a record that cannot be published, from the held one on, do not count (but for the held
+	// record while it is sent again), so that held keys never take the budget from the others;
+	// each held key keeps in memory only its rows marked before it was held (the marker marks no
+	// more). So held keys can take the count past the limit: by one per held record being sent
+	// again, and for a moment when a key is released and its rows count again; the marker then
+	// marks nothing until purges bring it back under. Default: DefaultMaxInFlightRecords.
+	// Range: 1 to 1,000,000.
+	MaxInFlightRecords int `yaml:"maxInFlightRecords"`
+
+	// MaxKeyRun bounds how many records of one key a transaction may carry. A key's records with
+	// Kafka always belong to one transaction, and its next records wait until that transaction
+	// is committed and purged, so with 1 (the default) each key has one record in flight, and a
+	// few busy keys get one record each per transaction. A larger value lets a transaction carry
+	// a run of a key's records; such a transaction also writes a note listing them in the group
+	// LeaderGroupID + goharvest.NoteGroupSuffix (see driver.NotePlace), so that a successor never publishes a run
+	// again whole. Raise it only when every consumer reads with isolation.level=read_committed
+	// (librdkafka's default, not the Java client's): a consumer that reads uncommitted records
+	// sees an aborted run and then its retry, A B A B, where with 1 it sees only A A.
+	// Default: DefaultMaxKeyRun. Range: 1 to 10,000.
+	MaxKeyRun int `yaml:"maxKeyRun"`
+
+	// SendConcurrency is the number of send workers; records are sharded over them by key.
+	// Default: DefaultSendConcurrency. Range: 1 to 1024.
+	SendConcurrency int `yaml:"sendConcurrency"`
+
+	// SendBuffer is the capacity of each send worker's queue of marked records.
+	// Default: DefaultSendBuffer. Range: 1 to 100,000.
+	SendBuffer int `yaml:"sendBuffer"`
+
+	// MarkQueryRecords is the most records one mark query may return.
+	// Default: DefaultMarkQueryRecords. Range: 1 to 100,000.
+	MarkQueryRecords int `yaml:"markQueryRecords"`
+
+	// MinMetricsInterval is the shortest time between two throughput readings (MeterRead events).
+	// Default: DefaultMinMetricsInterval. Range: 1ms to 1h.
+	MinMetricsInterval time.Duration `yaml:"minMetricsInterval"`
+
+	// BacklogSampleInterval is how often the leader counts the outbox's backlog and the age of its
+	// oldest record, for the metrics. Default: DefaultBacklogSampleInterval. Range: 100ms to 1h.
+	BacklogSampleInterval time.Duration `yaml:"backlogSampleInterval"`
+
+	// HeldCheckInterval is how often the leader reads the rows of held records afresh (one query
+	// for all of them), so that an operator's fix or delete takes effect within about this long. A
+	// held record whose backoff is over is also read at once before it is sent again.
+	// Default: DefaultHeldCheckInterval. Range: 10ms to 1m.
+	HeldCheckInterval time.Duration `yaml:"heldCheckInterval"`
+
+	// DeadLetterAttempts, when not 0, is how many failed attempts a held record may have before
+	// its row is moved into the dead-letter table (see outbox.DeadLetterTable) and its key released.
+	// Default: 0, no dead letters. Range: 0 to 1,000,000.
+	DeadLetterAttempts int `yaml:"deadLetterAttempts"`
+
+	// DeadLetterAfter, when not 0, is how long a record may be held, from its first failure,
+	// before its row is moved into the dead-letter table and its key released.
+	// Default: 0, no dead letters. Range: 0, or 1s to 8760h.
+	DeadLetterAfter time.Duration `yaml:"deadLetterAfter"`
+
+	// AwaitStandbys, when not 0, is how many standbys must hold (have flushed, as
+	// pg_stat_replication shows) a mark before its records are sent, and a purge before the next
+	// records of its keys are: so that a standby promoted after its primary failed, under
+	// asynchronous replication, republishes no record after a later one of its key, and holds
+	// every row that was published. While fewer standbys hold them, publishing waits, and Ready
+	// says why. The role needs pg_monitor. Default: 0, no wait. Range: 0 to 64.
+	AwaitStandbys int `yaml:"awaitStandbys"`
 }
 
 // Defaults of Limits. A zero field takes its default.
@@ -83,4 +191,62 @@ func setDefault[T comparable](field *T, def T) {
 	if *field == zero {
 		*field = def
 	}
+}
+
+// Validate checks each limit of limits whose defaults have been applied (WithDefaults) against its
+// range, and returns every problem, each naming the field and its YAML key; the ranges of the polling and draining limits
+// depend on each other, as their comments explain.
+func (l Limits) Validate() []error {
+	var errs []error
+	between := func(field, yamlKey string, v, lo, hi time.Duration, why string) {
+		if v < lo || v > hi {
+			msg := fmt.Sprintf("%v is out of range [%v, %v]", v, lo, hi)
+			if why != "" {
+				msg += ": " + why
+			}
+			errs = append(errs, fmt.Errorf("Limits.%s (limits.%s): %s", field, yamlKey, msg))
+		}
+	}
+	betweenInt := func(field, yamlKey string, v, lo, hi int) {
+		if v < lo || v > hi {
+			errs = append(errs, fmt.Errorf("Limits.%s (limits.%s): %d is out of range [%d, %d]", field, yamlKey, v, lo, hi))
+		}
+	}
+	between("IOErrorBackoff", "ioErrorBackoff", l.IOErrorBackoff, time.Millisecond, 10*time.Minute, "")
+	for _, p := range l.election().Problems() {
+		errs = append(errs, fmt.Errorf("Limits.%s (limits.%s): %v is %s", p.Field, lowerFirst(p.Field), p.Value, p.Reason))
+	}
+	// A leader that loses leadership waits up to MaxPollInterval for its in-flight records; a
+	// fenced one must be done before the group can elect another, which takes at least 1.9
+	// heartbeat timeouts (see package neli), so half a timeout leaves a safe margin.
+	between("MaxPollInterval", "maxPollInterval", l.MaxPollInterval, l.MinPollInterval, l.HeartbeatTimeout/2,
+		"must be at least minPollInterval and at most half of heartbeatTimeout, so that a fenced leader has finished before another can be elected")
+	// A wait for a drain must end in time for the next poll.
+	between("DrainInterval", "drainInterval", l.DrainInterval, time.Millisecond, l.MaxPollInterval,
+		"a single wait for in-flight records must end in time for the next poll (maxPollInterval)")
+	between("QueueTimeout", "queueTimeout", l.QueueTimeout, l.DrainInterval, time.Hour,
+		"must be at least drainInterval")
+	between("MarkBackoff", "markBackoff", l.MarkBackoff, time.Millisecond, l.MaxMarkBackoff, "must not exceed maxMarkBackoff")
+	between("MaxMarkBackoff", "maxMarkBackoff", l.MaxMarkBackoff, time.Millisecond, time.Minute, "")
+	between("MinMetricsInterval", "minMetricsInterval", l.MinMetricsInterval, time.Millisecond, time.Hour, "")
+	between("BacklogSampleInterval", "backlogSampleInterval", l.BacklogSampleInterval, 100*time.Millisecond, time.Hour, "")
+	betweenInt("MaxInFlightRecords", "maxInFlightRecords", l.MaxInFlightRecords, 1, 1_000_000)
+	betweenInt("MaxKeyRun", "maxKeyRun", l.MaxKeyRun, 1, 10_000)
+	betweenInt("SendConcurrency", "sendConcurrency", l.SendConcurrency, 1, 1024)
+	betweenInt("SendBuffer", "sendBuffer", l.SendBuffer, 1, 100_000)
+	betweenInt("MarkQueryRecords", "markQueryRecords", l.MarkQueryRecords, 1, 100_000)
+	between("HeldCheckInterval", "heldCheckInterval", l.HeldCheckInterval, 10*time.Millisecond, time.Minute, "")
+	betweenInt("DeadLetterAttempts", "deadLetterAttempts", l.DeadLetterAttempts, 0, 1_000_000)
+	betweenInt("AwaitStandbys", "awaitStandbys", l.AwaitStandbys, 0, 64)
+	// 0 turns dead letters off; a shorter wait than a second would dead-letter records before an
+	// operator or a retry could do anything.
+	if l.DeadLetterAfter != 0 {
+		between("DeadLetterAfter", "deadLetterAfter", l.DeadLetterAfter, time.Second, 8760*time.Hour, "or 0 for no dead letters")
+	}
+	return errs
+}
+
+// lowerFirst turns a Limits field's name into its YAML key.
+func lowerFirst(field string) string {
+	return strings.ToLower(field[:1]) + field[1:]
 }

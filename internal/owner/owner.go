@@ -118,7 +118,17 @@ const (
 )
 
 func (s State) String() string {
-	return [...]string{"created", "running", "stopping", "stopped"}[s]
+	switch s {
+	case Created:
+		return "created"
+	case Running:
+		return "running"
+	case Stopping:
+		return "stopping"
+	case Stopped:
+		return "stopped"
+	}
+	return "State(" + strconv.Itoa(int(s)) + ")"
 }
 
 // Owner runs a harvester: the owner loop that pulses the election and starts and ends each

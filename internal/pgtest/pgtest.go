@@ -15,8 +15,9 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/pgcluster"
+	"github.com/goharvest/goharvest/outbox"
 )
 
 // EnvDSN names the environment variable that points the tests at an existing server. The role
@@ -120,7 +121,7 @@ func NewDatabase(tb testing.TB) string {
 func NewOutbox(tb testing.TB) string {
 	tb.Helper()
 	dsn := NewDatabase(tb)
-	if err := goharvest.CreateOutboxTable(context.Background(), dsn, "outbox"); err != nil {
+	if err := postgres.CreateOutboxTable(context.Background(), dsn, "outbox", outbox.TableOptions{}); err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
 	return dsn

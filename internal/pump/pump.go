@@ -23,8 +23,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/rdlog"
+	"github.com/goharvest/goharvest/internal/reaper"
 	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
@@ -64,8 +65,8 @@ flags:
 `
 
 func (o *Options) flags(fs *flag.FlagSet) {
-	fs.StringVar(&o.DataSource, "dsn", goharvest.DefaultDataSource, "Postgres data source")
-	fs.StringVar(&o.Outbox, "outbox", goharvest.DefaultOutboxTable, "outbox table")
+	fs.StringVar(&o.DataSource, "dsn", postgres.DefaultDataSource, "Postgres data source")
+	fs.StringVar(&o.Outbox, "outbox", outbox.DefaultTable, "outbox table")
 	fs.StringVar(&o.Topic, "topic", "pump", "Kafka topic the records name")
 	fs.IntVar(&o.Keys, "keys", 100, "number of distinct keys")
 	fs.IntVar(&o.Records, "records", 10_000, "records to write (0: write for -duration)")
@@ -76,7 +77,7 @@ func (o *Options) flags(fs *flag.FlagSet) {
 	fs.IntVar(&o.ValueSize, "value-size", 256, "bytes per record value")
 	fs.StringVar(&o.Run, "run", "", "run ID stamped on every record (default: random)")
 	fs.BoolVar(&o.Verify, "verify", false, "consume the topic and check that every record arrives in per-key order")
-	fs.StringVar(&o.Brokers, "brokers", goharvest.DefaultBootstrapServers, "Kafka bootstrap servers, for verification")
+	fs.StringVar(&o.Brokers, "brokers", reaper.DefaultBootstrapServers, "Kafka bootstrap servers, for verification")
 	fs.DurationVar(&o.Timeout, "timeout", 2*time.Minute, "how long verification waits for the last record")
 }
 

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver/franz"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/leakcheck"
 	"github.com/goharvest/goharvest/internal/pgtest"
@@ -35,13 +37,17 @@ func TestPumpWritesAndVerifiesThroughAHarvester(t *testing.T) {
 	dsn := pgtest.NewOutbox(t)
 	broker := kafkacluster.Shared(t)
 	broker.Topic(t, "pump", 8)
+	store, err := postgres.New(dsn, "outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
 	h, err := goharvest.New(goharvest.Config{
-		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": broker.Addr()},
-		LeaderGroupID:   "pump-test",
-		LeaderTopic:     "pump-test.leader",
-		DataSource:      dsn,
-		Limits:          goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond},
-		Logger:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Store:         store,
+		Kafka:         franz.New(franz.Config{SeedBrokers: []string{broker.Addr()}}),
+		LeaderGroupID: "pump-test",
+		LeaderTopic:   "pump-test.leader",
+		Limits:        goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond},
+		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {
 		t.Fatal(err)

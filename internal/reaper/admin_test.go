@@ -11,12 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/reaper"
 	"github.com/goharvest/goharvest/internal/syncbuf"
 	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/outbox"
 )
 
 func freeAddr(t *testing.T) string {
@@ -95,7 +96,7 @@ func runReaper(t *testing.T, config string) (stop func()) {
 // while liveness does not.
 func TestAdminEndpoints(t *testing.T) {
 	pg, dsn := ownPostgres(t)
-	if err := goharvest.CreateOutboxTable(context.Background(), dsn, "outbox"); err != nil {
+	if err := postgres.CreateOutboxTable(context.Background(), dsn, "outbox", outbox.TableOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	broker := kafkacluster.Shared(t)

@@ -67,7 +67,7 @@ func TestExampleConfigsSuitTheFranzClient(t *testing.T) {
 		"reaper-sasl.yaml": {"BaseKafkaConfig (baseKafkaConfig.ssl.ca.location): open /etc/kafka/ca-cert.pem: no such file or directory"},
 	} {
 		f := loadExample(t, name, vars)
-		f.Harvest.KafkaClient = goharvest.KafkaClientFranz
+		f.Harvest.KafkaClient = KafkaClientFranz
 		var got []string
 		if err := f.Harvest.WithDefaults().Validate(); err != nil {
 			_, problems, _ := strings.Cut(err.Error(), "invalid harvest config: ")

@@ -14,7 +14,7 @@ import (
 
 // Outbox is one outbox the reaper publishes: its name and its harvester's settings.
 //
-// In a file that lists outboxes (outboxes:), each entry's keys are those of goharvest.Config plus
+// In a file that lists outboxes (outboxes:), each entry's keys are those of Settings plus
 // `outbox:`, its name; they are merged over harvest:, which then holds what the outboxes share
 // (the Kafka settings, say). Mappings merge key by key, so an entry may override one Kafka
 // property or one limit and keep the rest. `name` keeps its meaning of goharvest.Config (this
@@ -22,8 +22,8 @@ import (
 //
 // A file with harvest: alone has one outbox, named after its table, as before outboxes: existed.
 type Outbox struct {
-	Name    string           `yaml:"outbox"`
-	Harvest goharvest.Config `yaml:",inline"`
+	Name    string   `yaml:"outbox"`
+	Harvest Settings `yaml:",inline"`
 	// Line is the entry's line in the file; 0 for the outbox of a harvest:-only file.
 	Line int `yaml:"-"`
 }
@@ -36,12 +36,12 @@ func (o Outbox) where() string {
 	return fmt.Sprintf("line %d: outbox %q", o.Line, o.Name)
 }
 
-// expandedKeys are the keys of goharvest.Config whose string values may name environment
+// expandedKeys are the keys of Settings whose string values may name environment
 // variables, beside every string value of the two Kafka maps.
 var expandedKeys = map[string]bool{"dataSource": true, "listenDataSource": true, "outboxTable": true,
 	"leaderTopic": true, "leaderGroupID": true, "name": true, "outbox": true}
 
-// expandHarvest expands the environment variables in a mapping of goharvest.Config's keys (harvest:
+// expandHarvest expands the environment variables in a mapping of Settings' keys (harvest:
 // or an entry of outboxes:), path naming it in errors.
 func expandHarvest(n *yaml.Node, path string, expand func(path string, value *yaml.Node)) {
 	eachPair(n, func(key string, value *yaml.Node) {

@@ -19,6 +19,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/strictyaml"
 	"github.com/goharvest/goharvest/outbox"
 )
@@ -32,9 +33,9 @@ const (
 
 // File is the reaper's configuration file.
 type File struct {
-	// Harvest configures the harvester; the keys are those of goharvest.Config. In a file that
+	// Harvest configures the harvester and its drivers (see Settings). In a file that
 	// lists outboxes, it holds what they share, and each entry is merged over it.
-	Harvest goharvest.Config `yaml:"harvest"`
+	Harvest Settings `yaml:"harvest"`
 	// Outboxes are the outboxes the reaper publishes, each with a harvester of its own. Load
 	// fills it: from outboxes:, or with the one outbox of harvest: when the file lists none.
 	Outboxes []Outbox `yaml:"outboxes"`
@@ -137,7 +138,7 @@ func load(data []byte, lookupEnv func(string) (string, bool), defaultName string
 		// One outbox, as before outboxes: existed, named after its table.
 		table := f.Harvest.OutboxTable
 		if table == "" {
-			table = goharvest.DefaultOutboxTable
+			table = outbox.DefaultTable
 		}
 		f.Outboxes = []Outbox{{Name: table, Harvest: f.Harvest}}
 	} else {
@@ -340,7 +341,7 @@ func Main(args []string, env Env) int {
 		// Defaults are applied quietly: New logs what it defaults, and no harvester runs here.
 		h := o.Harvest
 		h.Logger = slog.New(slog.DiscardHandler)
-		env.Stdout.Write(RulesFile(h.WithDefaults(), *sustained))
+		env.Stdout.Write(RulesFile(h.WithDefaults().Config, *sustained))
 		return ExitOK
 	case "init":
 		outboxes, err := cfg.selected(*outboxName)
@@ -382,7 +383,7 @@ func initOutboxes(env Env, outboxes []Outbox, bytea, listed bool) error {
 			prefix = fmt.Sprintf("outbox %s: ", o.Name)
 		}
 		opts := outbox.TableOptions{Bytea: bytea, Shards: h.Shards}
-		if err := goharvest.CreateOutboxTableWith(env.Context, h.DataSource, h.OutboxTable, opts); err != nil {
+		if err := postgres.CreateOutboxTable(env.Context, h.DataSource, h.OutboxTable, opts); err != nil {
 			if listed {
 				err = fmt.Errorf("%s: %w", o.where(), err)
 			}

@@ -44,7 +44,7 @@ func TestExampleConfigsLoadAndValidate(t *testing.T) {
 	if err := os.WriteFile(caFile, kafkacluster.NewCA(t), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, client := range []goharvest.KafkaClient{goharvest.KafkaClientFranz, goharvest.KafkaClientLibrdkafka} {
+	for _, client := range []KafkaClient{KafkaClientFranz, KafkaClientLibrdkafka} {
 		for _, name := range []string{"reaper.yaml", "reaper-sasl.yaml", "reaper-outboxes.yaml"} {
 			f := loadExample(t, name, vars)
 			for _, o := range f.Outboxes {

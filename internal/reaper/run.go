@@ -146,8 +146,13 @@ func (f *fleet) newHarvester(o Outbox, cfg File) (*harvester, error) {
 	quiet.Logger = slog.New(slog.DiscardHandler)
 	settings := quiet.WithDefaults()
 	settings.Logger = h.Logger
-	harvest, err := goharvest.New(h)
+	hc, err := h.HarvestConfig()
 	if err != nil {
+		return nil, err
+	}
+	harvest, err := goharvest.New(hc)
+	if err != nil {
+		hc.Store.Dispose()
 		return nil, err
 	}
 	w := newWatch(harvest, settings, registry, cfg.Admin.HideKeys, logs)

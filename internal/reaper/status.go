@@ -12,8 +12,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/goharvest/goharvest"
 )
 
 // StatusRefresh is how often the status page reloads itself.
@@ -250,7 +248,7 @@ func (w *watch) configSummary() [][2]string {
 	}
 	for _, m := range []struct {
 		name  string
-		props goharvest.KafkaConfigMap
+		props KafkaConfigMap
 	}{{"baseKafkaConfig", c.BaseKafkaConfig}, {"producerKafkaConfig", c.ProducerKafkaConfig}} {
 		for _, key := range slices.Sorted(maps.Keys(m.props)) {
 			value := "(set, not shown)"

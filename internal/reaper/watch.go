@@ -21,7 +21,7 @@ import (
 // methods, its metrics and its log.
 type watch struct {
 	h        *goharvest.Harvest
-	cfg      goharvest.Config     // defaults applied
+	cfg      Settings             // defaults applied
 	registry *prometheus.Registry // the harvester's metrics (not the other outboxes')
 	hideKeys bool
 	logs     *recentLog
@@ -47,7 +47,7 @@ type counterSample struct {
 // chartSpan is how far back the throughput chart reaches.
 const chartSpan = 10 * time.Minute
 
-func newWatch(h *goharvest.Harvest, cfg goharvest.Config, registry *prometheus.Registry, hideKeys bool, logs *recentLog) *watch {
+func newWatch(h *goharvest.Harvest, cfg Settings, registry *prometheus.Registry, hideKeys bool, logs *recentLog) *watch {
 	// Often enough for the chart and for an alert on readiness, and never more often than the
 	// election's own heartbeat timeout would notice a change.
 	every := min(max(cfg.Limits.HeartbeatTimeout, time.Second), 5*time.Second)

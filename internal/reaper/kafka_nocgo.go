@@ -1,6 +1,6 @@
 //go:build !cgo
 
-package goharvest
+package reaper
 
 import (
 	"fmt"
@@ -11,6 +11,4 @@ import (
 var errNoLibrdkafka = fmt.Errorf("KafkaClient (kafkaClient): %q needs cgo, and this program was built without it; choose %q, or build with cgo (CGO_ENABLED=1 and gcc)",
 	KafkaClientLibrdkafka, KafkaClientFranz)
 
-func librdkafkaClient(Config) (driver.Kafka, error) { return nil, errNoLibrdkafka }
-
-func librdkafkaProblems(Config) []error { return []error{errNoLibrdkafka} }
+func librdkafkaClient(Settings) (driver.Kafka, []error) { return nil, []error{errNoLibrdkafka} }

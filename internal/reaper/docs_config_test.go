@@ -1,14 +1,16 @@
-package goharvest
+package reaper
 
 import (
 	"bufio"
 	"errors"
 	"fmt"
+	"github.com/goharvest/goharvest"
 	"go/ast"
 	"go/parser"
 	"go/token"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"reflect"
 	"regexp"
@@ -25,7 +27,7 @@ import (
 // what the field's doc comment states.
 
 // configPage is where users read the configuration.
-const configPage = "docs/configuration.md"
+const configPage = "../../docs/configuration.md"
 
 // configTable returns the cells of the rows of the Markdown table in docs/configuration.md whose header row
 // is header, each row's cells trimmed.
@@ -85,10 +87,15 @@ func configFields(t *testing.T, cell string) map[string]string {
 	return fields
 }
 
-// structFields returns the fields of a struct type with their YAML keys.
+// structFields returns the fields of a struct type with their YAML keys, an inline struct's
+// (Settings' goharvest.Config) among them.
 func structFields(typ reflect.Type) map[string]string {
 	fields := map[string]string{}
 	for f := range typ.Fields() {
+		if f.Anonymous && f.Tag.Get("yaml") == ",inline" {
+			maps.Copy(fields, structFields(f.Type))
+			continue
+		}
 		fields[f.Name] = f.Tag.Get("yaml")
 	}
 	return fields
@@ -110,6 +117,8 @@ func compareFields(t *testing.T, table string, documented, declared map[string]s
 	}
 }
 
+// The configuration page documents Settings: goharvest.Config's fields and the drivers' keys
+// the reaper reads.
 func TestDocsConfigTableMatchesConfig(t *testing.T) {
 	documented := map[string]string{}
 	defaults := map[string]string{}
@@ -119,13 +128,13 @@ func TestDocsConfigTableMatchesConfig(t *testing.T) {
 			defaults[name] = row[1]
 		}
 	}
-	declared := structFields(reflect.TypeFor[Config]())
+	declared := structFields(reflect.TypeFor[Settings]())
 	delete(declared, "Limits") // a table of its own
 	compareFields(t, "Config", documented, declared)
 
 	// A default written as one literal in backticks is the value itself, or the YAML key of the
 	// field whose value it takes.
-	c := Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}.WithDefaults()
+	c := Settings{Config: goharvest.Config{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}}.WithDefaults()
 	v := reflect.ValueOf(c)
 	keyToField := map[string]string{}
 	for name, key := range declared {
@@ -158,11 +167,11 @@ func TestDocsLimitsTableMatchesLimits(t *testing.T) {
 			documented[name] = key
 		}
 	}
-	declared := structFields(reflect.TypeFor[Limits]())
+	declared := structFields(reflect.TypeFor[goharvest.Limits]())
 	compareFields(t, "Limits", documented, declared)
 
 	docRanges := limitsDocRanges(t)
-	defaults := Limits{}.WithDefaults()
+	defaults := goharvest.Limits{}.WithDefaults()
 	for _, row := range rows {
 		for name := range configFields(t, row[0]) {
 			key, ok := declared[name]
@@ -202,7 +211,7 @@ func checkRange(t *testing.T, e limitsExpr, name, key, cell string) {
 	check := func(v int64, accept bool, bound string) {
 		l := e.l
 		e.set(&l, name, v)
-		err := l.validate()
+		err := l.Validate()
 		refs := append([]string{key}, backticked.FindAllString(bound, -1)...)
 		blamed := false
 		for _, err := range err {
@@ -253,11 +262,11 @@ func (e limitsExpr) bounds(cell, sep string) (lo, hi int64, zeroAllowed bool) {
 	return lo, hi, zeroAllowed
 }
 
-// limitsDocRanges returns the range each Limits field's doc comment in config.go states
+// limitsDocRanges returns the range each Limits field's doc comment in internal/epoch/limits.go states
 // ("Range: 1ms to 10m."), by field.
 func limitsDocRanges(t *testing.T) map[string]string {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), "config.go", nil, parser.ParseComments)
+	f, err := parser.ParseFile(token.NewFileSet(), "../epoch/limits.go", nil, parser.ParseComments)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +293,7 @@ func limitsDocRanges(t *testing.T) map[string]string {
 // ("`heartbeatTimeout`/2") and min(a, b), over the values of l.
 type limitsExpr struct {
 	t     *testing.T
-	l     Limits
+	l     goharvest.Limits
 	field string // whose type literals take
 }
 
@@ -306,14 +315,14 @@ func (e limitsExpr) eval(expr string) int64 {
 		return e.eval(x) / d
 	}
 	if m := backticked.FindStringSubmatch(expr); m != nil && m[0] == expr {
-		for f := range reflect.TypeFor[Limits]().Fields() {
+		for f := range reflect.TypeFor[goharvest.Limits]().Fields() {
 			if f.Tag.Get("yaml") == m[1] {
 				return e.get(e.l, f.Name)
 			}
 		}
 		e.t.Fatalf("expression %q: no such field", expr)
 	}
-	if _, ok := reflect.TypeFor[Limits]().FieldByName(expr); ok { // as doc comments name fields
+	if _, ok := reflect.TypeFor[goharvest.Limits]().FieldByName(expr); ok { // as doc comments name fields
 		return e.get(e.l, expr)
 	}
 	lit := strings.ReplaceAll(expr, ",", "")
@@ -331,11 +340,11 @@ func (e limitsExpr) eval(expr string) int64 {
 	return n
 }
 
-func (limitsExpr) get(l Limits, field string) int64 {
+func (limitsExpr) get(l goharvest.Limits, field string) int64 {
 	return reflect.ValueOf(l).FieldByName(field).Int()
 }
 
-func (limitsExpr) set(l *Limits, field string, v int64) {
+func (limitsExpr) set(l *goharvest.Limits, field string, v int64) {
 	reflect.ValueOf(l).Elem().FieldByName(field).SetInt(v)
 }
 

@@ -1,4 +1,4 @@
-package goharvest
+package reaper
 
 import (
 	"bytes"
@@ -8,24 +8,33 @@ import (
 	"testing"
 	"time"
 
+	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/franz"
 	"github.com/goharvest/goharvest/driver/librdkafka"
+	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/epoch"
+	"github.com/goharvest/goharvest/internal/strictyaml"
+	"github.com/goharvest/goharvest/outbox"
 )
 
-func validConfig() Config {
-	return Config{
+func validConfig() Settings {
+	return Settings{
+		Config:          goharvest.Config{LeaderTopic: "orders.leader", LeaderGroupID: "orders", Name: "test"},
 		BaseKafkaConfig: KafkaConfigMap{"bootstrap.servers": "localhost:9092"},
-		LeaderTopic:     "orders.leader",
-		LeaderGroupID:   "orders",
 		DataSource:      "host=localhost dbname=orders",
-		Name:            "test",
 	}.WithDefaults()
 }
 
+// unmarshal reads Settings from YAML as the reaper's file reader does.
+func unmarshal(data []byte) (Settings, error) {
+	var s Settings
+	err := strictyaml.Unmarshal(data, &s)
+	return s, err
+}
+
 func TestWithDefaults(t *testing.T) {
-	got := Config{}.WithDefaults()
+	got := Settings{}.WithDefaults()
 	l := got.Limits
 	checks := []struct {
 		name      string
@@ -33,27 +42,27 @@ func TestWithDefaults(t *testing.T) {
 	}{
 		{"KafkaClient", got.KafkaClient, KafkaClientFranz},
 		{"bootstrap.servers", got.BaseKafkaConfig["bootstrap.servers"], DefaultBootstrapServers},
-		{"DataSource", got.DataSource, DefaultDataSource},
-		{"ListenDataSource", got.ListenDataSource, DefaultDataSource},
-		{"OutboxTable", got.OutboxTable, DefaultOutboxTable},
-		{"LeaderTopic", got.LeaderTopic, DefaultLeaderTopicPrefix + got.LeaderGroupID},
+		{"DataSource", got.DataSource, postgres.DefaultDataSource},
+		{"ListenDataSource", got.ListenDataSource, postgres.DefaultDataSource},
+		{"OutboxTable", got.OutboxTable, outbox.DefaultTable},
+		{"LeaderTopic", got.LeaderTopic, goharvest.DefaultLeaderTopicPrefix + got.LeaderGroupID},
 		{"Logger", got.Logger, slog.Default()},
-		{"IOErrorBackoff", l.IOErrorBackoff, DefaultIOErrorBackoff},
-		{"PollDuration", l.PollDuration, DefaultPollDuration},
-		{"MinPollInterval", l.MinPollInterval, DefaultMinPollInterval},
-		{"HeartbeatTimeout", l.HeartbeatTimeout, DefaultHeartbeatTimeout},
-		{"MaxPollInterval", l.MaxPollInterval, DefaultHeartbeatTimeout / 2},
-		{"QueueTimeout", l.QueueTimeout, DefaultQueueTimeout},
-		{"DrainInterval", l.DrainInterval, DefaultHeartbeatTimeout / 2},
-		{"MarkBackoff", l.MarkBackoff, DefaultMarkBackoff},
-		{"MaxMarkBackoff", l.MaxMarkBackoff, DefaultMaxMarkBackoff},
-		{"MaxInFlightRecords", l.MaxInFlightRecords, DefaultMaxInFlightRecords},
-		{"MaxKeyRun", l.MaxKeyRun, DefaultMaxKeyRun},
-		{"SendConcurrency", l.SendConcurrency, DefaultSendConcurrency},
-		{"SendBuffer", l.SendBuffer, DefaultSendBuffer},
-		{"MarkQueryRecords", l.MarkQueryRecords, DefaultMarkQueryRecords},
-		{"MinMetricsInterval", l.MinMetricsInterval, DefaultMinMetricsInterval},
-		{"HeldCheckInterval", l.HeldCheckInterval, DefaultHeldCheckInterval},
+		{"IOErrorBackoff", l.IOErrorBackoff, epoch.DefaultIOErrorBackoff},
+		{"PollDuration", l.PollDuration, epoch.DefaultPollDuration},
+		{"MinPollInterval", l.MinPollInterval, epoch.DefaultMinPollInterval},
+		{"HeartbeatTimeout", l.HeartbeatTimeout, epoch.DefaultHeartbeatTimeout},
+		{"MaxPollInterval", l.MaxPollInterval, epoch.DefaultHeartbeatTimeout / 2},
+		{"QueueTimeout", l.QueueTimeout, epoch.DefaultQueueTimeout},
+		{"DrainInterval", l.DrainInterval, epoch.DefaultHeartbeatTimeout / 2},
+		{"MarkBackoff", l.MarkBackoff, epoch.DefaultMarkBackoff},
+		{"MaxMarkBackoff", l.MaxMarkBackoff, epoch.DefaultMaxMarkBackoff},
+		{"MaxInFlightRecords", l.MaxInFlightRecords, epoch.DefaultMaxInFlightRecords},
+		{"MaxKeyRun", l.MaxKeyRun, epoch.DefaultMaxKeyRun},
+		{"SendConcurrency", l.SendConcurrency, epoch.DefaultSendConcurrency},
+		{"SendBuffer", l.SendBuffer, epoch.DefaultSendBuffer},
+		{"MarkQueryRecords", l.MarkQueryRecords, epoch.DefaultMarkQueryRecords},
+		{"MinMetricsInterval", l.MinMetricsInterval, epoch.DefaultMinMetricsInterval},
+		{"HeldCheckInterval", l.HeldCheckInterval, epoch.DefaultHeldCheckInterval},
 		{"DeadLetterAttempts (off)", l.DeadLetterAttempts, 0},
 		{"DeadLetterAfter (off)", l.DeadLetterAfter, time.Duration(0)},
 	}
@@ -71,7 +80,7 @@ func TestWithDefaults(t *testing.T) {
 }
 
 func TestWithDefaultsDerivesFromHeartbeatTimeout(t *testing.T) {
-	got := Limits{HeartbeatTimeout: 2 * time.Second, QueueTimeout: 300 * time.Millisecond}.WithDefaults()
+	got := goharvest.Limits{HeartbeatTimeout: 2 * time.Second, QueueTimeout: 300 * time.Millisecond}.WithDefaults()
 	if got.MaxPollInterval != time.Second {
 		t.Errorf("MaxPollInterval = %v, want half the heartbeat timeout", got.MaxPollInterval)
 	}
@@ -81,11 +90,10 @@ func TestWithDefaultsDerivesFromHeartbeatTimeout(t *testing.T) {
 }
 
 func TestWithDefaultsLeavesCallerUntouched(t *testing.T) {
-	in := Config{
+	in := Settings{
+		Config:              goharvest.Config{LeaderGroupID: "g", LeaderTopic: "t"},
 		BaseKafkaConfig:     KafkaConfigMap{"client.id": "x"},
 		ProducerKafkaConfig: KafkaConfigMap{"linger.ms": 5},
-		LeaderGroupID:       "g",
-		LeaderTopic:         "t",
 	}
 	out := in.WithDefaults()
 	out.BaseKafkaConfig["extra"] = "y"
@@ -93,7 +101,7 @@ func TestWithDefaultsLeavesCallerUntouched(t *testing.T) {
 	if len(in.BaseKafkaConfig) != 1 || len(in.ProducerKafkaConfig) != 1 {
 		t.Fatalf("the caller's maps were modified: %v %v", in.BaseKafkaConfig, in.ProducerKafkaConfig)
 	}
-	if in.DataSource != "" || in.Limits != (Limits{}) || in.Logger != nil || in.DatabaseBindingProvider != nil {
+	if in.DataSource != "" || in.Limits != (goharvest.Limits{}) || in.Logger != nil {
 		t.Fatalf("the caller's config was modified: %+v", in)
 	}
 }
@@ -101,7 +109,7 @@ func TestWithDefaultsLeavesCallerUntouched(t *testing.T) {
 func TestWithDefaultsWarnsAboutDefaultLeaderIDs(t *testing.T) {
 	var buf bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&buf, nil))
-	Config{Logger: logger}.WithDefaults()
+	goharvest.Config{Logger: logger}.WithDefaults()
 	for _, want := range []string{"level=WARN", "leaderGroupID not set", "leaderTopic not set"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("log %q lacks %q", buf.String(), want)
@@ -109,7 +117,7 @@ func TestWithDefaultsWarnsAboutDefaultLeaderIDs(t *testing.T) {
 	}
 
 	buf.Reset()
-	Config{Logger: logger, LeaderGroupID: "g", LeaderTopic: "t"}.WithDefaults()
+	goharvest.Config{Logger: logger, LeaderGroupID: "g", LeaderTopic: "t"}.WithDefaults()
 	if buf.Len() != 0 {
 		t.Errorf("warned although both IDs were set: %s", buf.String())
 	}
@@ -127,116 +135,107 @@ func TestValidateAcceptsValidConfig(t *testing.T) {
 	}
 }
 
-// KafkaClient chooses the client the harvester makes; a client set in Kafka is used as it is, and
-// no client is chosen for it.
+// KafkaClient chooses the client the reaper makes.
 func TestKafkaClientChoosesTheClient(t *testing.T) {
 	for client, want := range map[KafkaClient]driver.Kafka{KafkaClientFranz: &franz.Client{}, KafkaClientLibrdkafka: &librdkafka.Client{}} {
 		c := validConfig()
 		c.KafkaClient = client
-		got, err := c.kafkaClient()
-		if err != nil || reflect.TypeOf(got) != reflect.TypeOf(want) {
-			t.Errorf("%s: %T, %v; want a %T", client, got, err, want)
+		got, problems := c.kafka()
+		if len(problems) > 0 || reflect.TypeOf(got) != reflect.TypeOf(want) {
+			t.Errorf("%s: %T, %v; want a %T", client, got, problems, want)
 		}
-	}
-	c := Config{Kafka: stubKafka{}}.WithDefaults()
-	if c.KafkaClient != "" {
-		t.Errorf("with Kafka set, WithDefaults chose %q", c.KafkaClient)
-	}
-	if got, err := c.kafkaClient(); err != nil || got != (stubKafka{}) {
-		t.Errorf("with Kafka set: %v, %v", got, err)
 	}
 }
 
 func TestValidateNamesFieldAndRange(t *testing.T) {
 	cases := []struct {
 		name   string
-		modify func(*Config)
+		modify func(*Settings)
 		want   []string
 	}{
-		{"librdkafka: owned consumer property", func(c *Config) {
+		{"librdkafka: owned consumer property", func(c *Settings) {
 			c.KafkaClient = KafkaClientLibrdkafka
 			c.BaseKafkaConfig["session.timeout.ms"] = 30000
 		}, []string{"baseKafkaConfig.session.timeout.ms", "derived from the heartbeat timeout"}},
-		{"librdkafka: owned group id", func(c *Config) {
+		{"librdkafka: owned group id", func(c *Settings) {
 			c.KafkaClient = KafkaClientLibrdkafka
 			c.BaseKafkaConfig["group.id"] = "x"
 		}, []string{"baseKafkaConfig.group.id", "leader group ID"}},
-		{"librdkafka: idempotence off", func(c *Config) {
+		{"librdkafka: idempotence off", func(c *Settings) {
 			c.KafkaClient = KafkaClientLibrdkafka
 			c.ProducerKafkaConfig["enable.idempotence"] = false
 		}, []string{"producerKafkaConfig.enable.idempotence"}},
-		{"librdkafka: nested value", func(c *Config) {
+		{"librdkafka: nested value", func(c *Settings) {
 			c.KafkaClient = KafkaClientLibrdkafka
 			c.ProducerKafkaConfig["x"] = map[string]any{}
 		}, []string{"producerKafkaConfig.x", "string, number or boolean"}},
-		{"librdkafka: no bootstrap servers", func(c *Config) {
+		{"librdkafka: no bootstrap servers", func(c *Settings) {
 			c.KafkaClient = KafkaClientLibrdkafka
 			c.BaseKafkaConfig["bootstrap.servers"] = " "
 		}, []string{"baseKafkaConfig.bootstrap.servers"}},
-		{"franz: nested value", func(c *Config) { c.ProducerKafkaConfig["linger.ms"] = map[string]any{} },
+		{"franz: nested value", func(c *Settings) { c.ProducerKafkaConfig["linger.ms"] = map[string]any{} },
 			[]string{"producerKafkaConfig.linger.ms", "string, number or boolean"}},
-		// The Kafka client is chosen by KafkaClient or set in Kafka, not both; each client's
-		// refusals of the Kafka properties name the map and key.
-		{"unknown client", func(c *Config) { c.KafkaClient = "rdkafka" },
+		// Each client's refusals of the Kafka properties name the map and key.
+		{"unknown client", func(c *Settings) { c.KafkaClient = "rdkafka" },
 			[]string{`KafkaClient (kafkaClient): "rdkafka": must be "librdkafka" or "franz"`}},
-		{"client set and chosen", func(c *Config) {
-			c.Kafka, c.BaseKafkaConfig, c.ProducerKafkaConfig, c.KafkaClient = stubKafka{}, nil, nil, KafkaClientFranz
-		}, []string{`KafkaClient (kafkaClient): "franz" chooses a client for goharvest to make, and Kafka is set to a client already; set one or the other`}},
-		{"franz: a property it cannot honour", func(c *Config) {
+		{"franz: a property it cannot honour", func(c *Settings) {
 			c.KafkaClient = KafkaClientFranz
 			c.ProducerKafkaConfig["sticky.partitioning.linger.ms"] = 10
 		}, []string{"ProducerKafkaConfig (producerKafkaConfig.sticky.partitioning.linger.ms): the franz client cannot honour this property; remove it, or choose the librdkafka client (kafkaClient: librdkafka)"}},
-		{"franz: an owned property", func(c *Config) {
+		{"franz: an owned property", func(c *Settings) {
 			c.KafkaClient = KafkaClientFranz
 			c.BaseKafkaConfig["session.timeout.ms"] = 30000
 		}, []string{"BaseKafkaConfig (baseKafkaConfig.session.timeout.ms): goharvest sets this property itself (derived from the heartbeat timeout"}},
-		{"franz: no brokers", func(c *Config) {
+		{"franz: no brokers", func(c *Settings) {
 			c.KafkaClient = KafkaClientFranz
 			c.BaseKafkaConfig["bootstrap.servers"] = " "
 		}, []string{"BaseKafkaConfig (baseKafkaConfig.bootstrap.servers): must name at least one host:port"}},
-		{"franz: a transaction shorter than the queue timeout", func(c *Config) {
+		{"librdkafka: a transaction shorter than the queue timeout", func(c *Settings) {
+			c.KafkaClient = KafkaClientLibrdkafka
+			c.ProducerKafkaConfig["transaction.timeout.ms"] = "10000"
+		}, []string{"ProducerKafkaConfig (producerKafkaConfig.transaction.timeout.ms): 10s is shorter than the message timeout (30s"}},
+		{"franz: a transaction shorter than the queue timeout", func(c *Settings) {
 			c.KafkaClient = KafkaClientFranz
 			c.ProducerKafkaConfig["transaction.timeout.ms"] = 10000
 		}, []string{"ProducerKafkaConfig (producerKafkaConfig.transaction.timeout.ms): 10s is shorter than the message timeout (30s"}},
-		{"unknown claim strategy", func(c *Config) { c.ClaimStrategy = "Read" },
+		{"unknown claim strategy", func(c *Settings) { c.ClaimStrategy = "Read" },
 			[]string{"ClaimStrategy (claimStrategy)", `"Read"`, `must be "read" or "mark"`}},
-		{"bad leader topic", func(c *Config) { c.LeaderTopic = "my topic" }, []string{"LeaderTopic (leaderTopic)", `"my topic"`}},
-		{"long leader topic", func(c *Config) { c.LeaderTopic = strings.Repeat("t", 250) }, []string{"leaderTopic", "at most 249"}},
-		{"bad group", func(c *Config) { c.LeaderGroupID = "a/b" }, []string{"LeaderGroupID (leaderGroupID)"}},
-		{"bad data source", func(c *Config) { c.DataSource = "host=x port=notaport" }, []string{"DataSource (dataSource)"}},
-		{"bad listen data source", func(c *Config) { c.ListenDataSource = "host=x port=notaport" }, []string{"ListenDataSource (listenDataSource)"}},
-		{"bad table", func(c *Config) { c.OutboxTable = "outbox; drop table x" }, []string{"OutboxTable (outboxTable)", "not allowed"}},
-		{"blank name", func(c *Config) { c.Name = " " }, []string{"Name (name)"}},
-		{"negative backoff", func(c *Config) { c.Limits.IOErrorBackoff = -time.Second },
+		{"bad leader topic", func(c *Settings) { c.LeaderTopic = "my topic" }, []string{"LeaderTopic (leaderTopic)", `"my topic"`}},
+		{"long leader topic", func(c *Settings) { c.LeaderTopic = strings.Repeat("t", 250) }, []string{"leaderTopic", "at most 249"}},
+		{"bad group", func(c *Settings) { c.LeaderGroupID = "a/b" }, []string{"LeaderGroupID (leaderGroupID)"}},
+		{"bad data source", func(c *Settings) { c.DataSource = "host=x port=notaport" }, []string{"DataSource (dataSource)"}},
+		{"bad listen data source", func(c *Settings) { c.ListenDataSource = "host=x port=notaport" }, []string{"ListenDataSource (listenDataSource)"}},
+		{"bad table", func(c *Settings) { c.OutboxTable = "outbox; drop table x" }, []string{"OutboxTable (outboxTable)", "not allowed"}},
+		{"blank name", func(c *Settings) { c.Name = " " }, []string{"Name (name)"}},
+		{"negative backoff", func(c *Settings) { c.Limits.IOErrorBackoff = -time.Second },
 			[]string{"Limits.IOErrorBackoff (limits.ioErrorBackoff)", "-1s is out of range [1ms, 10m0s]"}},
-		{"heartbeat too short", func(c *Config) { c.Limits.HeartbeatTimeout = 50 * time.Millisecond },
+		{"heartbeat too short", func(c *Settings) { c.Limits.HeartbeatTimeout = 50 * time.Millisecond },
 			[]string{"limits.heartbeatTimeout", "[100ms, 10m0s]"}},
-		{"poll slower than half the heartbeat", func(c *Config) { c.Limits.MaxPollInterval = c.Limits.HeartbeatTimeout/2 + time.Millisecond },
+		{"poll slower than half the heartbeat", func(c *Settings) { c.Limits.MaxPollInterval = c.Limits.HeartbeatTimeout/2 + time.Millisecond },
 			[]string{"limits.maxPollInterval", "at most half of heartbeatTimeout"}},
-		{"min poll too slow", func(c *Config) {
+		{"min poll too slow", func(c *Settings) {
 			c.Limits.MinPollInterval = c.Limits.HeartbeatTimeout / 2
 			c.Limits.MaxPollInterval = c.Limits.MinPollInterval
 		}, []string{"limits.minPollInterval", "below half of heartbeatTimeout"}},
-		{"mark backoff above its max", func(c *Config) { c.Limits.MarkBackoff = c.Limits.MaxMarkBackoff + time.Millisecond },
+		{"mark backoff above its max", func(c *Settings) { c.Limits.MarkBackoff = c.Limits.MaxMarkBackoff + time.Millisecond },
 			[]string{"limits.markBackoff", "maxMarkBackoff"}},
-		{"no store", func(c *Config) { c.DatabaseBindingProvider = nil }, []string{"DatabaseBindingProvider (-): must not be nil"}},
-		{"poll interval below poll duration", func(c *Config) { c.Limits.PollDuration = 200 * time.Millisecond },
+		{"poll interval below poll duration", func(c *Settings) { c.Limits.PollDuration = 200 * time.Millisecond },
 			[]string{"limits.minPollInterval", "at least pollDuration"}},
-		{"drain longer than poll", func(c *Config) { c.Limits.DrainInterval = c.Limits.MaxPollInterval + time.Millisecond },
+		{"drain longer than poll", func(c *Settings) { c.Limits.DrainInterval = c.Limits.MaxPollInterval + time.Millisecond },
 			[]string{"limits.drainInterval", "maxPollInterval"}},
-		{"queue timeout below drain", func(c *Config) { c.Limits.QueueTimeout = c.Limits.DrainInterval - time.Millisecond },
+		{"queue timeout below drain", func(c *Settings) { c.Limits.QueueTimeout = c.Limits.DrainInterval - time.Millisecond },
 			[]string{"limits.queueTimeout", "at least drainInterval"}},
-		{"in-flight", func(c *Config) { c.Limits.MaxInFlightRecords = -1 },
+		{"in-flight", func(c *Settings) { c.Limits.MaxInFlightRecords = -1 },
 			[]string{"Limits.MaxInFlightRecords (limits.maxInFlightRecords): -1 is out of range [1, 1000000]"}},
-		{"concurrency", func(c *Config) { c.Limits.SendConcurrency = 5000 }, []string{"limits.sendConcurrency", "[1, 1024]"}},
-		{"buffer", func(c *Config) { c.Limits.SendBuffer = -3 }, []string{"limits.sendBuffer"}},
-		{"key run", func(c *Config) { c.Limits.MaxKeyRun = 20_000 }, []string{"Limits.MaxKeyRun (limits.maxKeyRun): 20000 is out of range [1, 10000]"}},
-		{"mark records", func(c *Config) { c.Limits.MarkQueryRecords = 1_000_000 }, []string{"limits.markQueryRecords"}},
-		{"mark backoff", func(c *Config) { c.Limits.MaxMarkBackoff = time.Hour }, []string{"limits.maxMarkBackoff"}},
-		{"metrics", func(c *Config) { c.Limits.MinMetricsInterval = -1 }, []string{"limits.minMetricsInterval"}},
-		{"held check", func(c *Config) { c.Limits.HeldCheckInterval = time.Hour }, []string{"Limits.HeldCheckInterval (limits.heldCheckInterval)", "[10ms, 1m0s]"}},
-		{"dead-letter attempts", func(c *Config) { c.Limits.DeadLetterAttempts = -1 }, []string{"Limits.DeadLetterAttempts (limits.deadLetterAttempts): -1 is out of range [0, 1000000]"}},
-		{"dead letter too soon", func(c *Config) { c.Limits.DeadLetterAfter = time.Millisecond },
+		{"concurrency", func(c *Settings) { c.Limits.SendConcurrency = 5000 }, []string{"limits.sendConcurrency", "[1, 1024]"}},
+		{"buffer", func(c *Settings) { c.Limits.SendBuffer = -3 }, []string{"limits.sendBuffer"}},
+		{"key run", func(c *Settings) { c.Limits.MaxKeyRun = 20_000 }, []string{"Limits.MaxKeyRun (limits.maxKeyRun): 20000 is out of range [1, 10000]"}},
+		{"mark records", func(c *Settings) { c.Limits.MarkQueryRecords = 1_000_000 }, []string{"limits.markQueryRecords"}},
+		{"mark backoff", func(c *Settings) { c.Limits.MaxMarkBackoff = time.Hour }, []string{"limits.maxMarkBackoff"}},
+		{"metrics", func(c *Settings) { c.Limits.MinMetricsInterval = -1 }, []string{"limits.minMetricsInterval"}},
+		{"held check", func(c *Settings) { c.Limits.HeldCheckInterval = time.Hour }, []string{"Limits.HeldCheckInterval (limits.heldCheckInterval)", "[10ms, 1m0s]"}},
+		{"dead-letter attempts", func(c *Settings) { c.Limits.DeadLetterAttempts = -1 }, []string{"Limits.DeadLetterAttempts (limits.deadLetterAttempts): -1 is out of range [0, 1000000]"}},
+		{"dead letter too soon", func(c *Settings) { c.Limits.DeadLetterAfter = time.Millisecond },
 			[]string{"Limits.DeadLetterAfter (limits.deadLetterAfter)", "or 0 for no dead letters"}},
 	}
 	for _, tc := range cases {
@@ -266,8 +265,8 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	}
 }
 
-func TestUnmarshal(t *testing.T) {
-	c, err := Unmarshal([]byte(`
+func TestSettingsUnmarshal(t *testing.T) {
+	c, err := unmarshal([]byte(`
 baseKafkaConfig:
   bootstrap.servers: kafka:9092
 producerKafkaConfig:
@@ -302,7 +301,7 @@ limits:
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Limits{
+	want := goharvest.Limits{
 		IOErrorBackoff: 250 * time.Millisecond, PollDuration: 2 * time.Millisecond,
 		MinPollInterval: time.Second, MaxPollInterval: 2 * time.Second, HeartbeatTimeout: 5 * time.Second,
 		DrainInterval: 50 * time.Millisecond, QueueTimeout: 10 * time.Second, MarkBackoff: 20 * time.Millisecond,
@@ -325,7 +324,7 @@ limits:
 	}
 }
 
-func TestUnmarshalRejectsUnknownAndMalformed(t *testing.T) {
+func TestSettingsUnmarshalRejectsUnknownAndMalformed(t *testing.T) {
 	cases := map[string]string{
 		"outboxTabel: x\n":                        `line 1: unknown key "outboxTabel"`,
 		"limits:\n  heartbeatTimout: 5s\n":        `line 2: unknown key "limits.heartbeatTimout"`,
@@ -334,38 +333,9 @@ func TestUnmarshalRejectsUnknownAndMalformed(t *testing.T) {
 		"name: a\nlimits:\n  queueTimeout: 10x\n": "line 3: limits.queueTimeout:",
 	}
 	for doc, want := range cases {
-		_, err := Unmarshal([]byte(doc))
+		_, err := unmarshal([]byte(doc))
 		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("Unmarshal(%q) error = %v, want one containing %q", doc, err, want)
+			t.Errorf("unmarshal(%q) error = %v, want one containing %q", doc, err, want)
 		}
-	}
-}
-
-// The defaults users read are the ones the engine applies.
-func TestLimitsDefaultsAreTheEngines(t *testing.T) {
-	for name, c := range map[string][2]any{
-		"IOErrorBackoff":        {DefaultIOErrorBackoff, epoch.DefaultIOErrorBackoff},
-		"PollDuration":          {DefaultPollDuration, epoch.DefaultPollDuration},
-		"MinPollInterval":       {DefaultMinPollInterval, epoch.DefaultMinPollInterval},
-		"HeartbeatTimeout":      {DefaultHeartbeatTimeout, epoch.DefaultHeartbeatTimeout},
-		"QueueTimeout":          {DefaultQueueTimeout, epoch.DefaultQueueTimeout},
-		"MarkBackoff":           {DefaultMarkBackoff, epoch.DefaultMarkBackoff},
-		"MaxMarkBackoff":        {DefaultMaxMarkBackoff, epoch.DefaultMaxMarkBackoff},
-		"MaxInFlightRecords":    {DefaultMaxInFlightRecords, epoch.DefaultMaxInFlightRecords},
-		"MaxKeyRun":             {DefaultMaxKeyRun, epoch.DefaultMaxKeyRun},
-		"SendConcurrency":       {DefaultSendConcurrency, epoch.DefaultSendConcurrency},
-		"SendBuffer":            {DefaultSendBuffer, epoch.DefaultSendBuffer},
-		"MarkQueryRecords":      {DefaultMarkQueryRecords, epoch.DefaultMarkQueryRecords},
-		"MinMetricsInterval":    {DefaultMinMetricsInterval, epoch.DefaultMinMetricsInterval},
-		"BacklogSampleInterval": {DefaultBacklogSampleInterval, epoch.DefaultBacklogSampleInterval},
-		"HeldCheckInterval":     {DefaultHeldCheckInterval, epoch.DefaultHeldCheckInterval},
-	} {
-		if c[0] != c[1] {
-			t.Errorf("Default%s is %v; the engine applies %v", name, c[0], c[1])
-		}
-	}
-	l := Limits{}.WithDefaults()
-	if l.QueueTimeout != DefaultQueueTimeout || l.SendBuffer != DefaultSendBuffer || l.HeartbeatTimeout != DefaultHeartbeatTimeout {
-		t.Errorf("Limits{}.WithDefaults() = %+v", l)
 	}
 }
