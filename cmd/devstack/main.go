@@ -152,8 +152,7 @@ func runStack(ctx context.Context, dir, database string, out io.Writer) (err err
 		return nil // stopped while starting
 	}
 
-	fmt.Fprintf(out, "Starting Apache Kafka %s, one KRaft node (half a minute; without its jars in the cache, make kafka fetches them first)...\n",
-		kafkacluster.Version())
+	fmt.Fprintf(out, "Starting Apache Kafka %s, one KRaft node (half a minute or so)...\n", kafkacluster.Version())
 	kafka, err := kafkacluster.New()
 	if err != nil {
 		return fmt.Errorf("kafka: %w", err)
