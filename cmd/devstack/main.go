@@ -155,6 +155,11 @@ func runStack(ctx context.Context, dir, database string, out io.Writer) (err err
 	fmt.Fprintf(out, "Starting Apache Kafka %s, one KRaft node (half a minute or so)...\n", kafkacluster.Version())
 	kafka, err := kafkacluster.New()
 	if err != nil {
+		if ctx.Err() != nil {
+			// Ctrl-C at a terminal reaches the Kafka node too, which exits before it is ready.
+			fmt.Fprintln(out, "Interrupted while Kafka started.")
+			return nil
+		}
 		return fmt.Errorf("kafka: %w", err)
 	}
 	stops = append(stops, func() error {
