@@ -10,7 +10,7 @@ GO ?= go
 # suite runs real processes, and the election tests measure timings that two busy cores would blur.
 TEST_TIMEOUT ?= 30m
 
-.PHONY: test lint bench demo chaos soak image image-binary kafka kafka-versions monitoring status-page-screenshot
+.PHONY: test lint bench demo dev chaos soak image image-binary kafka kafka-versions monitoring status-page-screenshot
 
 # Modules inside this one, which ./... does not reach: the Kubernetes example's manifest test
 # has a module of its own, so that goharvest does not depend on Kubernetes packages.
@@ -117,6 +117,15 @@ status-page-screenshot: kafka
 demo:
 	$(GO) build -o bin/ ./cmd/reaper ./cmd/pump ./cmd/demo
 	bin/demo -bin bin $(DEMO_ARGS)
+
+## dev: a throwaway PostgreSQL and one Apache Kafka node (the tests' KRaft node, from the cached
+## jars) to try the reaper on: builds reaper, pump and devstack into bin/, prints what to export
+## (also written to bin/dev.env, with a reaper configuration in bin/dev-reaper.yaml) and runs
+## until Ctrl-C, which stops both and deletes their data. docs/getting-started.md walks from it
+## to a message read back from Kafka. DEV_ARGS="-database app" etc.
+dev: kafka
+	$(GO) build -o bin/ ./cmd/reaper ./cmd/pump ./cmd/devstack
+	bin/devstack $(DEV_ARGS)
 
 ## image: the reaper's container image, with podman (or docker when podman is missing):
 ## FROM scratch, one static binary (image-binary), CA certificates, user 65532.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -217,14 +218,39 @@ func (l Logging) Logger(w io.Writer) *slog.Logger {
 // -ldflags "-X github.com/goharvest/goharvest/internal/reaper.version=...".
 var version string
 
-// Version is the reaper's version: the one stamped at link time, else goharvest.Version, the
-// release this source is (CHANGELOG.md's newest). The module version Go records in a build is
-// not used: for a build in a clone it is a pseudo-version that no changelog names.
+// Version is the reaper's version: the one stamped at link time, else goharvest.Version: the
+// release this source is (CHANGELOG.md's newest) or, between releases, the development version
+// of the next (v0.5.0-dev). A development build names its commit too, as semver build metadata,
+// when Go recorded it (go build in a git checkout; runtime/debug's vcs.revision and vcs.modified):
+// v0.5.0-dev+0123456789ab, with .dirty if the checkout had changes. The module version Go records
+// is not used: for a build in a clone it is a pseudo-version that no changelog names.
 func Version() string {
 	if version != "" {
 		return version
 	}
-	return goharvest.Version
+	v := goharvest.Version
+	info, ok := debug.ReadBuildInfo()
+	if !ok || !strings.HasSuffix(v, "-dev") {
+		return v
+	}
+	var revision string
+	var modified bool
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			revision = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	if revision == "" {
+		return v
+	}
+	v += "+" + revision[:min(12, len(revision))]
+	if modified {
+		v += ".dirty"
+	}
+	return v
 }
 
 const usage = `usage:
