@@ -13,7 +13,7 @@ import (
 	"github.com/goharvest/goharvest/internal/testwait"
 )
 
-// BenchmarkAwaitStandbys: what Limits.AwaitStandbys costs in steady state (docs/operations.md,
+// BenchmarkAwaitStandbys: what Limits.AwaitStandbys costs in steady state (docs/design-notes.md,
 // When Postgres fails over). A durable primary streams asynchronously to one durable standby over loopback TCP,
 // on this machine; every case runs against that same pair, each in a fresh database, so that the
 // setting is the only difference between awaitStandbys=0 and awaitStandbys=1. With 1, after each

@@ -111,7 +111,7 @@ func TestReadmeAndKubernetesExampleNameVersion(t *testing.T) {
 	}
 	tag := regexp.MustCompile(`goharvest/reaper:([\w.+-]*\w)`)
 	tags := 0
-	for _, file := range append([]string{"README.md"}, manifests...) {
+	for _, file := range append([]string{"README.md", filepath.Join("docs", "operations.md")}, manifests...) {
 		text, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)
