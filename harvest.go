@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
@@ -16,6 +17,17 @@ import (
 // TransactionalIDPrefix is put before LeaderGroupID to make the producers' transactional ID,
 // which every harvester of an outbox shares (see KafkaProducer).
 const TransactionalIDPrefix = "goharvest."
+
+// TransactionalID is the transactional ID of a shard's producers, which every harvester of the
+// outbox shares for that shard: goharvest.<group>, or goharvest.<group>.<shard> when the outbox
+// has more than one shard. Kafka lets one producer at a time use it, which is what fences an
+// earlier leader of the shard.
+func TransactionalID(leaderGroupID string, shard, shards int) string {
+	if shards <= 1 {
+		return TransactionalIDPrefix + leaderGroupID
+	}
+	return TransactionalIDPrefix + leaderGroupID + "." + strconv.Itoa(shard)
+}
 
 // NoteGroupSuffix is put after LeaderGroupID to make the consumer group in which transactions
 // leave their notes (see NotePlace). The producer's principal needs Read on this group.

@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-
-	"github.com/goharvest/goharvest/internal/pgname"
 )
 
 // outboxDDLTemplate creates the outbox table. There is deliberately no index on leader_id:
@@ -74,7 +72,7 @@ func TableDDL(table string) (string, error) {
 
 // TableDDLWith is TableDDL with a choice of column types.
 func TableDDLWith(table string, opts TableOptions) (string, error) {
-	quoted, err := pgname.QuoteTable(table)
+	quoted, err := QuoteTable(table)
 	if err != nil {
 		return "", err
 	}
@@ -82,13 +80,13 @@ func TableDDLWith(table string, opts TableOptions) (string, error) {
 	// marks, so they can go inside the SQL string literals as they are.
 	function := "goharvest_notify"
 	if schema, _, qualified := strings.Cut(table, "."); qualified {
-		function = pgname.Quote(schema, function)
+		function = quoteName(schema, function)
 	}
 	cols := textPayloadColumns
 	if opts.Bytea {
 		cols = bytesPayloadColumns
 	}
-	dead, err := pgname.QuoteTable(DeadLetterTable(table))
+	dead, err := QuoteTable(DeadLetterTable(table))
 	if err != nil {
 		return "", err
 	}
@@ -119,7 +117,7 @@ func ShardIndexDDL(table string, shards int) (string, error) {
 	if shards < 2 || shards > MaxShards {
 		return "", fmt.Errorf("shard index for %d shards: an outbox has 2 to %d shards (one needs no index)", shards, MaxShards)
 	}
-	quoted, err := pgname.QuoteTable(table)
+	quoted, err := QuoteTable(table)
 	if err != nil {
 		return "", err
 	}
@@ -130,7 +128,7 @@ func ShardIndexDDL(table string, shards int) (string, error) {
 	// An index lives in its table's schema, so its name is not qualified. It is cut, as Postgres
 	// would cut it, to 63 bytes, keeping the suffix that tells the indexes apart.
 	suffix := "_shards" + strconv.Itoa(shards)
-	index := pgname.Quote(name[:min(len(name), 63-len(suffix))] + suffix)
+	index := quoteName(name[:min(len(name), 63-len(suffix))] + suffix)
 	return fmt.Sprintf("CREATE INDEX IF NOT EXISTS %s ON %s (%s, id)", index, quoted, ShardSQL("kafka_key", shards)), nil
 }
 

@@ -17,7 +17,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/goharvest/goharvest/internal/pgname"
 	"github.com/goharvest/goharvest/outbox"
 )
 
@@ -96,7 +95,7 @@ func JSONValue() Option {
 // New returns a Stasher for the named outbox table ("outbox", or schema-qualified "app.outbox";
 // quoted as written, so case matters).
 func New(outboxTable string, opts ...Option) (*Stasher, error) {
-	table, err := pgname.QuoteTable(outboxTable)
+	table, err := outbox.QuoteTable(outboxTable)
 	if err != nil {
 		return nil, fmt.Errorf("stasher: %w", err)
 	}

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/goharvest/goharvest/driver"
-	"github.com/goharvest/goharvest/internal/pgname"
 	"github.com/goharvest/goharvest/outbox"
 )
 
@@ -20,8 +19,8 @@ type heldSQL struct {
 }
 
 func newHeldSQL(outboxTable string) heldSQL {
-	table, _ := pgname.QuoteTable(outboxTable) // checked by the caller
-	dead, _ := pgname.QuoteTable(outbox.DeadLetterTable(outboxTable))
+	table, _ := outbox.QuoteTable(outboxTable) // checked by the caller
+	dead, _ := outbox.QuoteTable(outbox.DeadLetterTable(outboxTable))
 	// A row's version is a hash of what would be published: an operator's fix changes it, a
 	// harvester's mark (leader_id) does not, and it can be read through a view (which has no
 	// xmin), such as the one docs/messages.md's recipe for Debezium-style tables makes.
@@ -152,7 +151,7 @@ func Requeue(ctx context.Context, dataSource, outboxTable string, id int64) (int
 }
 
 func withHeldSQL(ctx context.Context, dataSource, outboxTable string, do func(*pgx.Conn, heldSQL) error) error {
-	if _, err := pgname.QuoteTable(outboxTable); err != nil {
+	if _, err := outbox.QuoteTable(outboxTable); err != nil {
 		return err
 	}
 	cfg, err := pgx.ParseConfig(dataSource)

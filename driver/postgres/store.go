@@ -16,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/goharvest/goharvest/driver"
-	"github.com/goharvest/goharvest/internal/pgname"
 	"github.com/goharvest/goharvest/internal/wakegrid"
 	"github.com/goharvest/goharvest/outbox"
 )
@@ -237,7 +236,7 @@ func WithNotificationProbeTimeout(d time.Duration) Option {
 // startup parameters of its own and uses no named prepared statements (see execMode).
 func New(dataSource, outboxTable string, opt ...Option) (*Store, error) {
 	opts := applyOptions(opt)
-	table, err := pgname.QuoteTable(outboxTable)
+	table, err := outbox.QuoteTable(outboxTable)
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +272,7 @@ func New(dataSource, outboxTable string, opt ...Option) (*Store, error) {
 // New gives its own (see New): pgx's default query mode prepares statements on each server
 // connection, which a pooler in transaction mode does not keep.
 func NewWithPool(pool *pgxpool.Pool, outboxTable string, opt ...Option) (*Store, error) {
-	table, err := pgname.QuoteTable(outboxTable)
+	table, err := outbox.QuoteTable(outboxTable)
 	if err != nil {
 		return nil, err
 	}

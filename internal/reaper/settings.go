@@ -12,7 +12,6 @@ import (
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/franz"
 	"github.com/goharvest/goharvest/driver/postgres"
-	"github.com/goharvest/goharvest/internal/pgname"
 	"github.com/goharvest/goharvest/outbox"
 )
 
@@ -137,7 +136,7 @@ func (s Settings) Validate() error {
 	if _, err := pgxpool.ParseConfig(s.ListenDataSource); err != nil {
 		bad("ListenDataSource", "listenDataSource", err)
 	}
-	if _, err := pgname.QuoteTable(s.OutboxTable); err != nil {
+	if _, err := outbox.QuoteTable(s.OutboxTable); err != nil {
 		bad("OutboxTable", "outboxTable", err)
 	}
 	if len(errs) > 0 {

@@ -1,6 +1,6 @@
-// Package pgname turns a configured table name into a quoted SQL identifier. The name comes from
-// configuration, so it is checked and quoted, never pasted into SQL.
-package pgname
+package outbox
+
+// A table's name comes from configuration, so it is checked and quoted, never pasted into SQL.
 
 import (
 	"fmt"
@@ -11,7 +11,7 @@ import (
 // server, so two different configured names could refer to one table.
 const maxIdentifierLen = 63
 
-// QuoteTable checks that name is a table name, optionally qualified by a schema ("outbox" or
+// QuoteTable checks that name is a Postgres table name, optionally qualified by a schema ("outbox" or
 // "app.outbox"), whose parts are plain identifiers: a letter or underscore followed by letters,
 // digits, underscores or dollar signs, at most 63 bytes each. It returns the name quoted for SQL.
 // The name is used exactly as written: it is quoted, so its case matters.
@@ -28,13 +28,13 @@ func QuoteTable(name string) (string, error) {
 	return quote(parts), nil
 }
 
-// Quote quotes identifiers that QuoteTable would accept as parts of a table name (or names made
-// of such parts and more of the same characters), joined with dots. It panics on any other: such
-// a name comes from a programming error, not from configuration.
-func Quote(parts ...string) string {
+// quoteName quotes identifiers that QuoteTable would accept as parts of a table name (or names
+// made of such parts and more of the same characters), joined with dots. It panics on any other:
+// such a name comes from a programming error, not from configuration.
+func quoteName(parts ...string) string {
 	for _, part := range parts {
 		if err := checkIdentifier(part); err != nil {
-			panic(fmt.Sprintf("pgname.Quote: %v", err))
+			panic(fmt.Sprintf("outbox.quoteName: %v", err))
 		}
 	}
 	return quote(parts)
@@ -42,7 +42,7 @@ func Quote(parts ...string) string {
 
 // quote quotes checked identifiers. A checked identifier holds no quote mark and no NUL, the
 // only characters that quoting would have to escape, so wrapping each part is enough; this keeps
-// the package, and package outbox that writers import, free of any database driver.
+// the package, which writers import, free of any database driver.
 func quote(parts []string) string {
 	return `"` + strings.Join(parts, `"."`) + `"`
 }

@@ -1,4 +1,4 @@
-package pgname
+package outbox
 
 import (
 	"strings"
@@ -37,14 +37,14 @@ func TestQuoteTable(t *testing.T) {
 	}
 }
 
-func TestQuote(t *testing.T) {
-	if got := Quote("app", "goharvest_notify"); got != `"app"."goharvest_notify"` {
+func TestQuoteName(t *testing.T) {
+	if got := quoteName("app", "goharvest_notify"); got != `"app"."goharvest_notify"` {
 		t.Errorf("Quote = %s", got)
 	}
 	defer func() {
 		if recover() == nil {
-			t.Error(`Quote("out\"box") did not panic`)
+			t.Error(`quoteName("out\"box") did not panic`)
 		}
 	}()
-	Quote(`out"box`)
+	quoteName(`out"box`)
 }
