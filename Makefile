@@ -51,7 +51,7 @@ kafka-versions:
 	$(GO) run ./internal/kafkacluster/fetchjars $(KAFKA_VERSIONS)
 	for v in $(KAFKA_VERSIONS); do \
 		echo "== Kafka $$v"; \
-		GOHARVEST_KAFKA_VERSION=$$v $(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./internal/kafkacluster ./neli ./driver/franz . || exit 1; \
+		GOHARVEST_KAFKA_VERSION=$$v $(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./internal/kafkacluster ./neli ./driver/franz ./int/embed || exit 1; \
 	done
 
 ## lint: fail on unformatted files and on go vet findings
@@ -74,7 +74,7 @@ CLIENTS ?= librdkafka franz
 bench: SHELL := /bin/bash
 bench: kafka
 	set -o pipefail; for client in $(CLIENTS); do echo "== Kafka client: $$client"; \
-		GOHARVEST_BENCH_CLIENT=$$client GOHARVEST_BENCH_BROKER=$(BROKER) GOHARVEST_BENCH_IDLE_WINDOW=$(IDLE_WINDOW) $(GO) test -run '^$$' -bench '$(value BENCH)' -benchtime 1x -count 1 -timeout 60m . \
+		GOHARVEST_BENCH_CLIENT=$$client GOHARVEST_BENCH_BROKER=$(BROKER) GOHARVEST_BENCH_IDLE_WINDOW=$(IDLE_WINDOW) $(GO) test -run '^$$' -bench '$(value BENCH)' -benchtime 1x -count 1 -timeout 60m ./bench \
 		| $(GO) run ./internal/benchtable || exit 1; done
 
 ## chaos: the long variants of the fault-tolerance suite (int/), once with each Kafka client in
@@ -85,7 +85,7 @@ chaos:
 	for client in $(CLIENTS); do echo "== Kafka client: $$client"; \
 		GOHARVEST_TEST_KAFKA_CLIENT=$$client GOHARVEST_CHAOS=1 GOHARVEST_CHAOS_FIGURES=$(CURDIR)/chaos-figures-$$client.txt \
 		$(GO) test -count=1 -v -timeout 60m ./int || exit 1; done
-	GOHARVEST_CHAOS=1 $(GO) test -count=1 -v -timeout 30m -run '^TestLongTransactionDelaysOnlyItsOwnRows$$' .
+	GOHARVEST_CHAOS=1 $(GO) test -count=1 -v -timeout 30m -run '^TestLongTransactionDelaysOnlyItsOwnRows$$' ./int/embed
 	@for client in $(CLIENTS); do echo; echo "figures, Kafka client $$client:"; cat chaos-figures-$$client.txt; done
 
 ## soak: the randomized soaks, SOAK each (default 30m): int/TestSoak, 3 reapers on 8 shards under load,

@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/goharvest/goharvest/internal/kafkacluster"
-	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/leakcheck"
 	"github.com/goharvest/goharvest/internal/pgtest"
 )
@@ -17,9 +16,6 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	kafkatest.ServeIfChild() // benchmarks run their broker in a child process
-	serveHarvesterIfChild()  // and BenchmarkDrainShards a second harvester
-	resumeCommitIfChild()    // and TestResumingACommitWithNoTimeLeftKeepsTheProcess a producer
 	code := pgtest.RunWithDatabase(kafkacluster.Around(m), func(dsn string) error {
 		exampleDataSource = dsn
 		var err error

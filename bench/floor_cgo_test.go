@@ -1,6 +1,6 @@
 //go:build cgo
 
-package goharvest_test
+package bench_test
 
 import (
 	"context"

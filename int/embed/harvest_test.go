@@ -1,10 +1,9 @@
-package goharvest_test
+package embed_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -29,6 +28,7 @@ import (
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/internal/pgtest"
 	"github.com/goharvest/goharvest/internal/reaper"
+	"github.com/goharvest/goharvest/internal/testlog"
 	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/internal/verifytest"
@@ -164,7 +164,7 @@ func (r *intRig) harvesterWith(group string, limits goharvest.Limits, registry p
 			Name:              group,
 			Limits:            limits,
 			MetricsRegisterer: registry,
-			Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
+			Logger:            testlog.Logger(),
 		},
 		KafkaClient:     testKafkaClient(),
 		BaseKafkaConfig: reaper.KafkaConfigMap{"bootstrap.servers": r.addr},
@@ -429,14 +429,6 @@ func TestHarvestStopMidRunThenStartAgain(t *testing.T) {
 	t.Logf("duplicates: %d", checkDelivered(t, v, expected))
 }
 
-// testLogLevel is Warn, or Debug when GOHARVEST_TEST_DEBUG is set.
-func testLogLevel() slog.Level {
-	if os.Getenv("GOHARVEST_TEST_DEBUG") != "" {
-		return slog.LevelDebug
-	}
-	return slog.LevelWarn
-}
-
 // A traceparent written with the record arrives unchanged on the consumed message, and with a
 // tracer provider the harvester records one publish span per record, linked to that trace.
 func TestTraceContextRoundTrip(t *testing.T) {
@@ -461,7 +453,7 @@ func TestTraceContextRoundTrip(t *testing.T) {
 		LeaderTopic:    r.id + ".trace-int.leader",
 		Limits:         goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond},
 		TracerProvider: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
-		Logger:         slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
+		Logger:         testlog.Logger(),
 	})
 	if err != nil {
 		t.Fatal(err)

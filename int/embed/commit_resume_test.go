@@ -1,4 +1,4 @@
-package goharvest_test
+package embed_test
 
 import (
 	"context"
@@ -12,10 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kmsg"
+
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/librdkafka"
 	"github.com/goharvest/goharvest/internal/kafkatest"
-	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // envResumeChild, when set to a broker's address, makes the test binary run

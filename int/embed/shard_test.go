@@ -1,4 +1,4 @@
-package goharvest_test
+package embed_test
 
 import (
 	"context"
@@ -84,22 +84,22 @@ func (sr *shardedRun) leaders() map[int]string {
 	return owners
 }
 
-type epoch struct {
+type shardEpoch struct {
 	owner    string
 	leaderID uuid.UUID
 }
 
 // epochs returns each published shard's owner and leader ID.
-func (sr *shardedRun) epochs() map[int]epoch {
+func (sr *shardedRun) epochs() map[int]shardEpoch {
 	sr.mu.Lock()
 	defer sr.mu.Unlock()
-	epochs := map[int]epoch{}
+	epochs := map[int]shardEpoch{}
 	for name, rh := range sr.live {
 		for shard, id := range rh.h.LeadShards() {
 			if other, ok := epochs[shard]; ok {
 				sr.r.t.Errorf("shard %d published by %s and %s at once", shard, other.owner, name)
 			}
-			epochs[shard] = epoch{name, id}
+			epochs[shard] = shardEpoch{name, id}
 		}
 	}
 	return epochs

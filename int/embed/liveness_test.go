@@ -1,4 +1,4 @@
-package goharvest_test
+package embed_test
 
 import (
 	"strings"

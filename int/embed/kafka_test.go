@@ -1,4 +1,4 @@
-package goharvest_test
+package embed_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/franz"
 	"github.com/goharvest/goharvest/driver/librdkafka"
+	"github.com/goharvest/goharvest/internal/epoch"
 	"github.com/goharvest/goharvest/internal/kafkacluster"
 	"github.com/goharvest/goharvest/internal/kafkatest"
 	"github.com/goharvest/goharvest/stasher"
@@ -94,7 +95,7 @@ func TestNoteReadRightAfterInitTransactionsIsSettled(t *testing.T) {
 			t.Fatal(err)
 		}
 		produceOne(t, p, topic, fmt.Sprint(round))
-		note := goharvest.EncodeNote([]goharvest.Noted{{ID: int64(round) + 1}})
+		note := epoch.EncodeNote([]epoch.Noted{{ID: int64(round) + 1}})
 		if err := p.WriteNote(ctx, place, note); err != nil {
 			t.Fatalf("round %d: write note: %v", round, err)
 		}
@@ -115,11 +116,11 @@ func TestFullNoteCommitsOnApacheKafka(t *testing.T) {
 	id := fmt.Sprintf("note-full-%d", time.Now().UnixNano())
 	topic := c.Topic(t, id, 1)
 	place := driver.NotePlace{Group: id + ".notes", Topic: topic, Partition: 0}
-	records := make([]goharvest.Noted, goharvest.MaxNotedRecords)
+	records := make([]epoch.Noted, epoch.MaxNotedRecords)
 	for i := range records {
-		records[i] = goharvest.Noted{ID: math.MaxInt64 / goharvest.MaxNotedRecords * int64(i+1), Fingerprint: math.MaxUint32}
+		records[i] = epoch.Noted{ID: math.MaxInt64 / epoch.MaxNotedRecords * int64(i+1), Fingerprint: math.MaxUint32}
 	}
-	note := goharvest.EncodeNote(records)
+	note := epoch.EncodeNote(records)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	p := producerFor(t, id)

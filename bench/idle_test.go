@@ -1,4 +1,4 @@
-package goharvest_test
+package bench_test
 
 import (
 	"bufio"

@@ -1,10 +1,9 @@
-package goharvest_test
+package bench_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -29,6 +28,7 @@ import (
 	"github.com/goharvest/goharvest/internal/pgbouncer"
 	"github.com/goharvest/goharvest/internal/pgcluster"
 	"github.com/goharvest/goharvest/internal/reaper"
+	"github.com/goharvest/goharvest/internal/testlog"
 	"github.com/goharvest/goharvest/internal/testwait"
 	"github.com/goharvest/goharvest/internal/verify"
 	"github.com/goharvest/goharvest/internal/verifytest"
@@ -588,7 +588,7 @@ func (r *benchRun) startHarvester() {
 }
 
 // benchHarvesterConfig is what sets a benchmark's harvester apart from the others; it travels as
-// JSON to a harvester in a child process (see bench_scale_test.go).
+// JSON to a harvester in a child process (see scale_test.go).
 type benchHarvesterConfig struct {
 	Broker, DSN, Group, Client       string
 	Shards, MaxKeyRun, AwaitStandbys int
@@ -615,7 +615,7 @@ func (c benchHarvesterConfig) config() (goharvest.Config, error) {
 			Shards:            c.Shards,
 			ClaimStrategy:     c.Claim,
 			Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, MaxKeyRun: c.MaxKeyRun, AwaitStandbys: c.AwaitStandbys},
-			Logger:            slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: testLogLevel()})),
+			Logger:            testlog.Logger(),
 			MetricsRegisterer: prometheus.NewRegistry(),
 		},
 		KafkaClient:     reaper.KafkaClient(c.Client),
