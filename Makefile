@@ -1,7 +1,7 @@
 # Every target runs on a fresh machine with Go, gcc, Java 17 with Maven, the PostgreSQL server
 # binaries, Prometheus (server and promtool) and Chromium (see .ci/run, which installs what is
 # missing). Tests start their own throwaway Postgres
-# and Apache Kafka clusters (internal/kafkacluster: the broker's jars from Maven Central, cached
+# and Apache Kafka clusters (internal/testkit/kafkacluster: the broker's jars from Maven Central, cached
 # after the first fetch); set GOHARVEST_TEST_DSN to use an existing Postgres server.
 
 GO ?= go
@@ -16,10 +16,10 @@ TEST_TIMEOUT ?= 30m
 # has a module of its own, so that goharvest does not depend on Kubernetes packages.
 NESTED_MODULES := examples/kubernetes
 
-# The engine (internal/owner, internal/epoch), its seams and the contract suites import no driver:
+# The engine (internal/engine/owner, internal/engine/epoch), its seams and the contract suites import no driver:
 # their tests run without cgo, librdkafka or Postgres, which make test checks first; the engine's
 # tests run once with each claim strategy (read, the default, and mark).
-ENGINE_PACKAGES := ./driver ./driver/memory ./driver/drivertest ./event ./internal/epoch ./internal/owner
+ENGINE_PACKAGES := ./driver ./driver/memory ./driver/drivertest ./event ./internal/engine/...
 
 # The fault suite's scenarios that make test also runs with the librdkafka client (the reapers'
 # default is franz): a failover, split brain, broker faults and the shard scenarios, and those
@@ -33,25 +33,25 @@ LIBRDKAFKA_SCENARIOS := ^(TestFailover|TestSplitBrainFrozenLeaderResumes|TestBro
 ## fault suite's scenarios again with the librdkafka client
 test: lint kafka
 	CGO_ENABLED=0 $(GO) test -count=1 $(ENGINE_PACKAGES)
-	GOHARVEST_TEST_CLAIM=mark CGO_ENABLED=0 $(GO) test -count=1 ./internal/owner
+	GOHARVEST_TEST_CLAIM=mark CGO_ENABLED=0 $(GO) test -count=1 ./internal/engine/owner
 	CGO_ENABLED=0 $(GO) test -count=1 ./driver/franz
 	$(GO) test -race -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./...
 	GOHARVEST_TEST_KAFKA_CLIENT=librdkafka $(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -run '$(LIBRDKAFKA_SCENARIOS)' ./int
 	for m in $(NESTED_MODULES); do (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
 
-## kafka: fetch the pinned Apache Kafka broker (internal/kafkacluster.DefaultVersion) from Maven
+## kafka: fetch the pinned Apache Kafka broker (internal/testkit/kafkacluster.DefaultVersion) from Maven
 ## Central into the tests' cache, once (GOHARVEST_KAFKA_VERSION picks another version)
 kafka:
-	$(GO) run ./internal/kafkacluster/fetchjars
+	$(GO) run ./internal/testkit/kafkacluster/fetchjars
 
 ## kafka-versions: the tests of Kafka's semantics (the election, the harvester on Kafka, the
 ## fixture) on each Kafka version docs/operations.md lists as tested: the oldest and the newest 4.x served
 KAFKA_VERSIONS ?= 4.0.1 4.4.0
 kafka-versions:
-	$(GO) run ./internal/kafkacluster/fetchjars $(KAFKA_VERSIONS)
+	$(GO) run ./internal/testkit/kafkacluster/fetchjars $(KAFKA_VERSIONS)
 	for v in $(KAFKA_VERSIONS); do \
 		echo "== Kafka $$v"; \
-		GOHARVEST_KAFKA_VERSION=$$v $(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./internal/kafkacluster ./neli ./driver/franz ./int/embed || exit 1; \
+		GOHARVEST_KAFKA_VERSION=$$v $(GO) test -count=1 -p 1 -timeout $(TEST_TIMEOUT) ./internal/testkit/kafkacluster ./neli ./driver/franz ./int/embed || exit 1; \
 	done
 
 ## lint: fail on unformatted files and on go vet findings
@@ -75,7 +75,7 @@ bench: SHELL := /bin/bash
 bench: kafka
 	set -o pipefail; for client in $(CLIENTS); do echo "== Kafka client: $$client"; \
 		GOHARVEST_BENCH_CLIENT=$$client GOHARVEST_BENCH_BROKER=$(BROKER) GOHARVEST_BENCH_IDLE_WINDOW=$(IDLE_WINDOW) $(GO) test -run '^$$' -bench '$(value BENCH)' -benchtime 1x -count 1 -timeout 60m ./bench \
-		| $(GO) run ./internal/benchtable || exit 1; done
+		| $(GO) run ./internal/testkit/benchtable || exit 1; done
 
 ## chaos: the long variants of the fault-tolerance suite (int/), once with each Kafka client in
 ## CLIENTS (about 28 minutes each), and a writing transaction held open for ten minutes; prints the
@@ -104,13 +104,13 @@ soak:
 ## monitoring: write monitoring/goharvest-rules.yaml (reaper rules for the default settings) and
 ## examples/kubernetes/prometheusrule.yaml (for its ConfigMap's settings) anew, after changing the rules
 monitoring:
-	GOHARVEST_UPDATE_MONITORING=1 $(GO) test -count=1 -run '^TestRulesFileIsCurrent$$' ./internal/reaper
+	GOHARVEST_UPDATE_MONITORING=1 $(GO) test -count=1 -run '^TestRulesFileIsCurrent$$' ./internal/app/reaper
 	cd examples/kubernetes && GOHARVEST_UPDATE_MONITORING=1 $(GO) test -count=1 -run '^TestPrometheusRuleFollowsTheReaperConfig$$' .
 
 ## status-page-screenshot: run the status page's browser test and keep its screenshot as
 ## docs/status-page.png, which docs/monitoring.md shows (needs chromium, Postgres and Kafka like make test)
 status-page-screenshot: kafka
-	GOHARVEST_STATUS_SCREENSHOT=$(CURDIR)/docs/status-page.png $(GO) test -count=1 -run '^TestStatusPageInABrowser$$' ./internal/reaper
+	GOHARVEST_STATUS_SCREENSHOT=$(CURDIR)/docs/status-page.png $(GO) test -count=1 -run '^TestStatusPageInABrowser$$' ./internal/app/reaper
 
 ## demo: goharvest end to end: a throwaway Postgres, an in-process broker, the reaper and the
 ## pump, which writes a load and verifies it arrived in order (DEMO_ARGS="-records 200000" etc.)
@@ -157,7 +157,7 @@ image:
 # The build tag musl selects confluent-kafka-go's static librdkafka for musl; netgo and osusergo
 # keep the Go side's name and user lookups in Go (a build without cgo has nothing else); the
 # linker stamps the version that reaper --version prints.
-REAPER_LDFLAGS = -s -w -X github.com/goharvest/goharvest/internal/reaper.version=$(VERSION)
+REAPER_LDFLAGS = -s -w -X github.com/goharvest/goharvest/internal/app/reaper.version=$(VERSION)
 image-binary:
 	rm -rf $(IMAGE_DIR) && mkdir -p $(IMAGE_DIR)
 ifeq ($(KAFKA_CLIENT),franz)

@@ -14,8 +14,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goharvest/goharvest/driver"
-	"github.com/goharvest/goharvest/internal/epoch"
-	"github.com/goharvest/goharvest/internal/owner"
+	"github.com/goharvest/goharvest/internal/engine/epoch"
+	"github.com/goharvest/goharvest/internal/engine/owner"
 	"github.com/goharvest/goharvest/internal/strictyaml"
 	"github.com/goharvest/goharvest/outbox"
 )
@@ -59,8 +59,8 @@ func (s ClaimStrategy) engineClaim() (claim owner.Claim, ok bool) {
 type Config struct {
 	// Store is the outbox, opened by a store driver: postgres.New or postgres.NewWithPool
 	// (package driver/postgres), or any driver.Store such as the in-memory one
-	// (driver/memory). Required. The harvester disposes of it when it stops, once started; a
-	// harvester that is never started leaves it to the caller.
+	// (driver/memory). Required. Start takes it over: the harvester disposes of it when it stops,
+	// or at once if Start fails. A harvester that is never started leaves it to the caller.
 	Store driver.DatabaseBinding `yaml:"-"`
 
 	// Kafka is the Kafka client, which makes each epoch's producer and the leader election:
@@ -122,7 +122,7 @@ type Config struct {
 
 // Limits tunes the harvester's timing and throughput (Config.Limits). The zero value of every
 // field means its default, which docs/configuration.md lists with each field's range; the
-// engine (package internal/epoch) declares the fields, their defaults and their ranges once.
+// engine (package internal/engine/epoch) declares the fields, their defaults and their ranges once.
 type Limits = epoch.Limits
 
 // Unmarshal reads a Config from YAML. Unknown keys and values of the wrong type are errors that

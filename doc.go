@@ -13,31 +13,39 @@
 //
 // Every instance of a service runs a Harvest (or the reaper sidecar runs one beside a service in
 // any language). The harvesters of an outbox form one Kafka consumer group; whoever Kafka assigns
-// a shard publishes it, and the others stand by:
+// a shard publishes it, and the others stand by. A harvester takes its drivers as values, the
+// outbox's and the Kafka client's, so a program links only the ones it names:
 //
+//	store, err := postgres.New("host=localhost dbname=orders", "outbox") // package driver/postgres
+//	if err != nil {
+//		return err
+//	}
 //	h, err := goharvest.New(goharvest.Config{
-//		BaseKafkaConfig: goharvest.KafkaConfigMap{"bootstrap.servers": "localhost:9092"},
-//		DataSource:      "host=localhost dbname=orders",
-//		LeaderGroupID:   "order-service",
+//		Store:         store,
+//		Kafka:         franz.New(franz.Config{SeedBrokers: []string{"localhost:9092"}}), // package driver/franz
+//		LeaderGroupID: "order-service",
 //	})
 //	if err != nil {
+//		store.Dispose()
 //		return err
 //	}
 //	return h.Run(ctx) // publishes while it leads, until ctx ends
 //
-// ExampleHarvest_Run is the whole of it, run by go test. Config documents every setting and its
-// default; Unmarshal reads one from YAML as the reaper does, and Validate names each field it
-// refuses. Harvest reports what it does through events (package event), Prometheus metrics and
-// OpenTelemetry spans, and answers liveness and readiness probes (Healthy, Ready).
+// ExampleHarvest_Run is the whole of it, run by go test, and examples/embed a program to copy.
+// Config documents every setting and its default; Unmarshal reads the settings from YAML as the
+// reaper does, and Validate names each field it refuses. Harvest reports what it does through
+// events (package event), Prometheus metrics and OpenTelemetry spans, and answers liveness and
+// readiness probes (Healthy, Ready).
 //
 // # Drivers
 //
-// The engine reaches the outbox and Kafka through the interfaces of package driver; its
-// drivers are packages of their own: the Postgres store (driver/postgres, on pgx, the default)
-// and the Kafka client that Config.KafkaClient chooses: driver/franz, on franz-go in pure Go with
-// an election of its own (the default), or driver/librdkafka, through confluent-kafka-go, with the
-// election of package neli (in a build with cgo only). Config.DatabaseBindingProvider and
-// Config.Kafka take others, and the root package itself builds without cgo.
+// The engine reaches the outbox and Kafka through the interfaces of package driver; its drivers
+// are packages of their own, which this package does not import: the Postgres store
+// (driver/postgres, on pgx), the Kafka clients driver/franz (franz-go, pure Go, with an election
+// of its own) and driver/librdkafka (confluent-kafka-go, which needs cgo, with the election of
+// package neli), and the in-memory driver/memory for tests. Any driver.Store or driver.Kafka
+// serves.
 //
-// README.md and docs/ have the guarantees in full, the table's schema, operations and the figures.
+// README.md and docs/ have the guarantees in full, the table's schema, operations and the
+// figures.
 package goharvest

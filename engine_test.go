@@ -1,17 +1,19 @@
 package goharvest
 
 // Tests of what the root package adds to the engine: its checks at Start, and the default Kafka
-// client's settings as Config gives them. The engine's tests are in internal/owner and
-// internal/epoch, the librdkafka client's in driver/librdkafka.
+// client's settings as Config gives them. The engine's tests are in internal/engine/owner and
+// internal/engine/epoch, the librdkafka client's in driver/librdkafka.
 
 import (
 	"strings"
+	"sync/atomic"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/librdkafka"
 	"github.com/goharvest/goharvest/driver/memory"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // follower returns an in-memory elector that never leads.
@@ -95,5 +97,49 @@ func TestStartRefusesBindingWithoutHeldRows(t *testing.T) {
 		h.Stop()
 		h.Await()
 		t.Fatalf("Start with a binding that hides HeldRowBinding returned %v", err)
+	}
+}
+
+// disposals counts a store's Dispose calls.
+type disposals struct {
+	*memory.Store
+	n atomic.Int32
+}
+
+func (d *disposals) Dispose() { d.n.Add(1) }
+
+// Start takes the store over: a harvester disposes of it once when it stops, and a Start that
+// fails (here, a second harvester of the same name registering its metrics) disposes of it at
+// once, so that a caller that gives up on a harvester leaks no connections.
+func TestStartTakesTheStoreOver(t *testing.T) {
+	registry := prometheus.NewRegistry()
+	harvester := func(store driver.DatabaseBinding) *Harvest {
+		h, err := New(Config{LeaderGroupID: "g", LeaderTopic: "t", Name: "same", MetricsRegisterer: registry,
+			Store: store, Kafka: localKafka(follower())})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	first, second := &disposals{Store: memory.NewStore()}, &disposals{Store: memory.NewStore()}
+	running := harvester(first)
+	if err := running.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := harvester(second).Start(); err == nil || !strings.Contains(err.Error(), "register metrics") {
+		t.Fatalf("a second harvester named alike started: %v", err)
+	}
+	if n := second.n.Load(); n != 1 {
+		t.Errorf("a failed Start disposed of its store %d times, want 1", n)
+	}
+	if n := first.n.Load(); n != 0 {
+		t.Errorf("a running harvester's store was disposed of %d times", n)
+	}
+	running.Stop()
+	if err := running.Await(); err != nil {
+		t.Fatal(err)
+	}
+	if n := first.n.Load(); n != 1 {
+		t.Errorf("a stopped harvester disposed of its store %d times, want 1", n)
 	}
 }

@@ -4,29 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/event"
-	"github.com/goharvest/goharvest/internal/owner"
+	"github.com/goharvest/goharvest/internal/engine/owner"
 )
 
 // TransactionalIDPrefix is put before LeaderGroupID to make the producers' transactional ID,
-// which every harvester of an outbox shares (see KafkaProducer).
-const TransactionalIDPrefix = "goharvest."
+// which every harvester of an outbox shares (see TransactionalID).
+const TransactionalIDPrefix = owner.TransactionalIDPrefix
 
 // TransactionalID is the transactional ID of a shard's producers, which every harvester of the
 // outbox shares for that shard: goharvest.<group>, or goharvest.<group>.<shard> when the outbox
 // has more than one shard. Kafka lets one producer at a time use it, which is what fences an
-// earlier leader of the shard.
+// earlier leader of the shard. The reaper's ACLs name it (docs/operations.md).
 func TransactionalID(leaderGroupID string, shard, shards int) string {
-	if shards <= 1 {
-		return TransactionalIDPrefix + leaderGroupID
-	}
-	return TransactionalIDPrefix + leaderGroupID + "." + strconv.Itoa(shard)
+	return owner.TransactionalID(leaderGroupID, shard, shards)
 }
 
 // NoteGroupSuffix is put after LeaderGroupID to make the consumer group in which transactions
@@ -51,8 +47,8 @@ const (
 // Harvest publishes an outbox table to Kafka. Create it with New, then Run it, or Start it and
 // later Stop and Await it. It runs once.
 //
-// It is the engine (package internal/owner, which runs each shard's epochs of package
-// internal/epoch) with the drivers Config hands it: the store (Store) and the Kafka client
+// It is the engine (package internal/engine/owner, which runs each shard's epochs of package
+// internal/engine/epoch) with the drivers Config hands it: the store (Store) and the Kafka client
 // (Kafka), which makes the producers and the leader election.
 type Harvest struct {
 	cfg   Config
@@ -94,7 +90,7 @@ func New(config Config) (*Harvest, error) {
 		Claim:           claim,
 		NoteGroup:       cfg.LeaderGroupID + NoteGroupSuffix,
 		LeaderTopic:     cfg.LeaderTopic,
-		TransactionalID: TransactionalID(cfg.LeaderGroupID, 0, 1),
+		TransactionalID: owner.TransactionalID(cfg.LeaderGroupID, 0, 1),
 		OpenStore:       func() (driver.DatabaseBinding, error) { return cfg.Store, nil },
 		NewElector: func(lost func([]int32)) (driver.Elector, error) {
 			return kafka.NewElector(driver.ElectorConfig{
@@ -111,7 +107,7 @@ func New(config Config) (*Harvest, error) {
 		},
 		NewProducer: func(shard int) (driver.KafkaProducer, error) {
 			return kafka.NewProducer(driver.ProducerConfig{
-				TransactionalID: TransactionalID(cfg.LeaderGroupID, shard, cfg.Shards),
+				TransactionalID: owner.TransactionalID(cfg.LeaderGroupID, shard, cfg.Shards),
 				ClientID:        cfg.Name,
 				DeliveryTimeout: cfg.Limits.QueueTimeout,
 				Logger:          cfg.Logger,

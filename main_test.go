@@ -4,9 +4,9 @@ import (
 	"os"
 	"testing"
 
-	"github.com/goharvest/goharvest/internal/kafkacluster"
-	"github.com/goharvest/goharvest/internal/leakcheck"
-	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testkit/leakcheck"
+	"github.com/goharvest/goharvest/internal/testkit/pgtest"
 )
 
 // For the examples: an empty database and Apache Kafka (the package's shared cluster).

@@ -12,9 +12,9 @@ import (
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/postgres"
-	"github.com/goharvest/goharvest/internal/pgcluster"
-	"github.com/goharvest/goharvest/internal/syncbuf"
-	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/pgcluster"
+	"github.com/goharvest/goharvest/internal/testkit/syncbuf"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 	"github.com/goharvest/goharvest/outbox"
 )
 

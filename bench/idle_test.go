@@ -19,9 +19,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/goharvest/goharvest"
-	"github.com/goharvest/goharvest/internal/buildtest"
-	"github.com/goharvest/goharvest/internal/pgcluster"
-	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/buildtest"
+	"github.com/goharvest/goharvest/internal/testkit/pgcluster"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 	"github.com/goharvest/goharvest/stasher"
 )
 

@@ -7,10 +7,10 @@ import (
 	"os"
 	"testing"
 
-	"github.com/goharvest/goharvest/internal/kafkacluster"
-	"github.com/goharvest/goharvest/internal/kafkatest"
-	"github.com/goharvest/goharvest/internal/leakcheck"
-	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testkit/kafkatest"
+	"github.com/goharvest/goharvest/internal/testkit/leakcheck"
+	"github.com/goharvest/goharvest/internal/testkit/pgtest"
 )
 
 func TestMain(m *testing.M) {

@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest"
-	"github.com/goharvest/goharvest/internal/pgcluster"
-	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/pgcluster"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 	"github.com/goharvest/goharvest/outbox"
 )
 

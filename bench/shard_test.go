@@ -14,7 +14,7 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver/postgres"
-	"github.com/goharvest/goharvest/internal/pgcluster"
+	"github.com/goharvest/goharvest/internal/testkit/pgcluster"
 	goutbox "github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
 )

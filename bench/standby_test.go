@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/goharvest/goharvest"
-	"github.com/goharvest/goharvest/internal/pgcluster"
-	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/pgcluster"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 // BenchmarkAwaitStandbys: what Limits.AwaitStandbys costs in steady state (docs/design-notes.md,

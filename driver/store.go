@@ -60,7 +60,7 @@ type DatabaseBinding interface {
 }
 
 // HeldRowBinding is what the harvester needs of a binding to hold back a record that cannot be
-// published (see the top of internal/epoch/held.go): to leave its key's other rows alone, to read
+// published (see the top of internal/engine/epoch/held.go): to leave its key's other rows alone, to read
 // it afresh before sending it again, to purge it only while its row is unchanged, and to move it
 // into the dead-letter table. Without it, a held record could be sent again with content that
 // was never read again, so every binding must have it (see Store).
@@ -103,7 +103,7 @@ type Store interface {
 }
 
 // Reader is implemented by stores that can read rows without claiming them, for the read
-// strategy (internal/epoch/claim_read.go), which writes nothing to a row but its purge.
+// strategy (internal/engine/epoch/claim_read.go), which writes nothing to a row but its purge.
 type Reader interface {
 	// Read returns the oldest rows, up to limit, in id order, leaving out the rows whose id is in
 	// exclude or whose kafka_key is in heldKeys. It changes nothing. A malformed row comes back as

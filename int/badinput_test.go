@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 // Rows that cannot be published are reported by id, hold back only their own keys, and stay in

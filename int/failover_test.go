@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 // Three reapers on one outbox; the leader is killed (SIGKILL) and stopped (SIGTERM) in turn,

@@ -11,8 +11,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 
 	"github.com/goharvest/goharvest"
-	"github.com/goharvest/goharvest/internal/kafkacluster"
-	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testkit/pgtest"
 )
 
 // The database fails under a running leader in three ways: its connections are killed, the

@@ -10,8 +10,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/goharvest/goharvest/internal/testwait"
-	"github.com/goharvest/goharvest/internal/verify"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/verify"
 )
 
 // An operator's fix or delete of a held row takes effect without a restart, on a broker that

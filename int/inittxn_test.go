@@ -16,7 +16,7 @@ import (
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/franz"
 	"github.com/goharvest/goharvest/driver/librdkafka"
-	"github.com/goharvest/goharvest/internal/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
 )
 
 // A successor's InitTransactions while its predecessor's transaction is still open: the

@@ -11,8 +11,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
-	"github.com/goharvest/goharvest/internal/pgtest"
-	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/pgtest"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 // The broker holds some transaction commits (EndTxn) for longer than the heartbeat timeout. The

@@ -14,7 +14,7 @@ import (
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/franz"
-	"github.com/goharvest/goharvest/internal/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
 )
 
 // loneProducers are goharvest's own Kafka producer, the franz driver's at goharvest's defaults,

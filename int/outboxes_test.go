@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 // outboxRig is several outboxes, each a rig of its own (its database, topic, leader group,

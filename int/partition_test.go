@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 // The leading reaper is cut off from every broker while Postgres stays reachable (a network

@@ -15,9 +15,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/goharvest/goharvest/driver/postgres"
-	"github.com/goharvest/goharvest/internal/pgcluster"
-	"github.com/goharvest/goharvest/internal/testwait"
-	"github.com/goharvest/goharvest/internal/verify"
+	"github.com/goharvest/goharvest/internal/testkit/pgcluster"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/verify"
 	"github.com/goharvest/goharvest/outbox"
 )
 

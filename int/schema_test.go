@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/testwait"
-	"github.com/goharvest/goharvest/internal/verify"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/verify"
 )
 
 // An outbox column of a type the harvester cannot read is reported by name, nothing is

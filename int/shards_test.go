@@ -11,8 +11,8 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 
-	"github.com/goharvest/goharvest/internal/pgtest"
-	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/pgtest"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 // The sharded scenarios: 3 reapers publish 8 shards, 2 or 3 each, while writers load 1000 keys

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/testkit/pgtest"
 )
 
 // The soak: three reapers publish eight shards under load while faults of every kind, chosen at

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 // A leader frozen (SIGSTOP) for longer than the session timeout loses leadership to another

@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/kafkacluster"
-	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 // The broker that coordinates the group crashes, and the takeover by another coordinator outlasts

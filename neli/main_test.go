@@ -4,8 +4,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/goharvest/goharvest/internal/kafkacluster"
-	"github.com/goharvest/goharvest/internal/leakcheck"
+	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testkit/leakcheck"
 )
 
 // The election's tests run on Apache Kafka: one cluster for the package, and clusters of their

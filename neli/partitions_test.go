@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
 )
 
 // led returns who leads each partition now.

@@ -1,8 +1,8 @@
 // Command devstack runs a throwaway PostgreSQL and one Apache Kafka node on this machine, to try
 // the reaper on real servers: make dev builds it with the reaper and the pump, and runs it.
 //
-// It starts PostgreSQL from the local server binaries (internal/pgcluster) and a KRaft node from
-// Kafka's jars on Maven Central (internal/kafkacluster, cached; make kafka fetches them), both on
+// It starts PostgreSQL from the local server binaries (internal/testkit/pgcluster) and a KRaft node from
+// Kafka's jars on Maven Central (internal/testkit/kafkacluster, cached; make kafka fetches them), both on
 // loopback ports that were free when they started, with the settings one broker needs
 // (replication factor 1 and min ISR 1 for transactions' and groups' internal topics). It prints
 // what to export, writes the same to bin/dev.env with a reaper configuration that reads it
@@ -28,8 +28,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/kafkacluster"
-	"github.com/goharvest/goharvest/internal/pgcluster"
+	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testkit/pgcluster"
 )
 
 // Exit codes.

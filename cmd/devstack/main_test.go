@@ -19,9 +19,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/goharvest/goharvest"
-	"github.com/goharvest/goharvest/internal/leakcheck"
-	"github.com/goharvest/goharvest/internal/syncbuf"
-	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/leakcheck"
+	"github.com/goharvest/goharvest/internal/testkit/syncbuf"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }

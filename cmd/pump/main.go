@@ -8,7 +8,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/goharvest/goharvest/internal/pump"
+	"github.com/goharvest/goharvest/internal/app/pump"
 )
 
 func main() {

@@ -5,7 +5,7 @@ package main
 import (
 	"os"
 
-	"github.com/goharvest/goharvest/internal/reaper"
+	"github.com/goharvest/goharvest/internal/app/reaper"
 )
 
 func main() {

@@ -12,7 +12,7 @@ import (
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/drivertest"
 	"github.com/goharvest/goharvest/driver/franz"
-	"github.com/goharvest/goharvest/internal/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
 )
 
 // The franz election keeps the elector contract on Apache Kafka that the librdkafka driver's

@@ -21,7 +21,7 @@ import (
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/drivertest"
 	"github.com/goharvest/goharvest/driver/franz"
-	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 // The election keeps the elector contract on kfake too. Apache Kafka (TestFranzElectorContract)

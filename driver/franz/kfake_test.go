@@ -18,7 +18,7 @@ import (
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/drivertest"
 	"github.com/goharvest/goharvest/driver/franz"
-	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/testkit/kafkatest"
 )
 
 // The producer keeps the contract on kfake, franz-go's fake cluster, too. Apache Kafka

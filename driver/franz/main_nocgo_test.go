@@ -5,7 +5,7 @@ package franz_test
 import (
 	"testing"
 
-	"github.com/goharvest/goharvest/internal/leakcheck"
+	"github.com/goharvest/goharvest/internal/testkit/leakcheck"
 )
 
 // Without cgo there is no Kafka cluster to test against (package kafkacluster needs

@@ -12,7 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/goharvest/goharvest/driver"
-	"github.com/goharvest/goharvest/internal/mailbox"
+	"github.com/goharvest/goharvest/internal/engine/mailbox"
 	"github.com/goharvest/goharvest/internal/topiccheck"
 	"github.com/goharvest/goharvest/outbox"
 )

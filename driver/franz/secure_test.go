@@ -11,7 +11,7 @@ import (
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/franz"
-	"github.com/goharvest/goharvest/internal/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
 )
 
 // The librdkafka properties of a SASL_SSL cluster, as a reaper's YAML holds them (SCRAM-SHA-512

@@ -4,8 +4,8 @@ import (
 	"os"
 	"testing"
 
-	"github.com/goharvest/goharvest/internal/kafkacluster"
-	"github.com/goharvest/goharvest/internal/leakcheck"
+	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testkit/leakcheck"
 )
 
 // The contract tests run on the package's shared Apache Kafka cluster, started at the first

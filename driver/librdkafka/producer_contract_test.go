@@ -10,14 +10,14 @@ import (
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/drivertest"
 	"github.com/goharvest/goharvest/driver/librdkafka"
-	"github.com/goharvest/goharvest/internal/kafkacluster"
-	"github.com/goharvest/goharvest/internal/kafkatest"
+	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testkit/kafkatest"
 )
 
 var contractTopics atomic.Int32
 
 // The librdkafka producer, configured as a harvester configures it, keeps the producer contract on
-// Apache Kafka that the engine's fake producer keeps too (internal/owner runs the same suite).
+// Apache Kafka that the engine's fake producer keeps too (internal/engine/owner runs the same suite).
 func TestConfluentProducerContract(t *testing.T) {
 	c := kafkacluster.Shared(t)
 	run := time.Now().UnixNano()

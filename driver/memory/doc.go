@@ -19,5 +19,5 @@
 // refuse messages, Elector.Revoke and Elector.Fence take leadership away. They are marked as test
 // hooks in their comments; the engine never calls them. Faults that only one test suite needs
 // (a database that hangs, commits that time out) are best written in that suite, wrapping these
-// types, as the engine's own tests (internal/owner) do.
+// types, as the engine's own tests (internal/engine/owner) do.
 package memory

@@ -10,7 +10,7 @@ import (
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/drivertest"
 	"github.com/goharvest/goharvest/driver/memory"
-	"github.com/goharvest/goharvest/internal/leakcheck"
+	"github.com/goharvest/goharvest/internal/testkit/leakcheck"
 )
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }

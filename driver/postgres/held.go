@@ -13,7 +13,7 @@ import (
 	"github.com/goharvest/goharvest/outbox"
 )
 
-// heldSQL holds the statements of the held-record machinery (internal/epoch/held.go).
+// heldSQL holds the statements of the held-record machinery (internal/engine/epoch/held.go).
 type heldSQL struct {
 	markExcept, reread, purgeUnchanged, deadLetter, requeue string
 }

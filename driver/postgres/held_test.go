@@ -13,7 +13,7 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver"
-	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/testkit/pgtest"
 	outboxpkg "github.com/goharvest/goharvest/outbox"
 )
 

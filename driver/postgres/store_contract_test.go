@@ -12,14 +12,14 @@ import (
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/drivertest"
 	"github.com/goharvest/goharvest/driver/postgres"
-	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/testkit/pgtest"
 	outboxpkg "github.com/goharvest/goharvest/outbox"
 )
 
 var contractTables atomic.Int32
 
 // The Postgres store keeps the store contract that the engine relies on, and that the in-memory
-// store keeps too (driver/memory and internal/owner run the same suite on it): made from a data
+// store keeps too (driver/memory and internal/engine/owner run the same suite on it): made from a data
 // source, or on a pool of the caller's.
 func TestStoreContract(t *testing.T) {
 	ctx := context.Background()

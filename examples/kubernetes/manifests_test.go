@@ -22,7 +22,7 @@ import (
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
-	"github.com/goharvest/goharvest/internal/reaper"
+	"github.com/goharvest/goharvest/internal/app/reaper"
 )
 
 // manifests are the example's objects, by name.

@@ -10,7 +10,7 @@ import (
 	"go.yaml.in/yaml/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/goharvest/goharvest/internal/reaper"
+	"github.com/goharvest/goharvest/internal/app/reaper"
 )
 
 // prometheusRule is the Prometheus Operator's PrometheusRule (monitoring.coreos.com/v1), with
@@ -40,7 +40,7 @@ func TestPrometheusRuleFollowsTheReaperConfig(t *testing.T) {
 		h := file.Harvest
 		h.Logger = slog.New(slog.DiscardHandler)
 		h = h.WithDefaults()
-		want, group = reaper.AlertRules(h, reaper.DefaultSustained), h.LeaderGroupID
+		want, group = reaper.AlertRules(h.Config, reaper.DefaultSustained), h.LeaderGroupID
 	}
 	if os.Getenv("GOHARVEST_UPDATE_MONITORING") != "" {
 		writePrometheusRule(t, group, want)

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest"
-	"github.com/goharvest/goharvest/internal/kafkacluster"
-	"github.com/goharvest/goharvest/internal/reaper"
+	"github.com/goharvest/goharvest/internal/app/reaper"
+	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
 )
 
 // A broker that refuses the producer's transaction timeout (above its transaction.max.timeout.ms)

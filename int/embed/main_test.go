@@ -6,9 +6,9 @@ import (
 	"os"
 	"testing"
 
-	"github.com/goharvest/goharvest/internal/kafkacluster"
-	"github.com/goharvest/goharvest/internal/leakcheck"
-	"github.com/goharvest/goharvest/internal/pgtest"
+	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testkit/leakcheck"
+	"github.com/goharvest/goharvest/internal/testkit/pgtest"
 )
 
 func TestMain(m *testing.M) {

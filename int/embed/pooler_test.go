@@ -11,10 +11,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/goharvest/goharvest"
-	"github.com/goharvest/goharvest/internal/pgbouncer"
-	"github.com/goharvest/goharvest/internal/syncbuf"
-	"github.com/goharvest/goharvest/internal/testwait"
-	"github.com/goharvest/goharvest/internal/verify"
+	"github.com/goharvest/goharvest/internal/testkit/pgbouncer"
+	"github.com/goharvest/goharvest/internal/testkit/syncbuf"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/verify"
 	"github.com/goharvest/goharvest/stasher"
 )
 

@@ -11,8 +11,8 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver/postgres"
-	"github.com/goharvest/goharvest/internal/syncbuf"
-	"github.com/goharvest/goharvest/internal/verify"
+	"github.com/goharvest/goharvest/internal/testkit/syncbuf"
+	"github.com/goharvest/goharvest/internal/testkit/verify"
 	"github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
 )

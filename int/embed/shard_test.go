@@ -13,7 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/goharvest/goharvest"
-	"github.com/goharvest/goharvest/internal/reaper"
+	"github.com/goharvest/goharvest/internal/app/reaper"
 	outboxpkg "github.com/goharvest/goharvest/outbox"
 )
 

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/internal/leakcheck"
-	"github.com/goharvest/goharvest/internal/syncbuf"
+	"github.com/goharvest/goharvest/internal/testkit/leakcheck"
+	"github.com/goharvest/goharvest/internal/testkit/syncbuf"
 )
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }

@@ -3,7 +3,7 @@ package rdlog
 import (
 	"testing"
 
-	"github.com/goharvest/goharvest/internal/leakcheck"
+	"github.com/goharvest/goharvest/internal/testkit/leakcheck"
 )
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }

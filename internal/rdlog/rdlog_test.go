@@ -8,8 +8,8 @@ import (
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
 
-	"github.com/goharvest/goharvest/internal/syncbuf"
-	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/syncbuf"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 func TestLevel(t *testing.T) {

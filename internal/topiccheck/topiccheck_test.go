@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest/driver"
-	"github.com/goharvest/goharvest/internal/testwait"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 // fakeKafka plays a driver's describe: it answers from answers in turn, repeating the last, and

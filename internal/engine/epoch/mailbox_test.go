@@ -1,0 +1,48 @@
+package epoch
+
+import (
+	"github.com/goharvest/goharvest/internal/engine/mailbox"
+	"testing"
+	"time"
+)
+
+// The transaction loop is told when the transaction cannot grow: once the marker waits, nothing
+// waits for a worker and every message has been reported, and not before.
+func TestActivityWakesWhenStalled(t *testing.T) {
+	a := activity{settled: closedChan(), wake: mailbox.NewWake()}
+	woken := func() bool {
+		select {
+		case <-a.wake:
+			return true
+		default:
+			return false
+		}
+	}
+	f := &flight{}
+	a.posted(1)
+	a.producing(f)
+	a.markerIdle(true)
+	if woken() || a.stalled() {
+		t.Fatal("stalled with a record waiting for its worker and a message unreported")
+	}
+	a.handled(1)
+	if woken() || a.stalled() {
+		t.Fatal("stalled with a message unreported")
+	}
+	if a.awaitReports(time.Now().Add(time.Millisecond)) {
+		t.Fatal("awaitReports returned true with a message unreported")
+	}
+	a.reported(f, nil)
+	if !woken() || !a.stalled() {
+		t.Fatal("not told of the stall once the last report came in")
+	}
+	if !a.awaitReports(time.Now().Add(time.Hour)) {
+		t.Fatal("awaitReports waited with every message reported")
+	}
+	a.markerIdle(false)
+	if a.stalled() {
+		t.Fatal("stalled while the marker marks")
+	}
+}
+
+// Under load an epoch spaces its commits by the busy epochs of its process (lingerFor), so that

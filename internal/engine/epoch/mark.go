@@ -1,0 +1,250 @@
+package epoch
+
+import (
+	"context"
+	"errors"
+	"hash/fnv"
+	"sync"
+	"time"
+
+	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/internal/engine/mailbox"
+)
+
+// budget is the pipeline's one count of records in flight: records this epoch has marked and not
+// yet purged (or dropped, or found to be marked twice), except a held key's records from the held
+// one on (held.go: so that a key that cannot be published cannot take the budget from the others),
+// but for the held record itself while it is sent again (a record counts from its mark until its
+// worker, which knows its key is held, takes it). MaxInFlightRecords bounds it: the marker
+// marks only into the room left. Held keys can take it past the limit, by one for each held
+// record being sent again, and, for a moment, when a key is released: its records marked before
+// the hold, in memory already, count again at once. The marker then marks nothing until purges
+// bring the count back under the limit. Harvest.InFlightRecords, InFlightRecordKeys and the
+// goharvest_in_flight_records and goharvest_in_flight_keys gauges report it.
+type budget struct {
+	mu    sync.Mutex
+	count int            // records in flight (guarded by mu)
+	keys  map[string]int // their keys, with how many records each (guarded by mu)
+	// marks numbers the mark queries (guarded by mu): the marker adds one before each (see
+	// sendWorker.purged).
+	marks uint64
+	room  mailbox.Wake // wakes the marker when records leave the budget
+}
+
+// reserve returns how many records the marker may mark now, at most limit, and when that is
+// more than none, the number of the mark it is about to begin.
+func (b *budget) reserve(max, limit int) (room int, mark uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	room = min(max-b.count, limit)
+	if room <= 0 {
+		return 0, 0
+	}
+	b.marks++
+	return room, b.marks
+}
+
+// marked counts records just marked.
+func (b *budget) marked(records []driver.MarkedRecord) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, r := range records {
+		b.keys[r.KafkaKey]++
+	}
+	b.count += len(records)
+}
+
+// take counts records again that had left the budget (a held key's, once released or sent).
+func (b *budget) take(fs ...*flight) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, f := range fs {
+		b.keys[f.rec.KafkaKey]++
+	}
+	b.count += len(fs)
+}
+
+// give takes records off the count and wakes the marker if it waits for room. It returns the
+// number of the latest mark begun, which therefore began before the records left.
+func (b *budget) give(fs ...*flight) (lastMark uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, f := range fs {
+		if b.keys[f.rec.KafkaKey]--; b.keys[f.rec.KafkaKey] <= 0 {
+			delete(b.keys, f.rec.KafkaKey)
+		}
+	}
+	b.count -= len(fs)
+	b.room.Poke()
+	return b.marks
+}
+
+// records returns the count of records in flight.
+func (b *budget) records() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.count
+}
+
+// snapshot returns the keys in flight, each once, and the count.
+func (b *budget) snapshot() (keys []string, records int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for k := range b.keys {
+		keys = append(keys, k)
+	}
+	return keys, b.count
+}
+
+// markLoop marks batches while the pipeline has room, backing off while the outbox is empty. It
+// owns idle, its backoff, and busy, whether it counts its epoch in busyEpochs.
+func (p *Epoch) markLoop() {
+	idle := p.Limits.MarkBackoff
+	busy := false // counted in busyEpochs
+	setBusy := func(b bool) {
+		switch {
+		case b && !busy:
+			p.BusyEpochs.Add(1)
+		case !b && busy:
+			p.BusyEpochs.Add(-1)
+		}
+		busy = b
+	}
+	defer setBusy(false)
+	p.noteServer(p.ctx)
+	// What earlier epochs purged must be on the standbys before this one publishes those keys.
+	if !p.standbysHold(p.ctx, "await standbys at the epoch's start") {
+		return
+	}
+	for p.ctx.Err() == nil {
+		room, seq := p.budget.reserve(p.Limits.MaxInFlightRecords, p.Limits.MarkQueryRecords)
+		if room <= 0 {
+			p.markerWaits(p.Limits.DrainInterval, p.budget.room)
+			continue
+		}
+		wakes := p.wakes.Load()
+		heldKeys := p.held.heldKeys()
+		began := time.Now()
+		records, err := p.Claim.Claim(p.ctx, room, heldKeys)
+		p.Metrics.MarkSeconds.Observe(time.Since(began).Seconds())
+		if err != nil {
+			if p.ctx.Err() != nil {
+				return
+			}
+			p.emptyAt.Store(0)
+			p.DBTrouble.Fail(p.Log, "mark", err)
+			if p.Claim.FailedClaimEndsEpoch() {
+				p.requestRemark("mark failed", err)
+				return
+			}
+			p.sleep(p.Limits.IOErrorBackoff, nil)
+			// The retry may reach a promoted standby, where ids this epoch purged or holds can
+			// name other rows (standby.go): a new epoch starts there instead.
+			if p.serverChanged(p.ctx) {
+				return
+			}
+			continue
+		}
+		p.DBTrouble.OK(p.Log)
+		setBusy(len(records) > 0)
+		if len(records) == 0 {
+			// Nothing claimed, nothing in flight, no key held (before the claim, which then left
+			// out no key's rows, and after it): the outbox had no rows for this epoch.
+			empty := len(heldKeys) == 0 && p.budget.records() == 0 && len(p.held.heldKeys()) == 0
+			if !empty {
+				p.emptyAt.Store(0)
+			} else if p.emptyAt.Store(wakes + 1); p.covered.Load() {
+				// Every write wakes the marker, and so does the end of that (listenLoop); until
+				// then the outbox holds nothing to claim, and nothing in flight or held can make a
+				// row claimable again, so there is nothing to poll for.
+				p.markerWaits(0, p.written)
+				continue
+			}
+			p.markerWaits(idle, p.written)
+			idle = min(2*idle, p.Limits.MaxMarkBackoff)
+			continue
+		}
+		p.emptyAt.Store(0)
+		idle = p.Limits.MarkBackoff
+		if !p.standbysHold(p.ctx, "await standbys after a mark") {
+			return
+		}
+		p.Metrics.Marked.Add(float64(len(records)))
+		p.budget.marked(records)
+		p.activity.posted(len(records))
+		for _, rec := range records {
+			w := p.workers[shardOf(rec.KafkaKey, len(p.workers))]
+			select {
+			case w.in <- &flight{rec: rec, worker: w, markSeq: seq}:
+			case <-p.ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+// markerWaits sleeps like sleep, with the transaction loop told meanwhile that the marker adds
+// nothing (the pipeline is full, or the outbox empty).
+func (p *Epoch) markerWaits(d time.Duration, ch <-chan struct{}) {
+	p.activity.markerIdle(true)
+	p.sleep(d, ch)
+	p.activity.markerIdle(false)
+}
+
+// listenLoop has the binding wake the marker when records are written, and keeps it listening
+// through database outages. While it cannot listen, the marker's polling carries on alone; while
+// a CoveringListener says its wake-ups cover every write, the marker does not poll at all.
+// Notifications that cannot arrive at all (ErrNotificationsLost) are not retried this epoch.
+func (p *Epoch) listenLoop() {
+	l, trouble := p.Features.Listen, p.Notify
+	wake := func() {
+		trouble.OK(p.Log)
+		p.wakes.Add(1)
+		p.written.Poke()
+	}
+	covered := func(c bool) {
+		if !p.covered.Swap(c) || c {
+			return
+		}
+		// No longer covered: the marker, which may be waiting for a wake-up alone, polls again.
+		p.written.Poke()
+	}
+	listen := l.Listen
+	if c := p.Features.Covering; c != nil {
+		listen = func(ctx context.Context, wake func()) error { return c.ListenCovering(ctx, wake, covered) }
+	}
+	for {
+		err := listen(p.ctx, wake)
+		covered(false)
+		if p.ctx.Err() != nil {
+			return
+		}
+		trouble.Fail(p.Log, "listen", err, "pollInterval", p.Limits.MaxMarkBackoff)
+		if errors.Is(err, driver.ErrNotificationsLost) {
+			return
+		}
+		p.sleep(p.Limits.IOErrorBackoff, nil)
+	}
+}
+
+// sleep waits for d (0: for ever), for a wake-up on ch (if not nil), or for the pipeline to
+// stop.
+func (p *Epoch) sleep(d time.Duration, ch <-chan struct{}) {
+	var timeout <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-timeout:
+	case <-ch:
+	case <-p.ctx.Done():
+	}
+}
+
+func shardOf(key string, n int) int {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return int(h.Sum32() % uint32(n))
+}

@@ -1,9 +1,0 @@
-package epoch
-
-import (
-	"testing"
-
-	"github.com/goharvest/goharvest/internal/leakcheck"
-)
-
-func TestMain(m *testing.M) { leakcheck.Main(m) }

@@ -1,9 +1,0 @@
-package pgcluster
-
-import (
-	"testing"
-
-	"github.com/goharvest/goharvest/internal/leakcheck"
-)
-
-func TestMain(m *testing.M) { leakcheck.Main(m) }

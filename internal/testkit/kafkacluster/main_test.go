@@ -1,0 +1,10 @@
+package kafkacluster
+
+import (
+	"os"
+	"testing"
+
+	"github.com/goharvest/goharvest/internal/testkit/leakcheck"
+)
+
+func TestMain(m *testing.M) { os.Exit(leakcheck.After(Run(m))) }
