@@ -70,5 +70,5 @@ func publishOutbox(ctx context.Context, dsn string, brokers []string, table, gro
 		}
 	})
 	slog.Info("publishing while elected; SIGINT or SIGTERM stops", "table", table, "group", group)
-	return h.Run(ctx)
+	return h.Run(ctx) // publishes while elected, until ctx ends
 }
