@@ -20,14 +20,15 @@ func docPages(t *testing.T) []string {
 	return append([]string{"README.md", "CHANGELOG.md"}, pages...)
 }
 
-// quotedExamples are functions that go test compiles and runs (ExampleHarvest_Run, the stasher's
-// Example), and the pages that show them: a reader who copies one copies code that works.
+// quotedExamples are functions of the example programs, which their tests run against a real
+// Postgres and Apache Kafka (examples/embed/main_test.go, examples/stasher/main_test.go), and the
+// pages that show them: a reader who copies one copies code that works.
 var quotedExamples = []struct {
 	file, decl string
 	pages      []string
 }{
-	{"example_test.go", "func publishOutbox(", []string{"README.md", "docs/getting-started.md"}},
-	{filepath.Join("stasher", "example_test.go"), "func placeOrder(", []string{"docs/getting-started.md"}},
+	{filepath.Join("examples", "embed", "main.go"), "func publishOutbox(", []string{"README.md", "docs/getting-started.md"}},
+	{filepath.Join("examples", "stasher", "main.go"), "func placeOrder(", []string{"docs/getting-started.md"}},
 }
 
 // Every page that shows an example shows it word for word, and the pages listed show it.

@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"os"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -60,39 +57,81 @@ func ExampleConfig_Validate() {
 	// Limits.MaxPollInterval (limits.maxPollInterval): 5s is out of range [100ms, 2.5s]: must be at least minPollInterval and at most half of heartbeatTimeout, so that a fenced leader has finished before another can be elected
 }
 
+// Where ExampleHarvest_Run finds Postgres and Kafka: a service's own settings. Under go test,
+// TestMain (main_test.go) points them at a throwaway database and Apache Kafka.
+var (
+	exampleDataSource       = "host=localhost port=5432 user=postgres dbname=postgres sslmode=disable"
+	exampleBootstrapServers = "localhost:9092"
+)
+
 // Embed a harvester in a Go service. It joins the leader election, and while it leads it
 // publishes the outbox until ctx ends.
+//
+// The example assumes a Postgres at exampleDataSource and Kafka at exampleBootstrapServers
+// (declared above; a Kafka of one broker needs the settings in docs/getting-started.md). It creates
+// the outbox table, writes a record with package stasher, and learns from the harvester's events
+// when it leads. examples/embed is a service's harvester as a complete program, and
+// examples/stasher a service that writes the records.
 func ExampleHarvest_Run() {
-	ctx, cancel := context.WithCancel(context.Background())
+	// A minute for all of it: a service's harvester runs until the service stops.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+
+	// The outbox, and a record in it, as a service writes it in the transaction of its change.
 	if err := postgres.CreateOutboxTable(ctx, exampleDataSource, "outbox", outbox.TableOptions{}); err != nil {
 		panic(err)
 	}
-	st, _ := stasher.New("outbox")
 	pool, err := pgxpool.New(ctx, exampleDataSource)
 	if err != nil {
 		panic(err)
 	}
 	defer pool.Close()
+	st, err := stasher.New("outbox")
+	if err != nil {
+		panic(err)
+	}
 	err = st.StashPgx(ctx, pool, goharvest.OutboxRecord{KafkaTopic: "orders", KafkaKey: "42", KafkaValue: goharvest.String("placed")})
 	if err != nil {
 		panic(err)
 	}
 
-	leading := make(chan struct{})
-	var once sync.Once
-	log.SetOutput(logWatcher(func(line string) {
-		if strings.Contains(line, "leader acquired: ") {
-			once.Do(func() { close(leading) })
+	// The harvester, with its drivers: the outbox's store and the Kafka client.
+	store, err := postgres.New(exampleDataSource, "outbox")
+	if err != nil {
+		panic(err)
+	}
+	h, err := goharvest.New(goharvest.Config{
+		Store:         store, // the harvester disposes of it when it stops
+		Kafka:         franz.New(franz.Config{SeedBrokers: []string{exampleBootstrapServers}}),
+		LeaderGroupID: "order-service",
+		LeaderTopic:   "order-service.leader",
+	})
+	if err != nil {
+		store.Dispose()
+		panic(err)
+	}
+	leading := make(chan struct{}, 1)
+	h.SetEventHandler(func(e event.Event) {
+		switch e := e.(type) {
+		case event.LeaderAcquired:
+			select {
+			case leading <- struct{}{}:
+			default: // told already
+			}
+		case event.RecordFailed:
+			log.Printf("record %d (key %s) cannot be published: %v", e.ID, e.Key, e.Err)
 		}
-	}))
-	defer log.SetOutput(os.Stderr)
+	})
 	done := make(chan error, 1)
-	go func() { done <- publishOutbox(ctx, exampleBootstrapServers, exampleDataSource) }()
-	<-leading
-	fmt.Println("leading")
+	go func() { done <- h.Run(ctx) }() // publishes while it leads, until ctx ends
 
-	// Wait for the record to be published and purged.
+	select {
+	case <-leading:
+		fmt.Println("leading")
+	case err := <-done:
+		panic(fmt.Sprintf("the harvester stopped before it led: %v", err))
+	}
+	// Wait for the record to be published and its row deleted.
 	for {
 		var rows int
 		if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&rows); err != nil {
@@ -111,40 +150,4 @@ func ExampleHarvest_Run() {
 	// Output:
 	// leading
 	// published
-}
-
-// publishOutbox is what a Go service runs to publish its outbox, word for word what README.md and
-// docs/getting-started.md show (TestDocsQuoteTheExamples holds them equal).
-func publishOutbox(ctx context.Context, bootstrapServers, dataSource string) error {
-	store, err := postgres.New(dataSource, "outbox")
-	if err != nil {
-		return err
-	}
-	h, err := goharvest.New(goharvest.Config{
-		Store:         store, // the harvester disposes of it when it stops
-		Kafka:         franz.New(franz.Config{SeedBrokers: []string{bootstrapServers}}),
-		LeaderGroupID: "order-service",
-		LeaderTopic:   "order-service.leader",
-	})
-	if err != nil {
-		store.Dispose()
-		return err
-	}
-	h.SetEventHandler(func(e event.Event) {
-		switch e := e.(type) {
-		case event.LeaderAcquired, event.LeaderRevoked, event.LeaderFenced:
-			log.Println(e)
-		case event.RecordFailed:
-			log.Printf("record %d (key %s) cannot be published: %v", e.ID, e.Key, e.Err)
-		}
-	})
-	return h.Run(ctx) // publishes while it leads, until ctx ends
-}
-
-// logWatcher passes each line the log package writes to see, and on to standard error.
-type logWatcher func(line string)
-
-func (w logWatcher) Write(p []byte) (int, error) {
-	w(string(p))
-	return os.Stderr.Write(p)
 }

@@ -9,12 +9,8 @@ import (
 	"github.com/goharvest/goharvest/internal/testkit/pgtest"
 )
 
-// For the examples: an empty database and Apache Kafka (the package's shared cluster).
-var (
-	exampleDataSource       string
-	exampleBootstrapServers string
-)
-
+// TestMain gives the examples' settings (exampleDataSource, exampleBootstrapServers, declared in
+// example_test.go) an empty database and Apache Kafka (the package's shared cluster).
 func TestMain(m *testing.M) {
 	code := pgtest.RunWithDatabase(kafkacluster.Around(m), func(dsn string) error {
 		exampleDataSource = dsn

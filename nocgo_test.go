@@ -42,9 +42,10 @@ func TestEmbeddingBuildsAndRunsWithoutCgo(t *testing.T) {
 func TestEmbedderLinksOnlyTheDriversItNames(t *testing.T) {
 	const pgx, kgo, librdkafka = "github.com/jackc/pgx/v5", "github.com/twmb/franz-go/pkg/kgo", "github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	for pkg, refused := range map[string][]string{
-		".":                 {pgx, kgo, librdkafka},
-		"./examples/memory": {pgx, kgo, librdkafka},
-		"./examples/embed":  {librdkafka},
+		".":                  {pgx, kgo, librdkafka},
+		"./examples/memory":  {pgx, kgo, librdkafka},
+		"./examples/embed":   {librdkafka},
+		"./examples/stasher": {kgo, librdkafka},
 	} {
 		list := exec.Command("go", "list", "-deps", pkg)
 		list.Env = append(os.Environ(), "CGO_ENABLED=1")

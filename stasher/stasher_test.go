@@ -18,28 +18,14 @@ import (
 	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/testkit/leakcheck"
 	"github.com/goharvest/goharvest/internal/testkit/pgtest"
-	"github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
 )
 
-// exampleDataSource is a database with an outbox and an orders table, for the examples.
-var exampleDataSource string
-
+// TestMain gives the example's setting (dataSource, declared in example_test.go) an empty
+// database, which the example makes its tables in.
 func TestMain(m *testing.M) {
 	os.Exit(leakcheck.After(pgtest.RunWithDatabase(m, func(dsn string) error {
-		ctx := context.Background()
-		if err := postgres.CreateOutboxTable(ctx, dsn, "outbox", outbox.TableOptions{}); err != nil {
-			return err
-		}
-		conn, err := pgx.Connect(ctx, dsn)
-		if err != nil {
-			return err
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL)"); err != nil {
-			return err
-		}
-		exampleDataSource = dsn
+		dataSource = dsn
 		return nil
 	})))
 }

@@ -4,8 +4,9 @@
 //
 //	go run ./examples/embed -dsn 'host=localhost dbname=orders user=postgres' -brokers localhost:9092
 //
-// It creates the outbox table where it is missing. The program links pgx and franz-go, and
-// neither librdkafka nor cgo: goharvest links only the drivers a program names.
+// It creates the outbox table where it is missing. examples/stasher is a service that writes the
+// rows it publishes. The program links pgx and franz-go, and neither librdkafka nor cgo:
+// goharvest links only the drivers a program names, and it builds with CGO_ENABLED=0.
 package main
 
 import (
@@ -34,13 +35,15 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *dsn, strings.Split(*brokers, ","), *table, *group); err != nil {
+	if err := publishOutbox(ctx, *dsn, strings.Split(*brokers, ","), *table, *group); err != nil {
 		fmt.Fprintln(os.Stderr, "embed:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dsn string, brokers []string, table, group string) error {
+// publishOutbox runs a harvester on the outbox table until ctx ends: it joins the election of
+// group and, while elected, publishes the table's rows to Kafka.
+func publishOutbox(ctx context.Context, dsn string, brokers []string, table, group string) error {
 	if err := postgres.CreateOutboxTable(ctx, dsn, table, outbox.TableOptions{}); err != nil {
 		return err
 	}
@@ -67,5 +70,5 @@ func run(ctx context.Context, dsn string, brokers []string, table, group string)
 		}
 	})
 	slog.Info("publishing while elected; SIGINT or SIGTERM stops", "table", table, "group", group)
-	return h.Run(ctx)
+	return h.Run(ctx) // publishes while elected, until ctx ends
 }
