@@ -48,7 +48,7 @@ func TestImageRunsTheReaperFromScratch(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("the image test runs the exported reaper with chroot, which needs root; run make test as root (as CI does)")
 	}
-	root := filepath.Join("..", "..", "..", "..")
+	root := filepath.Join("..", "..", "..")
 	version := fmt.Sprintf("imagetest-%d", os.Getpid())
 	image := "localhost/goharvest-reaper-imagetest:" + version
 
@@ -161,7 +161,7 @@ func TestImageBinaryWithoutCgo(t *testing.T) {
 	version := fmt.Sprintf("imagetest-nocgo-%d", os.Getpid())
 	// CC names no compiler, so a build that needed one would fail.
 	build := exec.Command("make", "--no-print-directory", "image-binary", "KAFKA_CLIENT=franz", "IMAGE_DIR="+dir, "VERSION="+version, "CC=/bin/false")
-	build.Dir = filepath.Join("..", "..", "..", "..")
+	build.Dir = filepath.Join("..", "..", "..")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("make image-binary KAFKA_CLIENT=franz: %v\n%s", err, out)
 	}
