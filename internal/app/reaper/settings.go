@@ -121,11 +121,18 @@ func (s Settings) WithDefaults() Settings {
 // (goharvest.Config.Validate) and the drivers'. It reports every problem, each naming the field
 // and its YAML key.
 func (s Settings) Validate() error {
+	_, err := s.check()
+	return err
+}
+
+// check is Validate, and returns the Kafka client made from the property maps, which it reads
+// once (reading any file a property names).
+func (s Settings) check() (driver.Kafka, error) {
 	var errs []error
 	if err := s.Config.Validate(); err != nil {
 		errs = append(errs, errors.Unwrap(err)) // without its "invalid harvest config: ", said below
 	}
-	_, problems := s.kafka()
+	kafka, problems := s.kafka()
 	errs = append(errs, problems...)
 	bad := func(field, yamlKey string, err error) {
 		errs = append(errs, fmt.Errorf("%s (%s): %w", field, yamlKey, err))
@@ -140,48 +147,38 @@ func (s Settings) Validate() error {
 		bad("OutboxTable", "outboxTable", err)
 	}
 	if len(errs) > 0 {
-		return fmt.Errorf("invalid harvest config: %w", errors.Join(errs...))
+		return nil, fmt.Errorf("invalid harvest config: %w", errors.Join(errs...))
 	}
-	return nil
+	return kafka, nil
 }
 
 // HarvestConfig checks the settings (with defaults applied: see Validate) and returns the
 // harvester's goharvest.Config: s's own settings as written, for goharvest.New to apply their
-// defaults and log what it defaults, with the drivers made from s. The caller disposes of its
-// Store if no harvester is started with it.
+// defaults and log what it defaults, with the drivers made from s: the Kafka client, which
+// contacts no broker until used, and the Postgres store, which connects lazily. The caller
+// disposes of its Store if no harvester is started with it.
 func (s Settings) HarvestConfig() (goharvest.Config, error) {
 	quiet := s
 	quiet.Logger = slog.New(slog.DiscardHandler)
 	d := quiet.WithDefaults()
-	if err := d.Validate(); err != nil {
+	kafka, err := d.check()
+	if err != nil {
 		return goharvest.Config{}, err
 	}
-	c := s.Config
-	var err error
-	c.Store, c.Kafka, err = d.drivers()
-	return c, err
-}
-
-// drivers returns the harvester's drivers, made from valid settings with defaults applied: the
-// Postgres store, which connects lazily, and the Kafka client, which contacts no broker until
-// used. The caller disposes of the store if no harvester is started with it.
-func (s Settings) drivers() (driver.DatabaseBinding, driver.Kafka, error) {
-	kafka, problems := s.kafka()
-	if len(problems) > 0 {
-		return nil, nil, fmt.Errorf("invalid harvest config: %w", errors.Join(problems...))
-	}
 	var opts []postgres.Option
-	if s.ListenDataSource != s.DataSource {
+	if d.ListenDataSource != d.DataSource {
 		// Only a listening connection that goes another way is set apart: one that goes the
 		// pool's way answers the readiness probes of an idle outbox, which then holds one
 		// connection rather than two (see postgres.Store.Ping).
-		opts = append(opts, postgres.WithListenDataSource(s.ListenDataSource))
+		opts = append(opts, postgres.WithListenDataSource(d.ListenDataSource))
 	}
-	store, err := postgres.New(s.DataSource, s.OutboxTable, opts...)
+	store, err := postgres.New(d.DataSource, d.OutboxTable, opts...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("outbox %s: %w", s.OutboxTable, err)
+		return goharvest.Config{}, fmt.Errorf("outbox %s: %w", d.OutboxTable, err)
 	}
-	return store, kafka, nil
+	c := s.Config
+	c.Store, c.Kafka = store, kafka
+	return c, nil
 }
 
 // kafka makes the Kafka client KafkaClient names from the property maps, read once, and returns
