@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -23,7 +22,6 @@ import (
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/leadership"
-	"github.com/goharvest/goharvest/internal/outage"
 	"github.com/goharvest/goharvest/internal/timing"
 	"github.com/goharvest/goharvest/internal/wakegrid"
 	"github.com/goharvest/goharvest/outbox"
@@ -90,16 +88,28 @@ func (c *Client) NewElector(cfg driver.ElectorConfig) (driver.Elector, error) {
 		return nil, fmt.Errorf("franz: election config: %w", err)
 	}
 	e := &elector{
-		cfg:            cfg,
-		opts:           c.cfg.Opts,
-		seeds:          c.cfg.SeedBrokers,
-		log:            cfg.Logger.With("group", cfg.LeaderGroupID, "member", cfg.Name),
-		heartbeatEvery: max(cfg.MinPollInterval, cfg.HeartbeatTimeout/10),
-		kafkaTrouble:   &outage.Logger{What: "Kafka", Repeat: outage.LogInterval},
-		view:           leadership.New(cfg.HeartbeatTimeout),
-		wake:           make(chan struct{}, 1),
-		closing:        make(chan struct{}),
+		cfg:     cfg,
+		opts:    c.cfg.Opts,
+		seeds:   c.cfg.SeedBrokers,
+		log:     cfg.Logger.With("group", cfg.LeaderGroupID, "member", cfg.Name),
+		wake:    make(chan struct{}, 1),
+		closing: make(chan struct{}),
 	}
+	e.contender = leadership.NewContender(leadership.Config{
+		Client:           "franz",
+		LeaderTopic:      cfg.LeaderTopic,
+		LeaderGroupID:    cfg.LeaderGroupID,
+		Name:             cfg.Name,
+		Partitions:       cfg.Partitions,
+		HeartbeatTimeout: cfg.HeartbeatTimeout,
+		MinPollInterval:  cfg.MinPollInterval,
+		// The rounds of many outboxes' leaders in one reaper, and the loops that send them,
+		// wake the process together.
+		OnWakeGrid: true,
+		Send:       e.produceHeartbeat,
+		Barrier:    cfg.Barrier,
+		Logger:     e.log,
+	})
 	beats, err := kgo.NewClient(e.heartbeatOpts()...)
 	if err != nil {
 		return nil, fmt.Errorf("franz: create heartbeat client: %w", err)
@@ -111,12 +121,10 @@ func (c *Client) NewElector(cfg driver.ElectorConfig) (driver.Elector, error) {
 // elector is one contender. Pulse and Close drive it from one goroutine at a time; Leading,
 // Fenced, Partitions and Ping may be called from any.
 type elector struct {
-	cfg            driver.ElectorConfig
-	opts           []kgo.Opt
-	seeds          []string
-	log            *slog.Logger
-	heartbeatEvery time.Duration
-	kafkaTrouble   *outage.Logger
+	cfg   driver.ElectorConfig
+	opts  []kgo.Opt
+	seeds []string
+	log   *slog.Logger
 
 	// beats sends heartbeats and the election's own requests (the leader topic's metadata and
 	// creation, Ping). It lives as long as the contender; members come and go.
@@ -139,22 +147,14 @@ type elector struct {
 	}
 
 	// loop serialises Pulse and Close; the fields below belong to whoever holds it.
-	loop       sync.Mutex
-	closed     bool
-	topicReady bool
-	member     *member       // in the group, or joining; nil otherwise
-	leaving    chan struct{} // closed once a member let go after a fence has left the group
-	// sizeUnknown is set when the leader topic's size could not be read after an assignment
-	// (see checkSize); sizeCheckedAt is when it was last asked.
-	sizeUnknown   bool
-	sizeCheckedAt time.Time
-	tenure        string // random, new when leadership begins; marks its heartbeats
-	seq           uint64
-	lastSent      time.Time
-	fatal         error
+	loop    sync.Mutex
+	closed  bool
+	member  *member       // in the group, or joining; nil otherwise
+	leaving chan struct{} // closed once a member let go after a fence has left the group
 
-	// view is what this contender leads, which Leading, Fenced and Partitions read.
-	view *leadership.View
+	// contender is the election as no Kafka client decides it: what this contender leads (which
+	// Leading, Fenced and Partitions read), its heartbeats' books, and the error that stopped it.
+	contender *leadership.Contender
 }
 
 // member is one membership of the group: a kgo group client, whose rebalance callbacks hand each
@@ -189,11 +189,10 @@ type change struct {
 	done    chan struct{}
 }
 
+// beatResult is a heartbeat's outcome, as kgo's promise posts it for the loop.
 type beatResult struct {
-	tenure    string
-	sentAt    time.Time
-	partition int32
-	err       error
+	beat leadership.Beat
+	err  error
 }
 
 func (e *elector) groupOpts(m *member) []kgo.Opt {
@@ -244,8 +243,8 @@ func (e *elector) groupOpts(m *member) []kgo.Opt {
 
 // heartbeatOpts configures the heartbeat client. A heartbeat older than the timeout proves
 // nothing, so it is given up rather than delivered late; the acknowledgement of the partition's
-// leader broker is all the evidence a heartbeat gives (acks=1; see neli's sendHeartbeat for why
-// not all in-sync replicas), and idempotence, which needs acks=all, has nothing to guard in
+// leader broker is all the evidence a heartbeat gives (acks=1; see
+// leadership.Contender.SendHeartbeats for why not all in-sync replicas), and idempotence, which needs acks=all, has nothing to guard in
 // heartbeats. Its metadata keeps kgo's age (5 minutes): kgo refreshes it when a partition's
 // leader moves or its broker goes, and a heartbeat to a partition the client does not know yet
 // asks for it (see heartbeatFailed). A refresh every heartbeat timeout cost an idle reaper of 50
@@ -353,15 +352,15 @@ func (e *elector) Rest() time.Duration {
 	e.loop.Lock()
 	defer e.loop.Unlock()
 	m := e.member
-	if e.closed || e.fatal != nil || m == nil || e.leaving != nil || m.isRetired() || m.posting.Load() > 0 {
+	if e.closed || e.contender.Err() != nil || m == nil || e.leaving != nil || m.isRetired() || m.posting.Load() > 0 {
 		return 0
 	}
-	rest := e.heartbeatEvery
-	if holds, leading := e.view.Read(); holds {
+	rest := e.contender.HeartbeatEvery()
+	if holds, leading := e.contender.Read(); holds {
 		if !leading {
 			return 0
 		}
-		rest = min(rest, time.Until(e.nextBeat()), time.Until(e.view.Lapses()))
+		rest = min(rest, time.Until(e.contender.NextBeat()), time.Until(e.contender.Lapses()))
 	}
 	return max(rest, 0)
 }
@@ -417,13 +416,13 @@ func (m *member) close(lost func(memberID string)) {
 
 // Leading reports whether this contender leads now. It consults the clock, so a leader whose loop
 // stalled reads as fenced once the heartbeat timeout passes, before the loop notices.
-func (e *elector) Leading() bool { return e.view.Leading() }
+func (e *elector) Leading() bool { return e.contender.Leading() }
 
 // Fenced reports whether partitions are still assigned but no heartbeat was acknowledged in time.
-func (e *elector) Fenced() bool { return e.view.Fenced() }
+func (e *elector) Fenced() bool { return e.contender.Fenced() }
 
 // Partitions returns the partitions this contender leads now: none unless it is leading.
-func (e *elector) Partitions() []int32 { return e.view.Partitions() }
+func (e *elector) Partitions() []int32 { return e.contender.Partitions() }
 
 // maxChangesPerPulse bounds the rebalance callbacks one Pulse serves.
 const maxChangesPerPulse = 100
@@ -439,8 +438,8 @@ func (e *elector) Pulse(ctx context.Context) (bool, error) {
 	switch {
 	case e.closed:
 		return false, errors.New("franz: election closed")
-	case e.fatal != nil:
-		return false, e.fatal
+	case e.contender.Err() != nil:
+		return false, e.contender.Err()
 	}
 	if m := e.member; m != nil && m.isRetired() {
 		e.stalled(m)
@@ -456,14 +455,14 @@ func (e *elector) Pulse(ctx context.Context) (bool, error) {
 			return false, err
 		}
 	}
-	e.checkSize(ctx)
+	if e.contender.SizeDue() {
+		e.contender.SizeRead(e.partitionsInTopic(ctx))
+	}
 	e.readAcks()
 	e.fenceIfSilent()
-	if e.Leading() && !time.Now().Before(e.nextBeat()) {
-		e.sendHeartbeats()
-	}
-	if e.fatal != nil {
-		return false, e.fatal
+	e.contender.BeatIfDue()
+	if err := e.contender.Err(); err != nil {
+		return false, err
 	}
 	return e.Leading(), nil
 }
@@ -478,19 +477,10 @@ func (e *elector) join(ctx context.Context) error {
 			return nil
 		}
 		e.leaving = nil
-		e.revoke(e.view.Held())
+		e.contender.RevokeAll()
 	}
-	if !e.topicReady {
-		err := e.prepareTopic(ctx)
-		var fatal *fatalError
-		if errors.As(err, &fatal) {
-			return fatal.err
-		}
-		if err != nil {
-			e.kafkaTrouble.Fail(e.log, "prepare the leader topic", err)
-			return nil
-		}
-		e.topicReady = true
+	if ready, err := e.contender.PrepareTopic(func() error { return e.prepareTopic(ctx) }); !ready {
+		return err
 	}
 	m := &member{changes: make(chan change), retired: make(chan struct{}), closed: make(chan struct{}), beatsDone: make(chan struct{})}
 	cl, err := kgo.NewClient(e.groupOpts(m)...)
@@ -546,7 +536,7 @@ func (e *elector) watch(m *member) {
 // stalled takes up, on the loop, a member its watchdog let go: what it led is lost (its Barrier
 // runs now, late), and the next join waits for it to have left.
 func (e *elector) stalled(m *member) {
-	e.revoke(e.view.Held())
+	e.contender.RevokeAll()
 	e.member, e.leaving = nil, m.closed
 }
 
@@ -580,65 +570,20 @@ func (e *elector) serve(m *member, wait time.Duration) {
 // apply applies one change, then lets its callback return.
 func (e *elector) apply(c change) {
 	if !c.assigned {
-		e.revoke(c.partitions)
-	} else if e.sizeRead(c.inTopic) {
-		e.acquire(c.partitions)
+		e.contender.Revoke(c.partitions)
+	} else if e.contender.SizeRead(c.inTopic) {
+		e.contender.Acquire(c.partitions)
 	}
 	close(c.done)
 }
 
-func (e *elector) acquire(ps []int32) {
-	if len(ps) == 0 {
-		return
-	}
-	if last := ps[len(ps)-1]; int(last) >= e.cfg.Partitions {
-		// As in neli: another contender created or grew the topic for more partitions.
-		e.fatal = e.mismatch(int(last) + 1)
-		return
-	}
-	beginning := e.view.Acquire(ps)
-	if beginning {
-		e.tenure = leadership.NewTenure()
-		e.seq = 0
-	}
-	e.kafkaTrouble.OK(e.log)
-	e.log.Info("acquired leadership", "partitions", leadership.List(ps))
-	if beginning {
-		e.sendHeartbeats()
-	}
-}
-
-func (e *elector) revoke(ps []int32) {
-	lost, wasFenced := e.view.Revoke(ps)
-	if len(lost) == 0 {
-		return
-	}
-	e.log.Info("leadership revoked", "partitions", leadership.List(lost))
-	// A contender that fenced itself has run the Barrier already.
-	if !wasFenced {
-		e.barrier(lost)
-	}
-}
-
-func (e *elector) barrier(ps []int32) {
-	if e.cfg.Barrier != nil {
-		e.cfg.Barrier(ps)
-	}
-}
-
-// fenceIfSilent fences a leader whose heartbeats stopped being acknowledged, runs the Barrier, and
-// lets its member go: the member leaves the group in the background, and a later Pulse joins
-// with a new one once it has. An acknowledged heartbeat proves only that the contender reaches a
-// broker, not that it is still a member, so leadership comes back only through a fresh
-// assignment.
+// fenceIfSilent fences a leader whose heartbeats stopped being acknowledged (see
+// leadership.Contender.FenceIfSilent) and lets its member go: the member leaves the group in the
+// background, and a later Pulse joins with a new one once it has.
 func (e *elector) fenceIfSilent() {
-	led, silent := e.view.FenceIfSilent()
-	if !silent {
+	if !e.contender.FenceIfSilent() {
 		return
 	}
-	e.log.Warn("no heartbeat acknowledged within the timeout; stepping down and rejoining the group",
-		"heartbeatTimeout", e.cfg.HeartbeatTimeout)
-	e.barrier(led)
 	if m := e.member; m != nil {
 		m.retire()
 		m.close(e.leaveAgain)
@@ -719,32 +664,26 @@ func (e *elector) checkGroupError() error {
 	case err == nil:
 		return nil
 	case errors.Is(err, kerr.GroupAuthorizationFailed):
-		e.fatal = e.permissionError("may not join the group", err, "READ on group "+e.cfg.LeaderGroupID)
+		e.contender.Stop(e.contender.PermissionError("may not join the group", err, "READ on group "+e.cfg.LeaderGroupID))
 	case errors.Is(err, kerr.TopicAuthorizationFailed):
-		e.fatal = e.permissionError("may not read the leader topic", err, "READ on topic "+e.cfg.LeaderTopic)
+		e.contender.Stop(e.contender.PermissionError("may not read the leader topic", err, "READ on topic "+e.cfg.LeaderTopic))
 	case errors.Is(err, kerr.InvalidSessionTimeout):
 		// The session is twice the heartbeat timeout (see NewElector), and the broker allows
 		// only sessions within [group.min.session.timeout.ms, group.max.session.timeout.ms],
 		// 6s to 30m by default: retrying cannot cure that.
-		e.fatal = fmt.Errorf("franz: group %s: the broker refuses a session of %v, twice the heartbeat timeout %v (%w): "+
+		e.contender.Stop(fmt.Errorf("franz: group %s: the broker refuses a session of %v, twice the heartbeat timeout %v (%w): "+
 			"set the heartbeat timeout to half a session the broker allows (group.min.session.timeout.ms, 6s by default, needs 3s or more)",
-			e.cfg.LeaderGroupID, 2*e.cfg.HeartbeatTimeout, e.cfg.HeartbeatTimeout, err)
+			e.cfg.LeaderGroupID, 2*e.cfg.HeartbeatTimeout, e.cfg.HeartbeatTimeout, err))
 	default:
-		e.kafkaTrouble.Fail(e.log, "group", err)
+		e.contender.KafkaFailed("group", err)
 	}
-	return e.fatal
+	return e.contender.Err()
 }
 
 // partitionsInTopic asks how many partitions the leader topic has, for a member the group has
-// just assigned: 0 if Kafka does not say within a quarter of the heartbeat timeout, since the
-// rebalance waits for the answer (and Pulse, asking again; see checkSize).
-//
-// Every member is assigned at every rebalance (kgo calls OnPartitionsAssigned even with nothing
-// new), and a contender configured for more partitions than the others grows the topic before
-// it joins. Being assigned no partition at or above its own count does not show a member that
-// the others agree with it: the balancer can give the new partitions to the one that grew them
-// and leave the others what they had, and the two would then split the keys differently, the
-// same key in two shards with two leaders. The topic's size shows it.
+// just assigned (kgo calls OnPartitionsAssigned at every rebalance, with nothing new too; see
+// leadership.Contender.SizeRead): 0 if Kafka does not say within a quarter of the heartbeat
+// timeout, since the rebalance waits for the answer (and Pulse, asking again).
 func (e *elector) partitionsInTopic(ctx context.Context) int {
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.HeartbeatTimeout/4)
 	defer cancel()
@@ -755,71 +694,13 @@ func (e *elector) partitionsInTopic(ctx context.Context) int {
 	return len(t.Partitions)
 }
 
-// checkSize asks again, once a heartbeat timeout, for the size of a leader topic that could not be
-// read when the group last assigned this contender (see partitionsInTopic).
-func (e *elector) checkSize(ctx context.Context) {
-	if !e.sizeUnknown || time.Since(e.sizeCheckedAt) < e.cfg.HeartbeatTimeout {
-		return
-	}
-	e.sizeRead(e.partitionsInTopic(ctx))
-}
-
-// sizeRead takes up an answer of partitionsInTopic (0 for none): it reports false, and stops the
-// contender, when the topic has more partitions than it is configured for.
-func (e *elector) sizeRead(inTopic int) bool {
-	e.sizeCheckedAt, e.sizeUnknown = time.Now(), inTopic == 0
-	if inTopic > e.cfg.Partitions {
-		e.fatal = e.mismatch(inTopic)
-		return false
-	}
-	return true
-}
-
-// mismatch is the error that stops a contender whose leader topic has grown to partitions, more
-// than it is configured for.
-func (e *elector) mismatch(partitions int) error {
-	return fmt.Errorf("franz: leader topic %s has %d partitions or more, and this contender is configured for %d: "+
-		"a member of group %s runs with a different number of partitions (shards); stop them all and "+
-		"start them with one setting", e.cfg.LeaderTopic, partitions, e.cfg.Partitions, e.cfg.LeaderGroupID)
-}
-
-// nextBeat is when the heartbeat round after the last one is due: the first point after it was
-// sent of the process's wake grid (package wakegrid), so that the rounds of many outboxes'
-// leaders in one reaper, and the loops that send them, wake the process together. Rounds are
-// never further apart than heartbeatEvery; the first after a leadership begins may come sooner.
-func (e *elector) nextBeat() time.Time {
-	if e.lastSent.IsZero() {
-		return e.lastSent
-	}
-	return wakegrid.Next(e.lastSent, e.heartbeatEvery)
-}
-
-// sendHeartbeats sends a round of heartbeats, "name|tenure|seq", to up to
-// leadership.HeartbeatFanout of the partitions this contender leads, taking them in turn (see
-// neli's sendHeartbeat).
-func (e *elector) sendHeartbeats() {
-	beats := e.view.NextBeats()
-	if len(beats) == 0 {
-		return
-	}
-	now := time.Now()
-	e.lastSent = now
-	for _, partition := range beats {
-		e.produceHeartbeat(partition, now)
-	}
-}
-
-func (e *elector) produceHeartbeat(partition int32, sentAt time.Time) {
-	e.seq++
-	tenure := e.tenure
-	r := &kgo.Record{
-		Topic:     e.cfg.LeaderTopic,
-		Partition: partition,
-		Value:     []byte(e.cfg.Name + "|" + tenure + "|" + strconv.FormatUint(e.seq, 10)),
-	}
+// produceHeartbeat hands one heartbeat of the contender's to the heartbeat client; its outcome
+// waits for the loop (see readAcks).
+func (e *elector) produceHeartbeat(b leadership.Beat) {
+	r := &kgo.Record{Topic: e.cfg.LeaderTopic, Partition: b.Partition, Value: b.Value}
 	e.beats.Produce(context.Background(), r, func(_ *kgo.Record, err error) {
 		e.acksMu.Lock()
-		e.acks = append(e.acks, beatResult{tenure: tenure, sentAt: sentAt, partition: partition, err: err})
+		e.acks = append(e.acks, beatResult{beat: b, err: err})
 		e.acksMu.Unlock()
 		if err != nil {
 			// An acknowledgement can wait for the next Pulse: it counts from when the heartbeat
@@ -829,46 +710,35 @@ func (e *elector) produceHeartbeat(partition int32, sentAt time.Time) {
 	})
 }
 
-// readAcks counts the heartbeats acknowledged since the last Pulse. They are read here, on the
-// loop, rather than as they come: a leader whose loop stalls must read as fenced once the timeout
-// passes, so only the loop may vouch that it still runs.
+// readAcks hands the contender the heartbeats' outcomes posted since the last Pulse. They are
+// read here, on the loop, rather than as they come: a leader whose loop stalls must read as
+// fenced once the timeout passes, so only the loop may vouch that it still runs.
 func (e *elector) readAcks() {
 	e.acksMu.Lock()
 	acks := e.acks
 	e.acks = nil
 	e.acksMu.Unlock()
 	for _, a := range acks {
-		if a.tenure != e.tenure {
-			continue // from an earlier tenure
+		if err := e.contender.Delivered(a.beat, a.err); err != nil {
+			e.heartbeatFailed(a.beat, err)
 		}
-		if a.err != nil {
-			e.heartbeatFailed(a)
-			continue
-		}
-		// Once fenced, only a fresh assignment restores leadership (see fenceIfSilent).
-		e.view.Acknowledged(a.sentAt)
-		e.kafkaTrouble.OK(e.log)
 	}
 }
 
-// heartbeatFailed handles a heartbeat that Kafka refused or that timed out.
-func (e *elector) heartbeatFailed(a beatResult) {
-	if errors.Is(a.err, kerr.TopicAuthorizationFailed) {
-		// WRITE taken away while the election runs: Pulse returns it.
-		e.fatal = e.permissionError("may not write heartbeats to the leader topic", a.err, "WRITE on topic "+e.cfg.LeaderTopic)
-		return
-	}
+// heartbeatFailed handles a heartbeat that Kafka refused or that timed out. WRITE taken away
+// while the election runs stops it: Pulse returns the error.
+func (e *elector) heartbeatFailed(b leadership.Beat, err error) {
 	var kafkaErr *kerr.Error
-	if a.partition != 0 && !errors.As(a.err, &kafkaErr) && !errors.Is(a.err, kgo.ErrRecordTimeout) {
+	if b.Partition != 0 && !errors.As(err, &kafkaErr) && !errors.Is(err, kgo.ErrRecordTimeout) {
 		// kgo refused the partition itself: the topic has grown and the client's metadata does
 		// not show the new partitions yet (see heartbeatOpts), so it asks for them. Partition 0
 		// always exists, and its acknowledgement shows the same. The original send time
 		// stands: the acknowledgement still comes after it.
 		e.beats.ForceMetadataRefresh()
-		e.produceHeartbeat(0, a.sentAt)
+		e.produceHeartbeat(e.contender.Beat(0, b.SentAt))
 		return
 	}
-	e.kafkaTrouble.Fail(e.log, "publish heartbeat", a.err)
+	e.contender.HeartbeatFailed(err, errors.Is(err, kerr.TopicAuthorizationFailed))
 }
 
 // Close leaves the group, so that the other contenders are given this one's partitions at once;
@@ -909,7 +779,7 @@ func (e *elector) Close(ctx context.Context) error {
 		}
 	}
 	// Whatever is still held (after a fence, or a Close cut short) is let go.
-	e.revoke(e.view.Held())
+	e.contender.RevokeAll()
 	beatsClosed := make(chan struct{})
 	go func() {
 		defer close(beatsClosed)
@@ -935,7 +805,7 @@ const pingHeard = 3
 // metadata. Readiness asks every few seconds per outbox, and a leader's answer costs Kafka no
 // request.
 func (e *elector) Ping(ctx context.Context) error {
-	if e.view.HeardWithin(pingHeard * e.heartbeatEvery) {
+	if e.contender.HeardWithin(pingHeard * e.contender.HeartbeatEvery()) {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, e.cfg.HeartbeatTimeout)
@@ -945,10 +815,6 @@ func (e *elector) Ping(ctx context.Context) error {
 	}
 	return nil
 }
-
-type fatalError struct{ err error }
-
-func (e *fatalError) Error() string { return e.err.Error() }
 
 // topicMetadata returns the leader topic's metadata, with the operations this client may perform
 // on it (KIP-430). It never creates the topic.
@@ -992,12 +858,11 @@ func (e *elector) prepareTopic(ctx context.Context) error {
 			}
 			pending = "the topic created"
 		case errors.Is(err, kerr.TopicAuthorizationFailed):
-			return &fatalError{e.permissionError("may not describe the leader topic", err, "READ and WRITE on topic "+topic)}
+			return &leadership.Permanent{Err: e.contender.PermissionError("may not describe the leader topic", err, "READ and WRITE on topic "+topic)}
 		case err != nil:
 			return fmt.Errorf("metadata of leader topic %s: %w", topic, err)
 		case len(t.Partitions) > want:
-			return &fatalError{fmt.Errorf("franz: leader topic %s has %d partitions, more than the %d configured: "+
-				"Kafka cannot remove partitions, so use a new leader topic for fewer (see docs/operations.md, Scaling out)", topic, len(t.Partitions), want)}
+			return e.contender.TopicTooLarge(len(t.Partitions))
 		case len(t.Partitions) < want:
 			if err := e.addPartitions(ctx); err != nil {
 				return err
@@ -1027,27 +892,13 @@ const (
 )
 
 // checkPermissions makes sure this contender may read and write the leader topic before it joins
-// the group: without WRITE it cannot send heartbeats, without READ it cannot take up the
-// partitions it is assigned, and either way it would be given partitions, lead each for a
-// heartbeat timeout, fence itself and rejoin, for ever. A broker that does not say is not checked.
+// the group (see leadership.Contender.MissingPermissions); ops is KIP-430's bit field. A broker
+// that does not say is not checked.
 func (e *elector) checkPermissions(ops int32) error {
 	if ops == math.MinInt32 {
 		return nil
 	}
-	var missing []string
-	for _, op := range []struct {
-		bit  int32
-		name string
-	}{{aclRead, "READ"}, {aclWrite, "WRITE"}} {
-		if ops&(1<<op.bit) == 0 {
-			missing = append(missing, op.name)
-		}
-	}
-	if len(missing) == 0 {
-		return nil
-	}
-	return &fatalError{e.permissionError("may not "+strings.ToLower(strings.Join(missing, " or "))+" the leader topic (to take up the partitions it is assigned and send heartbeats)",
-		nil, strings.Join(missing, " and ")+" on topic "+e.cfg.LeaderTopic)}
+	return e.contender.MissingPermissions(ops&(1<<aclRead) != 0, ops&(1<<aclWrite) != 0)
 }
 
 // createTopic creates the leader topic; it may take a moment to show in the metadata.
@@ -1086,8 +937,7 @@ func (e *elector) topicChanged(what string, err error) error {
 		e.log.Info("leader topic ready", "topic", topic, "partitions", want)
 	case errors.Is(err, kerr.TopicAlreadyExists):
 	case errors.Is(err, kerr.TopicAuthorizationFailed), errors.Is(err, kerr.ClusterAuthorizationFailed):
-		return &fatalError{fmt.Errorf("franz: leader topic %s needs %d partition(s) and this client may not create it "+
-			"or add partitions (%v): create it with %d partition(s), or grant CREATE and ALTER on it", topic, want, err, want)}
+		return e.contender.MayNotCreateTopic(err)
 	default:
 		return fmt.Errorf("%s leader topic %s: %w", what, topic, err)
 	}
@@ -1117,14 +967,6 @@ func request[Resp kmsg.Response](ctx context.Context, cl *kgo.Client, req interf
 		var zero Resp
 		return zero, ctx.Err()
 	}
-}
-
-// permissionError says what this contender may not do, and which ACL would allow it.
-func (e *elector) permissionError(what string, cause error, grant string) error {
-	if cause != nil {
-		return fmt.Errorf("franz: group %s, leader topic %s: this client %s (%w): grant %s", e.cfg.LeaderGroupID, e.cfg.LeaderTopic, what, cause, grant)
-	}
-	return fmt.Errorf("franz: group %s, leader topic %s: this client %s: grant %s", e.cfg.LeaderGroupID, e.cfg.LeaderTopic, what, grant)
 }
 
 // electionMetadataMaxAge is how old a member's metadata may grow. What a member needs of it is
