@@ -211,8 +211,8 @@ func (c Config) instanceID() string {
 // producerConfig builds the heartbeat producer's properties. A heartbeat older than the timeout
 // proves nothing, so the producer gives up on it rather than delivering it late. Its delivery
 // report is the evidence a leader needs, and the partition leader's acknowledgement is enough
-// for it (see leadership.Contender.SendHeartbeats); idempotence, which would require acks=all,
-// has nothing to guard in heartbeats, whose order and duplicates do not matter.
+// for it (see leadership.Beat); idempotence, which would require acks=all, has nothing to guard
+// in heartbeats, whose order and duplicates do not matter.
 func (c Config) producerConfig() kafka.ConfigMap {
 	cm := kafka.ConfigMap{"client.id": c.Name + ".heartbeat",
 		// The Go client's channels are made at full size at once, 16 and 8 bytes a slot, and

@@ -2,7 +2,7 @@ package neli
 
 // The heartbeats: each sent through the heartbeat producer, and its delivery report, the
 // acknowledgement a leader needs within the heartbeat timeout, handed back to the contender on
-// the loop (see leadership.Contender.SendHeartbeats for what a heartbeat proves).
+// the loop (see leadership.Beat for what a heartbeat proves).
 
 import (
 	"errors"

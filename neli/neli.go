@@ -227,17 +227,8 @@ func (n *Neli) Pulse(ctx context.Context) (bool, error) {
 			return false, err
 		}
 	}
-	if n.contender.SizeDue() {
-		n.contender.SizeRead(n.partitionsInTopic())
-	}
-	n.readDeliveries()
 	n.releaseIfLeft()
-	n.fenceIfSilent()
-	n.contender.BeatIfDue()
-	if err := n.contender.Err(); err != nil {
-		return false, err
-	}
-	return n.IsLeader(), nil
+	return n.contender.EndPulse(n.partitionsInTopic, n.readDeliveries, n.leaveFenced)
 }
 
 // subscribe makes sure the leader topic is ready (see prepareTopic), then joins the group.
@@ -348,12 +339,9 @@ func (n *Neli) emit(ch leadership.Change, ps []int32) {
 	}
 }
 
-// fenceIfSilent fences a leader whose heartbeats have stopped being acknowledged (see
-// leadership.Contender.FenceIfSilent), then leaves the group, to join it again.
-func (n *Neli) fenceIfSilent() {
-	if !n.contender.FenceIfSilent() {
-		return
-	}
+// leaveFenced leaves the group after the contender fenced itself, to join it again: leadership
+// comes back only through a fresh assignment (see leadership.Contender.EndPulse).
+func (n *Neli) leaveFenced() {
 	if err := n.consumer.Unsubscribe(); err != nil {
 		n.log.Warn("leave group after fencing", "error", err)
 	}

@@ -196,16 +196,8 @@ func (e *elector) Pulse(ctx context.Context) (bool, error) {
 			return false, err
 		}
 	}
-	if e.contender.SizeDue() {
-		e.contender.SizeRead(e.partitionsInTopic(ctx))
-	}
-	e.readAcks()
-	e.fenceIfSilent()
-	e.contender.BeatIfDue()
-	if err := e.contender.Err(); err != nil {
-		return false, err
-	}
-	return e.Leading(), nil
+	size := func() int { return e.partitionsInTopic(ctx) }
+	return e.contender.EndPulse(size, e.readAcks, e.leaveFenced)
 }
 
 // serve applies the changes m's callbacks hand over: while a callback is posting one it waits up
@@ -245,13 +237,10 @@ func (e *elector) apply(c change) {
 	close(c.done)
 }
 
-// fenceIfSilent fences a leader whose heartbeats stopped being acknowledged (see
-// leadership.Contender.FenceIfSilent) and lets its member go: the member leaves the group in the
-// background, and a later Pulse joins with a new one once it has.
-func (e *elector) fenceIfSilent() {
-	if !e.contender.FenceIfSilent() {
-		return
-	}
+// leaveFenced lets the member go after the contender fenced itself (see
+// leadership.Contender.EndPulse): the member leaves the group in the background, and a later
+// Pulse joins with a new one once it has.
+func (e *elector) leaveFenced() {
 	if m := e.member; m != nil {
 		m.retire()
 		m.close(e.leaveAgain)

@@ -1,8 +1,8 @@
 package franz
 
 // A leader's heartbeats: sent through the heartbeat client, which lives as long as the
-// contender, and their outcomes handed to the contender on the loop (see
-// leadership.Contender.SendHeartbeats for what a heartbeat proves).
+// contender, and their outcomes handed to the contender on the loop (see leadership.Beat for
+// what a heartbeat proves).
 
 import (
 	"context"
@@ -23,8 +23,8 @@ type beatResult struct {
 
 // heartbeatOpts configures the heartbeat client. A heartbeat older than the timeout proves
 // nothing, so it is given up rather than delivered late; the acknowledgement of the partition's
-// leader broker is all the evidence a heartbeat gives (acks=1; see
-// leadership.Contender.SendHeartbeats for why not all in-sync replicas), and idempotence, which needs acks=all, has nothing to guard in
+// leader broker is all the evidence a heartbeat gives (acks=1; see leadership.Beat for why not
+// all in-sync replicas), and idempotence, which needs acks=all, has nothing to guard in
 // heartbeats. Its metadata keeps kgo's age (5 minutes): kgo refreshes it when a partition's
 // leader moves or its broker goes, and a heartbeat to a partition the client does not know yet
 // asks for it (see heartbeatFailed). A refresh every heartbeat timeout cost an idle reaper of 50

@@ -15,12 +15,13 @@ import (
 
 // Contender is the part of a Fast NELI contender that no Kafka client decides: what it leads
 // (its View, embedded, which any goroutine may read), how a leadership begins and ends (Acquire,
-// Revoke, FenceIfSilent, each running the Barrier where the design needs it), whether the
-// leader topic's size agrees with the configuration, and the heartbeats' bookkeeping (tenure,
-// sequence, rounds, acknowledgements). Each election keeps one and adapts its client to it:
-// package neli on librdkafka, driver/franz on kgo. The adapter joins and leaves the group, hands
-// the contender the group's assignments and revocations, sends the heartbeats it asks for
-// (Config.Send) and hands back their outcomes (Delivered).
+// Revoke, and the self-fence of a leader whose heartbeats go unacknowledged, each running the
+// Barrier where the design needs it), whether the leader topic's size agrees with the
+// configuration, and the heartbeats' bookkeeping (tenure, sequence, rounds, acknowledgements).
+// Each election keeps one and adapts its client to it: package neli on librdkafka, driver/franz
+// on kgo. The client joins and leaves the group, hands the contender the group's assignments and
+// revocations, sends the heartbeats it asks for (Config.Send) and hands back their outcomes
+// (Delivered); each of its pulses ends with EndPulse.
 //
 // Apart from the View's reads, its methods belong to the election's loop: one goroutine at a
 // time, the one that pulses.
@@ -140,7 +141,7 @@ func (c *Contender) PrepareTopic(prepare func() error) (ready bool, err error) {
 // the new partitions to the one that grew them and leave the others what they had, and the two
 // would then split the keys differently, the same key in two shards with two leaders. The
 // topic's size shows it. When Kafka does not say, the loop asks again once a heartbeat timeout
-// (SizeDue) until it does.
+// (see EndPulse) until it does.
 func (c *Contender) SizeRead(inTopic int) bool {
 	c.sizeCheckedAt, c.sizeUnknown = time.Now(), inTopic == 0
 	if inTopic > c.cfg.Partitions {
@@ -151,9 +152,27 @@ func (c *Contender) SizeRead(inTopic int) bool {
 	return true
 }
 
-// SizeDue reports whether the loop should ask the leader topic's size again (see SizeRead).
-func (c *Contender) SizeDue() bool {
-	return c.sizeUnknown && time.Since(c.sizeCheckedAt) >= c.cfg.HeartbeatTimeout
+// EndPulse ends one of the election's pulses, once the client has handed over the group's
+// changes: it asks the leader topic's size again if it is still unknown a heartbeat timeout after
+// it was last asked (size; see SizeRead), takes the heartbeats' outcomes (deliveries, which hands
+// them to Delivered), fences a leader whose heartbeats went unacknowledged, which must then
+// leave the group (leave; see FenceIfSilent), and sends a round of heartbeats if one is due. It
+// returns whether the contender leads, and the error that stopped it.
+func (c *Contender) EndPulse(size func() int, deliveries func(), leave func()) (leading bool, err error) {
+	if c.sizeUnknown && time.Since(c.sizeCheckedAt) >= c.cfg.HeartbeatTimeout {
+		c.SizeRead(size())
+	}
+	deliveries()
+	if c.fenceIfSilent() {
+		leave()
+	}
+	if c.Leading() && !time.Now().Before(c.NextBeat()) {
+		c.sendHeartbeats()
+	}
+	if c.stopped != nil {
+		return false, c.stopped
+	}
+	return c.Leading(), nil
 }
 
 func (c *Contender) mismatch(what string) error {
@@ -184,7 +203,7 @@ func (c *Contender) Acquire(ps []int32) {
 	c.cfg.Logger.Info("acquired leadership", "partitions", List(ps))
 	c.changed(Acquired, ps)
 	if beginning {
-		c.SendHeartbeats()
+		c.sendHeartbeats()
 	}
 }
 
@@ -205,11 +224,11 @@ func (c *Contender) Revoke(ps []int32) {
 // RevokeAll lets go of every partition held, as Revoke does.
 func (c *Contender) RevokeAll() { c.Revoke(c.Held()) }
 
-// FenceIfSilent fences a leader whose heartbeats have stopped being acknowledged, runs the
-// Barrier, and reports true: the adapter must then leave the group and join it again. An
+// fenceIfSilent fences a leader whose heartbeats have stopped being acknowledged, runs the
+// Barrier, and reports true: the client must then leave the group and join it again. An
 // acknowledged heartbeat proves only that the leader reaches a broker, not that it is still a
 // member, so leadership comes back only through a fresh assignment from the coordinator.
-func (c *Contender) FenceIfSilent() bool {
+func (c *Contender) fenceIfSilent() bool {
 	led, silent := c.View.fenceIfSilent()
 	if !silent {
 		return false
@@ -233,7 +252,14 @@ func (c *Contender) barrier(ps []int32) {
 	}
 }
 
-// Beat is one heartbeat, from its sending to its outcome.
+// Beat is one heartbeat, from its sending to its outcome. The client asks only the partition's
+// leader to acknowledge it (acks=1), and its acknowledgement is the evidence: it shows that this
+// contender reached Kafka after the heartbeat was sent, which is all a heartbeat can prove
+// (membership, and with it every partition, is lost at once or not at all; see package neli's
+// doc, Safety). Waiting for every in-sync replica instead (acks=all), or reading the heartbeat
+// back (which waits for the high watermark, and so for every in-sync replica too), would tie
+// every leader to every broker that holds a replica: a crashed broker stays in sync until the
+// controller fences it, 9s by default, longer than the default heartbeat timeout.
 type Beat struct {
 	Partition int32
 	Tenure    string
@@ -259,24 +285,10 @@ func (c *Contender) NextBeat() time.Time {
 	return c.lastSent.Add(c.every)
 }
 
-// BeatIfDue sends a round of heartbeats if the contender leads and one is due.
-func (c *Contender) BeatIfDue() {
-	if c.Leading() && !time.Now().Before(c.NextBeat()) {
-		c.SendHeartbeats()
-	}
-}
-
-// SendHeartbeats sends a round of heartbeats, each to one of the partitions the contender leads,
+// sendHeartbeats sends a round of heartbeats, each to one of the partitions the contender leads,
 // taking them in turn, so that within a heartbeat timeout every partition led (up to ten rounds
-// of HeartbeatFanout) is tried. The client asks only the partition's leader to acknowledge
-// (acks=1), and its acknowledgement is the evidence: it shows that this contender reached Kafka
-// after the heartbeat was sent, which is all a heartbeat can prove (membership, and with it every
-// partition, is lost at once or not at all; see package neli's doc, Safety). Waiting for every
-// in-sync replica instead (acks=all), or reading the heartbeat back (which waits for the high
-// watermark, and so for every in-sync replica too), would tie every leader to every broker that
-// holds a replica: a crashed broker stays in sync until the controller fences it, 9s by default,
-// longer than the default heartbeat timeout.
-func (c *Contender) SendHeartbeats() {
+// of HeartbeatFanout) is tried.
+func (c *Contender) sendHeartbeats() {
 	beats := c.View.nextBeats()
 	if len(beats) == 0 {
 		return
