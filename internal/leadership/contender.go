@@ -60,7 +60,7 @@ type Config struct {
 	// Send hands one heartbeat to the client, which reports its outcome through Delivered, on
 	// the loop.
 	Send func(Beat)
-	// Barrier is the election's (see driver.ElectorConfig.Barrier); optional.
+	// Barrier is the election's: driver.ElectorConfig's, neli.Config's. Optional.
 	Barrier func(partitions []int32)
 	// OnChange is told of every change of leadership, before the Barrier runs; optional.
 	OnChange func(Change, []int32)
@@ -99,8 +99,8 @@ func (c *Contender) Stop(err error) { c.stopped = err }
 // KafkaFailed logs a Kafka outage (once as it begins, then every outage.LogInterval).
 func (c *Contender) KafkaFailed(op string, err error) { c.kafka.Fail(c.cfg.Logger, op, err) }
 
-// KafkaOK ends the Kafka outage going on, if any.
-func (c *Contender) KafkaOK() { c.kafka.OK(c.cfg.Logger) }
+// kafkaOK ends the Kafka outage going on, if any.
+func (c *Contender) kafkaOK() { c.kafka.OK(c.cfg.Logger) }
 
 // Permanent marks an error that retrying cannot cure, such as a permission missing.
 type Permanent struct{ Err error }
@@ -152,11 +152,16 @@ func (c *Contender) SizeRead(inTopic int) bool {
 	return true
 }
 
+func (c *Contender) mismatch(what string) error {
+	return fmt.Errorf("%s: %s: a member of group %s runs with a different number of partitions (shards); "+
+		"stop them all and start them with one setting", c.cfg.Client, what, c.cfg.LeaderGroupID)
+}
+
 // EndPulse ends one of the election's pulses, once the client has handed over the group's
 // changes: it asks the leader topic's size again if it is still unknown a heartbeat timeout after
 // it was last asked (size; see SizeRead), takes the heartbeats' outcomes (deliveries, which hands
 // them to Delivered), fences a leader whose heartbeats went unacknowledged, which must then
-// leave the group (leave; see FenceIfSilent), and sends a round of heartbeats if one is due. It
+// leave the group (leave; see fenceIfSilent), and sends a round of heartbeats if one is due. It
 // returns whether the contender leads, and the error that stopped it.
 func (c *Contender) EndPulse(size func() int, deliveries func(), leave func()) (leading bool, err error) {
 	if c.sizeUnknown && time.Since(c.sizeCheckedAt) >= c.cfg.HeartbeatTimeout {
@@ -173,11 +178,6 @@ func (c *Contender) EndPulse(size func() int, deliveries func(), leave func()) (
 		return false, c.stopped
 	}
 	return c.Leading(), nil
-}
-
-func (c *Contender) mismatch(what string) error {
-	return fmt.Errorf("%s: %s: a member of group %s runs with a different number of partitions (shards); "+
-		"stop them all and start them with one setting", c.cfg.Client, what, c.cfg.LeaderGroupID)
 }
 
 // Acquire takes up partitions the group assigned. A leadership that begins with them has a new
@@ -199,7 +199,7 @@ func (c *Contender) Acquire(ps []int32) {
 		c.tenure = NewTenure()
 		c.seq = 0
 	}
-	c.KafkaOK()
+	c.kafkaOK()
 	c.cfg.Logger.Info("acquired leadership", "partitions", List(ps))
 	c.changed(Acquired, ps)
 	if beginning {
@@ -326,7 +326,7 @@ func (c *Contender) Delivered(b Beat, err error) error {
 		return err
 	}
 	c.View.acknowledged(b.SentAt)
-	c.KafkaOK()
+	c.kafkaOK()
 	return nil
 }
 
