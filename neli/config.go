@@ -15,7 +15,6 @@ import (
 	"github.com/goharvest/goharvest/internal/leadership"
 	"github.com/goharvest/goharvest/internal/rdlog"
 	"github.com/goharvest/goharvest/internal/timing"
-	"github.com/goharvest/goharvest/outbox"
 )
 
 // Defaults of Config. A zero field takes its default.
@@ -114,20 +113,9 @@ func (c Config) Validate() error {
 	if s, _ := c.KafkaConfig["bootstrap.servers"].(string); strings.TrimSpace(s) == "" {
 		bad(`KafkaConfig["bootstrap.servers"]: required`)
 	}
-	if err := outbox.CheckName(c.LeaderTopic); err != nil {
-		bad("LeaderTopic %q: %v", c.LeaderTopic, err)
-	}
-	if err := outbox.CheckName(c.LeaderGroupID); err != nil {
-		bad("LeaderGroupID %q: %v", c.LeaderGroupID, err)
-	}
-	if strings.TrimSpace(c.Name) == "" {
-		bad("Name: required")
-	}
+	errs = append(errs, leadership.Problems(c.LeaderTopic, c.LeaderGroupID, c.Name, c.election())...)
 	if c.Partitions < 1 || c.Partitions > MaxPartitions {
 		bad("Partitions %d: out of range [1, %d]", c.Partitions, MaxPartitions)
-	}
-	for _, p := range c.election().Problems() {
-		bad("%s %v: %s", p.Field, p.Value, p.Reason)
 	}
 	if c.Logger == nil {
 		bad("Logger: required")

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,7 +21,6 @@ import (
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/leadership"
 	"github.com/goharvest/goharvest/internal/timing"
-	"github.com/goharvest/goharvest/outbox"
 )
 
 var (
@@ -69,20 +67,7 @@ func (c *Client) NewElector(cfg driver.ElectorConfig) (driver.Elector, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	var errs []error
-	for _, p := range d.Problems() {
-		errs = append(errs, fmt.Errorf("%s %v: %s", p.Field, p.Value, p.Reason))
-	}
-	if err := outbox.CheckName(cfg.LeaderTopic); err != nil {
-		errs = append(errs, fmt.Errorf("LeaderTopic %q: %w", cfg.LeaderTopic, err))
-	}
-	if err := outbox.CheckName(cfg.LeaderGroupID); err != nil {
-		errs = append(errs, fmt.Errorf("LeaderGroupID %q: %w", cfg.LeaderGroupID, err))
-	}
-	if strings.TrimSpace(cfg.Name) == "" {
-		errs = append(errs, errors.New("Name: required"))
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := errors.Join(leadership.Problems(cfg.LeaderTopic, cfg.LeaderGroupID, cfg.Name, d)...); err != nil {
 		return nil, fmt.Errorf("franz: election config: %w", err)
 	}
 	e := &elector{

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest/internal/outage"
+	"github.com/goharvest/goharvest/internal/timing"
 	"github.com/goharvest/goharvest/internal/wakegrid"
+	"github.com/goharvest/goharvest/outbox"
 )
 
 // Contender is the part of a Fast NELI contender that no Kafka client decides: what it leads
@@ -66,6 +68,26 @@ type Config struct {
 	OnChange func(Change, []int32)
 
 	Logger *slog.Logger
+}
+
+// Problems returns what is wrong with an election's settings whichever client runs it: the
+// leader topic's and the group's names (Kafka's rules), the contender's name, and the durations
+// (package timing's rules), defaults applied.
+func Problems(leaderTopic, leaderGroupID, name string, durations timing.Election) []error {
+	var errs []error
+	if err := outbox.CheckName(leaderTopic); err != nil {
+		errs = append(errs, fmt.Errorf("LeaderTopic %q: %w", leaderTopic, err))
+	}
+	if err := outbox.CheckName(leaderGroupID); err != nil {
+		errs = append(errs, fmt.Errorf("LeaderGroupID %q: %w", leaderGroupID, err))
+	}
+	if strings.TrimSpace(name) == "" {
+		errs = append(errs, errors.New("Name: required"))
+	}
+	for _, p := range durations.Problems() {
+		errs = append(errs, fmt.Errorf("%s %v: %s", p.Field, p.Value, p.Reason))
+	}
+	return errs
 }
 
 // Change is a change of leadership, as OnChange is told of it.
