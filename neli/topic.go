@@ -20,10 +20,15 @@ import (
 // moment, and a consumer whose metadata lacks it acts on that until its next refresh: as the
 // group's leader it would assign no partition of it.
 func (n *Neli) prepareTopic(ctx context.Context) error {
-	if err := n.ensureTopic(ctx); err != nil {
+	admin, err := kafka.NewAdminClientFromConsumer(n.consumer)
+	if err != nil {
+		return fmt.Errorf("admin client: %w", err)
+	}
+	defer admin.Close()
+	if err := n.ensureTopic(ctx, admin); err != nil {
 		return err
 	}
-	if err := n.checkPermissions(ctx); err != nil {
+	if err := n.checkPermissions(ctx, admin); err != nil {
 		return err
 	}
 	if err := n.topicShows(n.consumer); err != nil {
@@ -36,12 +41,7 @@ func (n *Neli) prepareTopic(ctx context.Context) error {
 // adds partitions to one that has fewer (Kafka cannot take partitions away, so a topic with more
 // is an error). A refusal for lack of permission is fatal, with advice; other failures (Kafka
 // unreachable) are for retrying.
-func (n *Neli) ensureTopic(ctx context.Context) error {
-	admin, err := kafka.NewAdminClientFromConsumer(n.consumer)
-	if err != nil {
-		return fmt.Errorf("admin client: %w", err)
-	}
-	defer admin.Close()
+func (n *Neli) ensureTopic(ctx context.Context, admin *kafka.AdminClient) error {
 	topic, want := n.cfg.LeaderTopic, n.cfg.Partitions
 	md, err := admin.GetMetadata(&topic, false, int(n.cfg.HeartbeatTimeout.Milliseconds()))
 	if err != nil {
@@ -86,12 +86,7 @@ func (n *Neli) ensureTopic(ctx context.Context) error {
 // checkPermissions makes sure this contender may read and write the leader topic, before it
 // joins the group (see leadership.Contender.MissingPermissions); a broker that does not say is
 // not checked.
-func (n *Neli) checkPermissions(ctx context.Context) error {
-	admin, err := kafka.NewAdminClientFromConsumer(n.consumer)
-	if err != nil {
-		return fmt.Errorf("admin client: %w", err)
-	}
-	defer admin.Close()
+func (n *Neli) checkPermissions(ctx context.Context, admin *kafka.AdminClient) error {
 	topic := n.cfg.LeaderTopic
 	describeCtx, cancel := context.WithTimeout(ctx, n.cfg.HeartbeatTimeout)
 	defer cancel()
