@@ -269,9 +269,9 @@ func (n *Neli) handle(ev kafka.Event) error {
 		// partitions it is assigned cannot lead.
 		switch e.Code() {
 		case kafka.ErrGroupAuthorizationFailed:
-			return n.contender.PermissionError("may not join the group", e, "READ on group "+n.cfg.LeaderGroupID)
+			return n.contender.Refused(leadership.JoinGroup, e)
 		case kafka.ErrTopicAuthorizationFailed:
-			return n.contender.PermissionError("may not read the leader topic", e, "READ on topic "+n.cfg.LeaderTopic)
+			return n.contender.Refused(leadership.ReadTopic, e)
 		}
 		if e.Code() == kafka.ErrUnknownTopicOrPart && n.contender.TopicReady() {
 			// Just after the topic is created, metadata may not have caught up yet.

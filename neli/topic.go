@@ -102,7 +102,7 @@ func (n *Neli) checkPermissions(ctx context.Context, admin *kafka.AdminClient) e
 	switch d.Error.Code() {
 	case kafka.ErrNoError:
 	case kafka.ErrTopicAuthorizationFailed:
-		return &leadership.Permanent{Err: n.contender.PermissionError("may not describe the leader topic", d.Error, "READ and WRITE on topic "+topic)}
+		return &leadership.Permanent{Err: n.contender.Refused(leadership.DescribeTopic, d.Error)}
 	default:
 		return fmt.Errorf("describe leader topic %s: %w", topic, d.Error)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/goharvest/goharvest/internal/leadership"
 	"github.com/goharvest/goharvest/internal/wakegrid"
 )
 
@@ -161,9 +162,9 @@ func (e *elector) checkGroupError() error {
 	case err == nil:
 		return nil
 	case errors.Is(err, kerr.GroupAuthorizationFailed):
-		e.contender.Stop(e.contender.PermissionError("may not join the group", err, "READ on group "+e.cfg.LeaderGroupID))
+		e.contender.Stop(e.contender.Refused(leadership.JoinGroup, err))
 	case errors.Is(err, kerr.TopicAuthorizationFailed):
-		e.contender.Stop(e.contender.PermissionError("may not read the leader topic", err, "READ on topic "+e.cfg.LeaderTopic))
+		e.contender.Stop(e.contender.Refused(leadership.ReadTopic, err))
 	case errors.Is(err, kerr.InvalidSessionTimeout):
 		// The session is twice the heartbeat timeout (see NewElector), and the broker allows
 		// only sessions within [group.min.session.timeout.ms, group.max.session.timeout.ms],

@@ -40,7 +40,7 @@ func (e *elector) prepareTopic(ctx context.Context) error {
 			}
 			pending = "the topic created"
 		case errors.Is(err, kerr.TopicAuthorizationFailed):
-			return &leadership.Permanent{Err: e.contender.PermissionError("may not describe the leader topic", err, "READ and WRITE on topic "+topic)}
+			return &leadership.Permanent{Err: e.contender.Refused(leadership.DescribeTopic, err)}
 		case err != nil:
 			return fmt.Errorf("metadata of leader topic %s: %w", topic, err)
 		case len(t.Partitions) > want:

@@ -357,15 +357,41 @@ func (c *Contender) Delivered(b Beat, err error) error {
 // stops the contender.
 func (c *Contender) HeartbeatFailed(err error, denied bool) {
 	if denied {
-		c.Stop(c.PermissionError("may not write heartbeats to the leader topic", err, "WRITE on topic "+c.cfg.LeaderTopic))
+		c.Stop(c.Refused(WriteHeartbeats, err))
 		return
 	}
 	c.KafkaFailed("publish heartbeat", err)
 }
 
-// PermissionError says what this contender may not do, and which ACL would allow it. cause may be
+// Refusal is an operation of the election's that Kafka refuses for want of an ACL.
+type Refusal int
+
+const (
+	JoinGroup       Refusal = iota // READ on the group
+	ReadTopic                      // READ on the leader topic, to take up the partitions assigned
+	WriteHeartbeats                // WRITE on the leader topic
+	DescribeTopic                  // any operation on the leader topic, to learn what it may do
+)
+
+// Refused returns the error for an operation Kafka refused (cause), naming the ACL that would
+// allow it. Retrying cannot cure it: an election whose permissions are taken away while it runs
+// stops, rather than leading each partition it is given for a heartbeat timeout, fencing itself
+// and rejoining, for ever.
+func (c *Contender) Refused(op Refusal, cause error) error {
+	switch op {
+	case JoinGroup:
+		return c.permissionError("may not join the group", cause, "READ on group "+c.cfg.LeaderGroupID)
+	case ReadTopic:
+		return c.permissionError("may not read the leader topic", cause, "READ on topic "+c.cfg.LeaderTopic)
+	case WriteHeartbeats:
+		return c.permissionError("may not write heartbeats to the leader topic", cause, "WRITE on topic "+c.cfg.LeaderTopic)
+	}
+	return c.permissionError("may not describe the leader topic", cause, "READ and WRITE on topic "+c.cfg.LeaderTopic)
+}
+
+// permissionError says what this contender may not do, and which ACL would allow it. cause may be
 // nil.
-func (c *Contender) PermissionError(what string, cause error, grant string) error {
+func (c *Contender) permissionError(what string, cause error, grant string) error {
 	if cause != nil {
 		return fmt.Errorf("%s: group %s, leader topic %s: this client %s (%w): grant %s", c.cfg.Client, c.cfg.LeaderGroupID, c.cfg.LeaderTopic, what, cause, grant)
 	}
@@ -388,7 +414,7 @@ func (c *Contender) MissingPermissions(read, write bool) error {
 	if len(missing) == 0 {
 		return nil
 	}
-	return &Permanent{c.PermissionError("may not "+strings.ToLower(strings.Join(missing, " or "))+
+	return &Permanent{c.permissionError("may not "+strings.ToLower(strings.Join(missing, " or "))+
 		" the leader topic (to take up the partitions it is assigned and send heartbeats)",
 		nil, strings.Join(missing, " and ")+" on topic "+c.cfg.LeaderTopic)}
 }
