@@ -20,7 +20,7 @@ func (n *Neli) sendHeartbeat(b leadership.Beat) {
 	if errors.As(err, &kerr) && kerr.Code() == kafka.ErrUnknownPartition && b.Partition != 0 {
 		// The topic has grown and the producer's metadata does not show the new partitions
 		// yet (see producerConfig); partition 0 always exists.
-		err = n.produce(n.contender.Beat(0, b.SentAt))
+		err = n.produce(n.contender.Heartbeat(0, b.SentAt))
 	}
 	if err != nil {
 		n.heartbeatFailed(err)

@@ -84,7 +84,7 @@ func (e *elector) heartbeatFailed(b leadership.Beat, err error) {
 		// always exists, and its acknowledgement shows the same. The original send time
 		// stands: the acknowledgement still comes after it.
 		e.beats.ForceMetadataRefresh()
-		e.produceHeartbeat(e.contender.Beat(0, b.SentAt))
+		e.produceHeartbeat(e.contender.Heartbeat(0, b.SentAt))
 		return
 	}
 	e.contender.HeartbeatFailed(err, errors.Is(err, kerr.TopicAuthorizationFailed))

@@ -318,13 +318,13 @@ func (c *Contender) sendHeartbeats() {
 	now := time.Now()
 	c.lastSent = now
 	for _, partition := range beats {
-		c.cfg.Send(c.Beat(partition, now))
+		c.cfg.Send(c.Heartbeat(partition, now))
 	}
 }
 
-// Beat returns the tenure's next heartbeat, for partition, sent at sentAt. The client calls it
+// Heartbeat returns the tenure's next heartbeat, for partition, sent at sentAt. The client calls it
 // itself only to send a heartbeat again elsewhere, keeping the first one's sentAt.
-func (c *Contender) Beat(partition int32, sentAt time.Time) Beat {
+func (c *Contender) Heartbeat(partition int32, sentAt time.Time) Beat {
 	c.seq++
 	return Beat{
 		Partition: partition,

@@ -61,7 +61,7 @@ func TestContenderFencesASilentLeaderOnce(t *testing.T) {
 	if leading, err := c.pulse(nil); !leading || err != nil {
 		t.Fatalf("EndPulse = %v, %v with its heartbeats acknowledged", leading, err)
 	}
-	old := c.Beat(0, time.Now())
+	old := c.Heartbeat(0, time.Now())
 	time.Sleep(timeout + timeout/2)
 	if leading, err := c.pulse(errors.New("timed out")); leading || err != nil || c.left != 1 {
 		t.Fatalf("a silent leader: EndPulse = %v, %v, left the group %d times", leading, err, c.left)
