@@ -15,7 +15,6 @@ import (
 	"github.com/goharvest/goharvest/internal/leadership"
 	"github.com/goharvest/goharvest/internal/rdlog"
 	"github.com/goharvest/goharvest/internal/timing"
-	"github.com/goharvest/goharvest/outbox"
 )
 
 // Defaults of Config. A zero field takes its default.
@@ -114,20 +113,9 @@ func (c Config) Validate() error {
 	if s, _ := c.KafkaConfig["bootstrap.servers"].(string); strings.TrimSpace(s) == "" {
 		bad(`KafkaConfig["bootstrap.servers"]: required`)
 	}
-	if err := outbox.CheckName(c.LeaderTopic); err != nil {
-		bad("LeaderTopic %q: %v", c.LeaderTopic, err)
-	}
-	if err := outbox.CheckName(c.LeaderGroupID); err != nil {
-		bad("LeaderGroupID %q: %v", c.LeaderGroupID, err)
-	}
-	if strings.TrimSpace(c.Name) == "" {
-		bad("Name: required")
-	}
+	errs = append(errs, leadership.Problems(c.LeaderTopic, c.LeaderGroupID, c.Name, c.election())...)
 	if c.Partitions < 1 || c.Partitions > MaxPartitions {
 		bad("Partitions %d: out of range [1, %d]", c.Partitions, MaxPartitions)
-	}
-	for _, p := range c.election().Problems() {
-		bad("%s %v: %s", p.Field, p.Value, p.Reason)
 	}
 	if c.Logger == nil {
 		bad("Logger: required")
@@ -210,9 +198,9 @@ func (c Config) instanceID() string {
 
 // producerConfig builds the heartbeat producer's properties. A heartbeat older than the timeout
 // proves nothing, so the producer gives up on it rather than delivering it late. Its delivery
-// report is the evidence a leader needs, and the partition leader's acknowledgement is enough for
-// it (see sendHeartbeat); idempotence, which would require acks=all, has nothing to guard in
-// heartbeats, whose order and duplicates do not matter.
+// report is the evidence a leader needs, and the partition leader's acknowledgement is enough
+// for it (see leadership.Beat); idempotence, which would require acks=all, has nothing to guard
+// in heartbeats, whose order and duplicates do not matter.
 func (c Config) producerConfig() kafka.ConfigMap {
 	cm := kafka.ConfigMap{"client.id": c.Name + ".heartbeat",
 		// The Go client's channels are made at full size at once, 16 and 8 bytes a slot, and

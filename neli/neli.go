@@ -15,7 +15,6 @@ import (
 
 	"github.com/goharvest/goharvest/internal/dispatch"
 	"github.com/goharvest/goharvest/internal/leadership"
-	"github.com/goharvest/goharvest/internal/outage"
 	"github.com/goharvest/goharvest/internal/rdlog"
 )
 
@@ -96,21 +95,12 @@ type Neli struct {
 	loop         sync.Mutex
 	closed       bool
 	subscribed   bool
-	topicChecked bool
-	// sizeUnknown is set when the leader topic's size could not be read after an assignment
-	// (see checkSize); sizeCheckedAt is when it was last asked.
-	sizeUnknown    bool
-	sizeCheckedAt  time.Time
-	tenure         string // random, new when leadership begins; marks our heartbeats
-	seq            uint64 // heartbeat sequence within the tenure
-	lastSent       time.Time
-	heartbeatEvery time.Duration
-	kafkaTrouble   *outage.Logger
-	fatal          error // a problem found inside a rebalance callback, returned by Pulse
-	fencedMember   bool  // librdkafka fenced the consumer's own static membership (see replaceConsumer)
+	fencedMember bool // librdkafka fenced the consumer's own static membership (see replaceConsumer)
 
-	// view is what this contender leads, which IsLeader, State and Partitions read.
-	view *leadership.View
+	// contender is the election as no Kafka client decides it: what this contender leads (which
+	// IsLeader, State and Partitions read), its heartbeats' books, and the error that stopped
+	// it, found inside a rebalance callback or a delivery report and returned by Pulse.
+	contender *leadership.Contender
 }
 
 // New validates the config and creates the Kafka clients. It does not contact Kafka: the first
@@ -133,17 +123,27 @@ func New(cfg Config) (*Neli, error) {
 		return nil, fmt.Errorf("neli: create heartbeat producer: %w", err)
 	}
 	n := &Neli{
-		cfg:            cfg,
-		log:            cfg.Logger.With("group", cfg.LeaderGroupID, "member", cfg.Name),
-		consumer:       consumer,
-		instance:       instance,
-		retired:        new(atomic.Bool),
-		producer:       producer,
-		events:         dispatch.New(cfg.OnEvent),
-		heartbeatEvery: max(cfg.MinPollInterval, cfg.HeartbeatTimeout/10),
-		kafkaTrouble:   &outage.Logger{What: "Kafka", Repeat: outage.LogInterval},
-		view:           leadership.New(cfg.HeartbeatTimeout),
+		cfg:      cfg,
+		log:      cfg.Logger.With("group", cfg.LeaderGroupID, "member", cfg.Name),
+		consumer: consumer,
+		instance: instance,
+		retired:  new(atomic.Bool),
+		producer: producer,
+		events:   dispatch.New(cfg.OnEvent),
 	}
+	n.contender = leadership.NewContender(leadership.Config{
+		Client:           "neli",
+		LeaderTopic:      cfg.LeaderTopic,
+		LeaderGroupID:    cfg.LeaderGroupID,
+		Name:             cfg.Name,
+		Partitions:       cfg.Partitions,
+		HeartbeatTimeout: cfg.HeartbeatTimeout,
+		MinPollInterval:  cfg.MinPollInterval,
+		Send:             n.sendHeartbeat,
+		Barrier:          cfg.Barrier,
+		OnChange:         n.emit,
+		Logger:           n.log,
+	})
 	rdlog.Forward(consumer.Logs(), n.log)
 	rdlog.Forward(producer.Logs(), n.log)
 	return n, nil
@@ -156,7 +156,7 @@ func (n *Neli) IsLeader() bool { return n.State() == Leader }
 
 // State returns this contender's view of its leadership, consulting the clock as IsLeader does.
 func (n *Neli) State() State {
-	switch holds, leading := n.view.Read(); {
+	switch holds, leading := n.contender.Read(); {
 	case !holds:
 		return Follower
 	case !leading:
@@ -167,7 +167,7 @@ func (n *Neli) State() State {
 
 // Partitions returns the partitions this contender leads now, in order: those assigned to it,
 // while it is the Leader (see State); none otherwise.
-func (n *Neli) Partitions() []int32 { return n.view.Partitions() }
+func (n *Neli) Partitions() []int32 { return n.contender.Partitions() }
 
 // Run pulses every MinPollInterval until ctx is done, then closes (allowing two heartbeat
 // timeouts for that). It returns nil when ctx ends it, or the error that stopped it.
@@ -203,7 +203,7 @@ func (n *Neli) Pulse(ctx context.Context) (bool, error) {
 	if n.closed {
 		return false, ErrClosed
 	}
-	if !n.subscribed && !n.holdsAny() {
+	if holds, _ := n.contender.Read(); !n.subscribed && !holds {
 		if err := n.subscribe(ctx); err != nil {
 			return false, err
 		}
@@ -218,8 +218,8 @@ func (n *Neli) Pulse(ctx context.Context) (bool, error) {
 		if err := n.handle(ev); err != nil {
 			return false, err
 		}
-		if n.fatal != nil {
-			return false, n.fatal
+		if err := n.contender.Err(); err != nil {
+			return false, err
 		}
 	}
 	if n.fencedMember {
@@ -227,48 +227,14 @@ func (n *Neli) Pulse(ctx context.Context) (bool, error) {
 			return false, err
 		}
 	}
-	if n.sizeUnknown && time.Since(n.sizeCheckedAt) >= n.cfg.HeartbeatTimeout {
-		n.checkSize()
-	}
-	n.readDeliveries()
 	n.releaseIfLeft()
-	n.fenceIfSilent()
-	if n.State() == Leader && time.Since(n.lastSent) >= n.heartbeatEvery {
-		n.sendHeartbeat()
-	}
-	if n.fatal != nil {
-		return false, n.fatal
-	}
-	return n.IsLeader(), nil
+	return n.contender.EndPulse(n.partitionsInTopic, n.readDeliveries, n.leaveFenced)
 }
 
-// subscribe makes sure the leader topic exists, then joins the group.
+// subscribe makes sure the leader topic is ready (see prepareTopic), then joins the group.
 func (n *Neli) subscribe(ctx context.Context) error {
-	if !n.topicChecked {
-		err := n.ensureTopic(ctx)
-		var fatal *fatalError
-		if errors.As(err, &fatal) {
-			return fatal.err
-		}
-		if err == nil {
-			err = n.checkPermissions(ctx)
-		}
-		if errors.As(err, &fatal) {
-			return fatal.err
-		}
-		if err != nil {
-			n.kafkaTrouble.Fail(n.log, "check the leader topic", err)
-			return nil
-		}
-		// A topic just created reaches each broker's metadata at its own moment, and a consumer
-		// whose metadata lacks it acts on that until its next refresh: as the group's leader it
-		// would assign no partition of it. So the contender joins once its own metadata shows
-		// every partition with a leader.
-		if err := n.topicShows(n.consumer); err != nil {
-			n.kafkaTrouble.Fail(n.log, "read the leader topic's metadata", err)
-			return nil
-		}
-		n.topicChecked = true
+	if ready, err := n.contender.PrepareTopic(func() error { return n.prepareTopic(ctx) }); !ready {
+		return err
 	}
 	retired := n.retired
 	onRebalance := func(c *kafka.Consumer, ev kafka.Event) error {
@@ -282,29 +248,6 @@ func (n *Neli) subscribe(ctx context.Context) error {
 	}
 	n.subscribed = true
 	n.log.Info("joined the election", "topic", n.cfg.LeaderTopic)
-	return nil
-}
-
-// topicShows returns an error unless c's metadata shows the leader topic with all its
-// partitions, each led by a broker.
-func (n *Neli) topicShows(c *kafka.Consumer) error {
-	topic := n.cfg.LeaderTopic
-	md, err := c.GetMetadata(&topic, false, int(n.cfg.HeartbeatTimeout.Milliseconds()))
-	if err != nil {
-		return err
-	}
-	t, ok := md.Topics[topic]
-	switch {
-	case !ok || t.Error.Code() != kafka.ErrNoError:
-		return fmt.Errorf("leader topic %s not in metadata yet (%v)", topic, t.Error)
-	case len(t.Partitions) < n.cfg.Partitions:
-		return fmt.Errorf("leader topic %s shows %d of its %d partitions in metadata yet", topic, len(t.Partitions), n.cfg.Partitions)
-	}
-	for _, p := range t.Partitions {
-		if p.Leader < 0 || p.Error.Code() != kafka.ErrNoError {
-			return fmt.Errorf("leader topic %s partition %d has no leader in metadata yet (%v)", topic, p.ID, p.Error)
-		}
-	}
 	return nil
 }
 
@@ -326,16 +269,16 @@ func (n *Neli) handle(ev kafka.Event) error {
 		// partitions it is assigned cannot lead.
 		switch e.Code() {
 		case kafka.ErrGroupAuthorizationFailed:
-			return n.permissionError("may not join the group", e, "READ on group "+n.cfg.LeaderGroupID)
+			return n.contender.Refused(leadership.JoinGroup, e)
 		case kafka.ErrTopicAuthorizationFailed:
-			return n.permissionError("may not read the leader topic", e, "READ on topic "+n.cfg.LeaderTopic)
+			return n.contender.Refused(leadership.ReadTopic, e)
 		}
-		if e.Code() == kafka.ErrUnknownTopicOrPart && n.topicChecked {
+		if e.Code() == kafka.ErrUnknownTopicOrPart && n.contender.TopicReady() {
 			// Just after the topic is created, metadata may not have caught up yet.
 			n.log.Debug("leader topic not in metadata yet", "error", e)
 			return nil
 		}
-		n.kafkaTrouble.Fail(n.log, "poll", e)
+		n.contender.KafkaFailed("poll", e)
 	}
 	return nil
 }
@@ -343,36 +286,19 @@ func (n *Neli) handle(ev kafka.Event) error {
 // onRebalance runs inside Poll (or Close) when the group changes. The group uses the cooperative
 // protocol: each event names only the partitions that change hands, and a partition that moves is
 // revoked from its owner (whose barrier runs here) before the group assigns it to anyone else.
+// librdkafka calls it at every rebalance, with nothing new assigned too, which is when the
+// leader topic's size is checked (see leadership.Contender.SizeRead).
 func (n *Neli) onRebalance(_ *kafka.Consumer, ev kafka.Event) error {
 	switch e := ev.(type) {
 	case kafka.AssignedPartitions:
-		if n.checkSize(); n.fatal != nil {
+		if n.contender.SizeRead(n.partitionsInTopic()); n.contender.Err() != nil {
 			return nil
 		}
-		n.acquire(partitionsOf(e.Partitions))
+		n.contender.Acquire(partitionsOf(e.Partitions))
 	case kafka.RevokedPartitions:
-		n.revoke(partitionsOf(e.Partitions))
+		n.contender.Revoke(partitionsOf(e.Partitions))
 	}
 	return nil
-}
-
-// checkSize stops a contender the group has just assigned (librdkafka calls the callback at every
-// rebalance, with nothing new too) if the leader topic has more partitions than it is configured
-// for. A contender configured for more grows the topic before it joins. Being assigned no
-// partition at or above its own count does not show a contender that the others agree with it:
-// the balancer can give the new partitions to the one that grew them and leave the others what
-// they had, and the two would then split the keys differently, the same key in two shards with
-// two leaders. The topic's size shows it. When Kafka does not say, Pulse asks again, once a
-// heartbeat timeout, until it does.
-func (n *Neli) checkSize() {
-	n.sizeCheckedAt = time.Now()
-	inTopic := n.partitionsInTopic()
-	n.sizeUnknown = inTopic == 0
-	if inTopic > n.cfg.Partitions {
-		n.fatal = fmt.Errorf("neli: leader topic %s has %d partitions, and this contender is configured for %d: "+
-			"a member of group %s runs with a different number of partitions (shards); stop them all and "+
-			"start them with one setting", n.cfg.LeaderTopic, inTopic, n.cfg.Partitions, n.cfg.LeaderGroupID)
-	}
 }
 
 // partitionsInTopic asks how many partitions the leader topic has: 0 if Kafka does not say within
@@ -401,67 +327,25 @@ func partitionsOf(tps []kafka.TopicPartition) []int32 {
 	return ps
 }
 
-func (n *Neli) acquire(ps []int32) {
-	if len(ps) == 0 {
-		return
-	}
-	if last := ps[len(ps)-1]; int(last) >= n.cfg.Partitions {
-		// Another contender of this group created or grew the topic for more partitions than this
-		// one is configured for: leading with different partition counts would split the work
-		// two ways at once.
-		n.fatal = fmt.Errorf("neli: assigned partition %d of leader topic %s, which should have %d partitions: "+
-			"a member of group %s runs with a different number of partitions (shards); stop them all and "+
-			"start them with one setting", last, n.cfg.LeaderTopic, n.cfg.Partitions, n.cfg.LeaderGroupID)
-		return
-	}
-	beginning := n.view.Acquire(ps)
-	if beginning {
-		n.tenure = leadership.NewTenure()
-		n.seq = 0
-	}
-	n.kafkaTrouble.OK(n.log)
-	n.log.Info("acquired leadership", "partitions", leadership.List(ps))
-	n.events.Emit(Acquired{Partitions: ps})
-	if beginning {
-		n.sendHeartbeat()
+// emit delivers a change of leadership to Config.OnEvent.
+func (n *Neli) emit(ch leadership.Change, ps []int32) {
+	switch ch {
+	case leadership.Acquired:
+		n.events.Emit(Acquired{Partitions: ps})
+	case leadership.SelfFenced:
+		n.events.Emit(SelfFenced{Partitions: ps})
+	case leadership.Revoked:
+		n.events.Emit(Revoked{Partitions: ps})
 	}
 }
 
-func (n *Neli) revoke(ps []int32) {
-	lost, wasFenced := n.view.Revoke(ps)
-	if len(lost) == 0 {
-		return
-	}
-	n.log.Info("leadership revoked", "partitions", leadership.List(lost))
-	n.events.Emit(Revoked{Partitions: lost})
-	// A contender that fenced itself has run the barrier already.
-	if !wasFenced {
-		n.barrier(lost)
-	}
-}
-
-// fenceIfSilent fences a leader whose heartbeats have stopped being acknowledged, then leaves and
-// rejoins the group: an acknowledged heartbeat proves only that the leader reaches a broker, not
-// that it is still a member, so leadership comes back only through a fresh assignment from the
-// coordinator.
-func (n *Neli) fenceIfSilent() {
-	led, silent := n.view.FenceIfSilent()
-	if !silent {
-		return
-	}
-	n.log.Warn("no heartbeat acknowledged within the timeout; stepping down and rejoining the group",
-		"heartbeatTimeout", n.cfg.HeartbeatTimeout)
-	n.events.Emit(SelfFenced{Partitions: led})
-	n.barrier(led)
+// leaveFenced leaves the group after the contender fenced itself, to join it again: leadership
+// comes back only through a fresh assignment (see leadership.Contender.EndPulse).
+func (n *Neli) leaveFenced() {
 	if err := n.consumer.Unsubscribe(); err != nil {
 		n.log.Warn("leave group after fencing", "error", err)
 	}
 	n.subscribed = false // a later Pulse rejoins, once the revoke has been served (see releaseIfLeft)
-}
-
-func (n *Neli) holdsAny() bool {
-	holds, _ := n.view.Read()
-	return holds
 }
 
 // releaseIfLeft completes the departure of a contender that fenced itself: its partitions are
@@ -470,108 +354,11 @@ func (n *Neli) holdsAny() bool {
 // Rejoining waits for this: subscribing again while librdkafka still counts the partitions as
 // owned would rejoin the cooperative group claiming them, and keep them from everyone.
 func (n *Neli) releaseIfLeft() {
-	if n.subscribed || !n.holdsAny() {
+	if holds, _ := n.contender.Read(); n.subscribed || !holds {
 		return
 	}
 	if parts, err := n.consumer.Assignment(); err == nil && len(parts) == 0 {
-		n.revoke(n.view.Held())
-	}
-}
-
-func (n *Neli) barrier(ps []int32) {
-	if n.cfg.Barrier != nil {
-		n.cfg.Barrier(ps)
-	}
-}
-
-// heartbeat travels with a heartbeat message to its delivery report (kafka.Message.Opaque).
-type heartbeat struct {
-	tenure string
-	sentAt time.Time
-}
-
-// sendHeartbeat sends a round of heartbeats, "name|tenure|seq", each to one of the partitions this
-// contender leads, taking them in turn, so that within a heartbeat timeout every partition led
-// (up to ten rounds of leadership.HeartbeatFanout) is tried. The producer asks only the partition's leader to
-// acknowledge (acks=1), and its acknowledgement is the evidence: it shows that this contender
-// reached Kafka after the heartbeat was sent, which is all a heartbeat can prove (membership,
-// and with it every partition, is lost at once or not at all; see doc.go, Safety). Waiting for
-// every in-sync replica instead (acks=all), or reading the heartbeat back (which waits for the
-// high watermark, and so for every in-sync replica too), would tie every leader to every broker
-// that holds a replica: a crashed broker stays in sync until the controller fences it, 9s by
-// default, longer than the default heartbeat timeout.
-func (n *Neli) sendHeartbeat() {
-	beats := n.view.NextBeats()
-	if len(beats) == 0 {
-		return
-	}
-	now := time.Now()
-	n.lastSent = now
-	topic := n.cfg.LeaderTopic
-	for _, partition := range beats {
-		err := n.produceHeartbeat(topic, partition, now)
-		var kerr kafka.Error
-		if errors.As(err, &kerr) && kerr.Code() == kafka.ErrUnknownPartition && partition != 0 {
-			// The topic has grown and the producer's metadata does not show the new partitions
-			// yet (see producerConfig); partition 0 always exists.
-			err = n.produceHeartbeat(topic, 0, now)
-		}
-		if err != nil {
-			n.heartbeatFailed(err)
-		}
-	}
-}
-
-func (n *Neli) produceHeartbeat(topic string, partition int32, now time.Time) error {
-	n.seq++
-	return n.producer.Produce(&kafka.Message{
-		TopicPartition: kafka.TopicPartition{Topic: &topic, Partition: partition},
-		Value:          []byte(n.cfg.Name + "|" + n.tenure + "|" + strconv.FormatUint(n.seq, 10)),
-		Opaque:         heartbeat{tenure: n.tenure, sentAt: now},
-	}, nil)
-}
-
-// heartbeatFailed handles a heartbeat that Kafka refused or that timed out.
-func (n *Neli) heartbeatFailed(err error) {
-	var kerr kafka.Error
-	if errors.As(err, &kerr) && kerr.Code() == kafka.ErrTopicAuthorizationFailed {
-		// As in handle: WRITE taken away while the election runs. Pulse returns it.
-		n.fatal = n.permissionError("may not write heartbeats to the leader topic", err, "WRITE on topic "+n.cfg.LeaderTopic)
-		return
-	}
-	n.kafkaTrouble.Fail(n.log, "publish heartbeat", err)
-}
-
-// readDeliveries takes the heartbeats' delivery reports. They are read here, on the loop, rather
-// than as they come: a leader whose loop stalls must read as fenced once the timeout passes (see
-// State), so only the loop may vouch that it still runs.
-func (n *Neli) readDeliveries() {
-	for range maxEventsPerPulse {
-		select {
-		case ev := <-n.producer.Events():
-			n.onDelivery(ev)
-		default:
-			return
-		}
-	}
-}
-
-func (n *Neli) onDelivery(ev kafka.Event) {
-	switch e := ev.(type) {
-	case *kafka.Message:
-		beat, ok := e.Opaque.(heartbeat)
-		if !ok || beat.tenure != n.tenure {
-			return // from an earlier tenure
-		}
-		if e.TopicPartition.Error != nil {
-			n.heartbeatFailed(e.TopicPartition.Error)
-			return
-		}
-		// Once fenced, only a fresh assignment restores leadership (see fenceIfSilent).
-		n.view.Acknowledged(beat.sentAt)
-		n.kafkaTrouble.OK(n.log)
-	case kafka.Error:
-		n.log.Debug("heartbeat producer error", "error", e)
+		n.contender.RevokeAll()
 	}
 }
 
@@ -585,9 +372,7 @@ func (n *Neli) onDelivery(ev kafka.Event) {
 // before the new consumer joins.
 func (n *Neli) replaceConsumer() error {
 	n.fencedMember = false
-	if held := n.view.Held(); len(held) > 0 {
-		n.revoke(held)
-	}
+	n.contender.RevokeAll()
 	n.log.Warn("librdkafka fenced the election consumer's own static membership; joining again in its place",
 		"instance", n.instance)
 	// The fenced consumer closes off the loop, its rebalance callbacks retired: librdkafka can

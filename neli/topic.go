@@ -7,26 +7,41 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
+
+	"github.com/goharvest/goharvest/internal/leadership"
 )
 
-type fatalError struct{ err error }
-
-func (e *fatalError) Error() string { return e.err.Error() }
-
-// ensureTopic creates the leader topic with Config.Partitions partitions unless it exists, and
-// adds partitions to one that has fewer (Kafka cannot take partitions away, so a topic with more
-// is an error). A refusal for lack of permission is fatal, with advice; other failures (Kafka
-// unreachable) are for retrying.
-func (n *Neli) ensureTopic(ctx context.Context) error {
+// prepareTopic makes the leader topic ready for the contender to join the group: it exists with
+// Config.Partitions partitions, the contender may use it, and the consumer's own metadata shows
+// every partition with a leader. A topic just created reaches each broker's metadata at its own
+// moment, and a consumer whose metadata lacks it acts on that until its next refresh: as the
+// group's leader it would assign no partition of it.
+func (n *Neli) prepareTopic(ctx context.Context) error {
 	admin, err := kafka.NewAdminClientFromConsumer(n.consumer)
 	if err != nil {
 		return fmt.Errorf("admin client: %w", err)
 	}
 	defer admin.Close()
+	if err := n.ensureTopic(ctx, admin); err != nil {
+		return err
+	}
+	if err := n.checkPermissions(ctx, admin); err != nil {
+		return err
+	}
+	if err := n.topicShows(n.consumer); err != nil {
+		return fmt.Errorf("metadata: %w", err)
+	}
+	return nil
+}
+
+// ensureTopic creates the leader topic with Config.Partitions partitions unless it exists, and
+// adds partitions to one that has fewer (Kafka cannot take partitions away, so a topic with more
+// is an error). A refusal for lack of permission is fatal, with advice; other failures (Kafka
+// unreachable) are for retrying.
+func (n *Neli) ensureTopic(ctx context.Context, admin *kafka.AdminClient) error {
 	topic, want := n.cfg.LeaderTopic, n.cfg.Partitions
 	md, err := admin.GetMetadata(&topic, false, int(n.cfg.HeartbeatTimeout.Milliseconds()))
 	if err != nil {
@@ -40,8 +55,7 @@ func (n *Neli) ensureTopic(ctx context.Context) error {
 		case have == want:
 			return nil
 		case have > want:
-			return &fatalError{fmt.Errorf("neli: leader topic %s has %d partitions, more than the %d configured: "+
-				"Kafka cannot remove partitions, so use a new leader topic for fewer (see docs/operations.md, Scaling out)", topic, have, want)}
+			return n.contender.TopicTooLarge(have)
 		}
 		results, err = admin.CreatePartitions(createCtx, []kafka.PartitionsSpecification{{Topic: topic, IncreaseTo: want}})
 		if err != nil {
@@ -61,8 +75,7 @@ func (n *Neli) ensureTopic(ctx context.Context) error {
 			n.log.Info("leader topic ready", "topic", topic, "partitions", want)
 		case kafka.ErrTopicAlreadyExists:
 		case kafka.ErrTopicAuthorizationFailed, kafka.ErrClusterAuthorizationFailed:
-			return &fatalError{fmt.Errorf("neli: leader topic %s needs %d partition(s) and this client may not create it "+
-				"or add partitions (%v): create it with %d partition(s), or grant CREATE and ALTER on it", topic, want, r.Error, want)}
+			return n.contender.MayNotCreateTopic(r.Error)
 		default:
 			return fmt.Errorf("prepare leader topic %s: %w", topic, r.Error)
 		}
@@ -71,16 +84,9 @@ func (n *Neli) ensureTopic(ctx context.Context) error {
 }
 
 // checkPermissions makes sure this contender may read and write the leader topic, before it
-// joins the group: without READ it cannot fetch the partitions it is assigned, without WRITE it
-// cannot send heartbeats, and either way it would be given partitions, lead each for a heartbeat
-// timeout, fence itself and rejoin, for ever. Kafka tells a client which operations it may perform on a topic
-// (KIP-430); a broker that does not say is not checked.
-func (n *Neli) checkPermissions(ctx context.Context) error {
-	admin, err := kafka.NewAdminClientFromConsumer(n.consumer)
-	if err != nil {
-		return fmt.Errorf("admin client: %w", err)
-	}
-	defer admin.Close()
+// joins the group (see leadership.Contender.MissingPermissions); a broker that does not say is
+// not checked.
+func (n *Neli) checkPermissions(ctx context.Context, admin *kafka.AdminClient) error {
 	topic := n.cfg.LeaderTopic
 	describeCtx, cancel := context.WithTimeout(ctx, n.cfg.HeartbeatTimeout)
 	defer cancel()
@@ -96,32 +102,38 @@ func (n *Neli) checkPermissions(ctx context.Context) error {
 	switch d.Error.Code() {
 	case kafka.ErrNoError:
 	case kafka.ErrTopicAuthorizationFailed:
-		return &fatalError{n.permissionError("may not describe the leader topic", d.Error, "READ and WRITE on topic "+topic)}
+		return &leadership.Permanent{Err: n.contender.Refused(leadership.DescribeTopic, d.Error)}
 	default:
 		return fmt.Errorf("describe leader topic %s: %w", topic, d.Error)
 	}
 	if d.AuthorizedOperations == nil {
 		return nil
 	}
-	var missing []string
-	for _, op := range []kafka.ACLOperation{kafka.ACLOperationRead, kafka.ACLOperationWrite} {
-		if !slices.Contains(d.AuthorizedOperations, op) {
-			missing = append(missing, op.String())
-		}
-	}
-	if len(missing) > 0 {
-		return &fatalError{n.permissionError("may not "+strings.ToLower(strings.Join(missing, " or "))+" the leader topic (to fetch the partitions it is assigned and send heartbeats)",
-			nil, strings.Join(missing, " and ")+" on topic "+topic)}
-	}
-	return nil
+	return n.contender.MissingPermissions(slices.Contains(d.AuthorizedOperations, kafka.ACLOperationRead),
+		slices.Contains(d.AuthorizedOperations, kafka.ACLOperationWrite))
 }
 
-// permissionError says what this contender may not do, and which ACL would allow it.
-func (n *Neli) permissionError(what string, cause error, grant string) error {
-	if cause != nil {
-		return fmt.Errorf("neli: group %s, leader topic %s: this client %s (%w): grant %s", n.cfg.LeaderGroupID, n.cfg.LeaderTopic, what, cause, grant)
+// topicShows returns an error unless c's metadata shows the leader topic with all its
+// partitions, each led by a broker.
+func (n *Neli) topicShows(c *kafka.Consumer) error {
+	topic := n.cfg.LeaderTopic
+	md, err := c.GetMetadata(&topic, false, int(n.cfg.HeartbeatTimeout.Milliseconds()))
+	if err != nil {
+		return err
 	}
-	return fmt.Errorf("neli: group %s, leader topic %s: this client %s: grant %s", n.cfg.LeaderGroupID, n.cfg.LeaderTopic, what, grant)
+	t, ok := md.Topics[topic]
+	switch {
+	case !ok || t.Error.Code() != kafka.ErrNoError:
+		return fmt.Errorf("leader topic %s not in metadata yet (%v)", topic, t.Error)
+	case len(t.Partitions) < n.cfg.Partitions:
+		return fmt.Errorf("leader topic %s shows %d of its %d partitions in metadata yet", topic, len(t.Partitions), n.cfg.Partitions)
+	}
+	for _, p := range t.Partitions {
+		if p.Leader < 0 || p.Error.Code() != kafka.ErrNoError {
+			return fmt.Errorf("leader topic %s partition %d has no leader in metadata yet (%v)", topic, p.ID, p.Error)
+		}
+	}
+	return nil
 }
 
 // Ping asks Kafka for the leader topic's metadata, to check that the cluster answers.

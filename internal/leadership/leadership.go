@@ -1,10 +1,12 @@
-// Package leadership is a Fast NELI contender's view of what it leads (see package neli's doc):
-// the partitions the group assigned it, whether it fenced itself, and when its newest
-// acknowledged heartbeat was sent. Both elections, package neli's on librdkafka and
-// driver/franz's on kgo, keep their view in one, so that the rules of the state machine are
-// written once: a partition is led only while assigned, unfenced, and vouched for by a heartbeat
-// acknowledged within the timeout; a fenced contender leads again only through a fresh
-// assignment.
+// Package leadership is the part of Fast NELI (see package neli's doc) that no Kafka client
+// decides, written once for both elections, package neli's on librdkafka and driver/franz's on
+// kgo. A Contender (contender.go) takes up the group's assignments and revocations, fences a
+// leader whose heartbeats go unacknowledged, runs the Barrier, checks the leader topic's size,
+// and keeps the heartbeats' books; each election adapts its client to it. Its View (this file) is
+// what the contender leads: the partitions the group assigned it, whether it fenced itself, and
+// when its newest acknowledged heartbeat was sent. A partition is led only while assigned,
+// unfenced, and vouched for by a heartbeat acknowledged within the timeout; a fenced contender
+// leads again only through a fresh assignment.
 //
 // The election's loop changes the view; any goroutine may read it. Reads consult the clock, so a
 // leader whose loop stalls reads as fenced once the timeout passes, before the loop notices.
@@ -25,7 +27,7 @@ import (
 // reach three brokers, so that one broker's loss leaves heartbeats acknowledged.
 const HeartbeatFanout = 3
 
-// View is one contender's leadership. The zero value is not usable; see New.
+// View is one contender's leadership. The zero value is not usable; see newView.
 type View struct {
 	timeout time.Duration
 
@@ -36,9 +38,9 @@ type View struct {
 	nextBeat      int       // which of the assigned partitions the next round of heartbeats starts at
 }
 
-// New returns an empty view whose leadership lapses heartbeatTimeout after the newest
+// newView returns an empty view whose leadership lapses heartbeatTimeout after the newest
 // acknowledged heartbeat was sent.
-func New(heartbeatTimeout time.Duration) *View { return &View{timeout: heartbeatTimeout} }
+func newView(heartbeatTimeout time.Duration) *View { return &View{timeout: heartbeatTimeout} }
 
 // Read returns whether any partition is assigned, and whether the contender leads now.
 func (v *View) Read() (holds, leading bool) {
@@ -100,11 +102,11 @@ func (v *View) Held() []int32 {
 	return slices.Clone(v.assigned)
 }
 
-// Acquire adds ps to the assigned partitions, and reports whether leadership begins with them
+// acquire adds ps to the assigned partitions, and reports whether leadership begins with them
 // (none was held before). A beginning lifts a fence: the coordinator has just vouched for the
 // contender, whose session outlives a heartbeat timeout from now, so the assignment counts as a
 // heartbeat acknowledged now.
-func (v *View) Acquire(ps []int32) (beginning bool) {
+func (v *View) acquire(ps []int32) (beginning bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	beginning = len(v.assigned) == 0
@@ -116,9 +118,9 @@ func (v *View) Acquire(ps []int32) (beginning bool) {
 	return beginning
 }
 
-// Revoke removes ps from the assigned partitions, and returns those of them that were assigned,
+// revoke removes ps from the assigned partitions, and returns those of them that were assigned,
 // and whether the contender had fenced itself, in which case its barrier has run already.
-func (v *View) Revoke(ps []int32) (lost []int32, wasFenced bool) {
+func (v *View) revoke(ps []int32) (lost []int32, wasFenced bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	wasFenced = v.fenced
@@ -135,14 +137,11 @@ func (v *View) Revoke(ps []int32) (lost []int32, wasFenced bool) {
 	return lost, wasFenced
 }
 
-// RevokeAll removes every assigned partition, as Revoke does.
-func (v *View) RevokeAll() (lost []int32, wasFenced bool) { return v.Revoke(v.Held()) }
-
-// FenceIfSilent fences a contender that holds partitions and has had no heartbeat acknowledged
+// fenceIfSilent fences a contender that holds partitions and has had no heartbeat acknowledged
 // within the timeout, and returns them; silent is false, and nothing changes, otherwise. Once
-// fenced, it leads again only through a fresh assignment (Acquire after every partition was
+// fenced, it leads again only through a fresh assignment (acquire after every partition was
 // revoked).
-func (v *View) FenceIfSilent() (led []int32, silent bool) {
+func (v *View) fenceIfSilent() (led []int32, silent bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if len(v.assigned) == 0 || v.fenced || time.Since(v.lastHeartbeat) < v.timeout {
@@ -152,9 +151,9 @@ func (v *View) FenceIfSilent() (led []int32, silent bool) {
 	return slices.Clone(v.assigned), true
 }
 
-// Acknowledged records that a heartbeat sent at sentAt was acknowledged. It counts only while
+// acknowledged records that a heartbeat sent at sentAt was acknowledged. It counts only while
 // partitions are assigned and the contender has not fenced itself.
-func (v *View) Acknowledged(sentAt time.Time) {
+func (v *View) acknowledged(sentAt time.Time) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if len(v.assigned) > 0 && !v.fenced && sentAt.After(v.lastHeartbeat) {
@@ -162,9 +161,9 @@ func (v *View) Acknowledged(sentAt time.Time) {
 	}
 }
 
-// NextBeats returns the partitions the next round of heartbeats goes to: up to HeartbeatFanout of
+// nextBeats returns the partitions the next round of heartbeats goes to: up to HeartbeatFanout of
 // the assigned ones, taken in turn, so that within a heartbeat timeout every one is tried.
-func (v *View) NextBeats() []int32 {
+func (v *View) nextBeats() []int32 {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	n := len(v.assigned)

@@ -10,14 +10,14 @@ import (
 // timeout; a fence holds until every partition is revoked and a fresh assignment comes.
 func TestLeadsOnlyWhileAssignedUnfencedAndHeard(t *testing.T) {
 	const timeout = 100 * time.Millisecond
-	v := New(timeout)
+	v := newView(timeout)
 	if holds, leading := v.Read(); holds || leading {
 		t.Fatalf("an empty view holds %v, leads %v", holds, leading)
 	}
-	if !v.Acquire([]int32{3, 1}) {
+	if !v.acquire([]int32{3, 1}) {
 		t.Fatal("the first assignment does not begin leadership")
 	}
-	if v.Acquire([]int32{2, 3}) {
+	if v.acquire([]int32{2, 3}) {
 		t.Fatal("a second assignment begins leadership again")
 	}
 	if got := v.Partitions(); !slices.Equal(got, []int32{1, 2, 3}) {
@@ -25,52 +25,52 @@ func TestLeadsOnlyWhileAssignedUnfencedAndHeard(t *testing.T) {
 	}
 	// Heard: a heartbeat sent now and acknowledged keeps it leading past the first timeout.
 	time.Sleep(timeout / 2)
-	v.Acknowledged(time.Now())
+	v.acknowledged(time.Now())
 	time.Sleep(timeout * 3 / 4)
 	if !v.Leading() {
 		t.Fatal("not leading within the timeout of an acknowledged heartbeat")
 	}
-	if _, silent := v.FenceIfSilent(); silent {
+	if _, silent := v.fenceIfSilent(); silent {
 		t.Fatal("fenced within the timeout of an acknowledged heartbeat")
 	}
-	// Silent: it reads as fenced once the timeout passes, before FenceIfSilent.
+	// Silent: it reads as fenced once the timeout passes, before fenceIfSilent.
 	time.Sleep(timeout)
 	if v.Leading() || !v.Fenced() || v.Partitions() != nil {
 		t.Fatal("a silent leader still reads as leading")
 	}
-	led, silent := v.FenceIfSilent()
+	led, silent := v.fenceIfSilent()
 	if !silent || !slices.Equal(led, []int32{1, 2, 3}) {
-		t.Fatalf("FenceIfSilent = %v, %v", led, silent)
+		t.Fatalf("fenceIfSilent = %v, %v", led, silent)
 	}
 	// Fenced, an acknowledgement restores nothing, nor does an assignment while any is held.
-	v.Acknowledged(time.Now())
-	v.Acquire([]int32{4})
+	v.acknowledged(time.Now())
+	v.acquire([]int32{4})
 	if v.Leading() {
 		t.Fatal("a fenced contender leads again without every partition revoked first")
 	}
-	lost, wasFenced := v.Revoke([]int32{1, 9})
+	lost, wasFenced := v.revoke([]int32{1, 9})
 	if !slices.Equal(lost, []int32{1}) || !wasFenced {
-		t.Fatalf("Revoke = %v, %v; want [1], true", lost, wasFenced)
+		t.Fatalf("revoke = %v, %v; want [1], true", lost, wasFenced)
 	}
-	if lost, _ := v.RevokeAll(); !slices.Equal(lost, []int32{2, 3, 4}) {
-		t.Fatalf("RevokeAll = %v", lost)
+	if lost, _ := v.revoke(v.Held()); !slices.Equal(lost, []int32{2, 3, 4}) {
+		t.Fatalf("revoke(Held()) = %v", lost)
 	}
 	// A fresh assignment after every revoke lifts the fence and counts as a heartbeat now.
-	if !v.Acquire([]int32{0}) || !v.Leading() {
+	if !v.acquire([]int32{0}) || !v.Leading() {
 		t.Fatal("a fresh assignment after the revokes does not lead")
 	}
 }
 
 // Heartbeats go to up to HeartbeatFanout partitions a round, every one in turn.
 func TestNextBeatsTakesThePartitionsInTurn(t *testing.T) {
-	v := New(time.Second)
-	if beats := v.NextBeats(); beats != nil {
+	v := newView(time.Second)
+	if beats := v.nextBeats(); beats != nil {
 		t.Fatalf("beats %v with nothing assigned", beats)
 	}
-	v.Acquire([]int32{0, 1, 2, 3, 4})
+	v.acquire([]int32{0, 1, 2, 3, 4})
 	seen := map[int32]int{}
 	for range 5 {
-		beats := v.NextBeats()
+		beats := v.nextBeats()
 		if len(beats) != HeartbeatFanout {
 			t.Fatalf("a round of %v, want %d partitions", beats, HeartbeatFanout)
 		}
@@ -83,8 +83,8 @@ func TestNextBeatsTakesThePartitionsInTurn(t *testing.T) {
 			t.Errorf("partition %d had %d heartbeats in 5 rounds, want %d", p, seen[p], HeartbeatFanout)
 		}
 	}
-	v.Revoke([]int32{1, 2, 3, 4})
-	if beats := v.NextBeats(); !slices.Equal(beats, []int32{0}) {
+	v.revoke([]int32{1, 2, 3, 4})
+	if beats := v.nextBeats(); !slices.Equal(beats, []int32{0}) {
 		t.Fatalf("one partition left: beats %v", beats)
 	}
 }
