@@ -29,6 +29,8 @@ import (
 	"time"
 
 	gomysql "github.com/go-sql-driver/mysql"
+
+	"github.com/goharvest/goharvest/driver/mysql"
 )
 
 // EnvDSN names the environment variable that points the tests at an existing server, as a
@@ -335,5 +337,17 @@ func NewDatabase(tb testing.TB) string {
 			tb.Errorf("mariadbtest: %v", err)
 		}
 	})
+	return dsn
+}
+
+// NewOutbox creates a database for the calling test, as NewDatabase does, with an outbox table
+// named "outbox" and its dead-letter table in it (mysql.CreateOutboxTable), and returns its data
+// source.
+func NewOutbox(tb testing.TB) string {
+	tb.Helper()
+	dsn := NewDatabase(tb)
+	if err := mysql.CreateOutboxTable(context.Background(), dsn, "outbox"); err != nil {
+		tb.Fatalf("mariadbtest: %v", err)
+	}
 	return dsn
 }
