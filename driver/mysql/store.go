@@ -127,9 +127,10 @@ func (c conditions) and(clause string, args ...any) conditions {
 	}
 }
 
-// notHeld leaves out the rows of the given keys, compared as bytes: a binary string compares
-// byte for byte with any column, so a text kafka_key with a case-insensitive collation does not
-// make "A" held along with "a".
+// notHeld leaves out the rows of the given keys, compared as bytes, as the engine compares keys:
+// cast, so that a text kafka_key with a case- or space-insensitive collation does not make "a"
+// or "a " held along with "A" (a binary argument alone would not do: the column's collation wins
+// the comparison).
 func (c conditions) notHeld(keys []string) conditions {
 	if len(keys) == 0 {
 		return c
@@ -138,7 +139,7 @@ func (c conditions) notHeld(keys []string) conditions {
 	for i, k := range keys {
 		args[i] = []byte(k)
 	}
-	return c.and("kafka_key NOT IN ("+strings.Repeat("?, ", len(keys)-1)+"?)", args...)
+	return c.and("CAST(kafka_key AS BINARY) NOT IN ("+strings.Repeat("?, ", len(keys)-1)+"?)", args...)
 }
 
 // notMarkedBy leaves out the rows that leader has marked.
