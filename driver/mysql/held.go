@@ -3,6 +3,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -142,6 +143,73 @@ SELECT `+movedColumns+`, ?, ?, FROM_UNIXTIME(?), FROM_UNIXTIME(?) FROM `+s.table
 // unixString writes t as seconds since the epoch, to the microsecond, for FROM_UNIXTIME.
 func unixString(t time.Time) string {
 	return fmt.Sprintf("%d.%06d", t.Unix(), t.Nanosecond()/1000)
+}
+
+// ErrNoSuchRecord says that no row has the given id.
+var ErrNoSuchRecord = errors.New("no such record")
+
+// DeadLetterNow moves the outbox row with the given id into the dead-letter table at once, as an
+// operator asks (reaper dead-letter). A leader holding the row finds it gone within
+// Limits.HeldCheckInterval, and releases its key; a record the leader is sending at that moment
+// may still be published.
+func DeadLetterNow(ctx context.Context, dataSource, outboxTable string, id int64, reason string) error {
+	return withStore(dataSource, outboxTable, func(s *Store) error {
+		now := time.Now()
+		moved, err := s.DeadLetter(ctx, id, "", driver.DeadLetterInfo{Err: reason, FirstFailure: now, LastFailure: now})
+		if err != nil {
+			return err
+		}
+		if !moved {
+			return fmt.Errorf("outbox record %d of %s: %w", id, outboxTable, ErrNoSuchRecord)
+		}
+		return nil
+	})
+}
+
+// Requeue moves the row with the given id from the dead-letter table back into the outbox, and
+// returns its new id: it goes to the tail, behind every record written meanwhile, so it is
+// published after its key's later records (see docs/monitoring.md, "When a row cannot be
+// published").
+func Requeue(ctx context.Context, dataSource, outboxTable string, id int64) (int64, error) {
+	var newID int64
+	err := withStore(dataSource, outboxTable, func(s *Store) error {
+		err := s.inTx(ctx, func(tx *sql.Tx) error {
+			// Locked first, so that two operators cannot requeue one dead letter twice.
+			var found int
+			err := tx.QueryRowContext(ctx, `SELECT 1 FROM `+s.dead+` WHERE id = ? FOR UPDATE`, id).Scan(&found)
+			if errors.Is(err, sql.ErrNoRows) {
+				return fmt.Errorf("dead letter %d of %s: %w", id, outboxTable, ErrNoSuchRecord)
+			}
+			if err != nil {
+				return err
+			}
+			const columns = `create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values`
+			res, err := tx.ExecContext(ctx, `INSERT INTO `+s.table+` (`+columns+`) SELECT `+columns+` FROM `+s.dead+` WHERE id = ?`, id)
+			if err != nil {
+				return err
+			}
+			if newID, err = res.LastInsertId(); err != nil {
+				return err
+			}
+			_, err = tx.ExecContext(ctx, `DELETE FROM `+s.dead+` WHERE id = ?`, id)
+			return err
+		})
+		if err != nil && !errors.Is(err, ErrNoSuchRecord) {
+			return fmt.Errorf("requeue dead letter %d of %s: %w", id, outboxTable, err)
+		}
+		return err
+	})
+	return newID, err
+}
+
+// withStore runs do on a store of its own, of one connection, for an operator's command.
+func withStore(dataSource, outboxTable string, do func(*Store) error) error {
+	s, err := New(dataSource, outboxTable, WithMaxOpenConns(1))
+	if err != nil {
+		return err
+	}
+	defer s.Dispose()
+	return do(s)
 }
 
 var _ driver.HeldRowBinding = (*Store)(nil)
