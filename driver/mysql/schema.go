@@ -19,19 +19,16 @@ var (
 
 // outboxColumns are the columns the harvester reads, with the types (information_schema's
 // DATA_TYPE) it can read them as.
-var outboxColumns = []struct {
-	name  string
-	types []string
-}{
-	{"id", []string{"bigint", "int"}},
+var outboxColumns = []driver.Column{
+	{Name: "id", Types: []string{"bigint", "int"}},
 	// Only TIMESTAMP: UNIX_TIMESTAMP would read a DATETIME in the session's time zone.
-	{"create_time", []string{"timestamp"}},
-	{"kafka_topic", text},
-	{"kafka_key", slices.Concat(binary, text)},
-	{"kafka_value", slices.Concat(binary, text, []string{"json"})},
-	{"kafka_header_keys", jsonOK},
-	{"kafka_header_values", jsonOK},
-	{"leader_id", []string{"char", "varchar"}},
+	{Name: "create_time", Types: []string{"timestamp"}},
+	{Name: "kafka_topic", Types: text},
+	{Name: "kafka_key", Types: slices.Concat(binary, text)},
+	{Name: "kafka_value", Types: slices.Concat(binary, text, []string{"json"})},
+	{Name: "kafka_header_keys", Types: jsonOK},
+	{Name: "kafka_header_values", Types: jsonOK},
+	{Name: "leader_id", Types: []string{"char", "varchar"}},
 }
 
 // CheckSchema implements driver.SchemaChecker: it checks that the outbox table exists and has
@@ -59,19 +56,5 @@ WHERE TABLE_SCHEMA = IF(? = '', DATABASE(), ?) AND TABLE_NAME = ?`, database, da
 	if len(have) == 0 {
 		return &driver.SchemaError{Table: s.name, Problems: []string{"the table does not exist"}}
 	}
-	var problems []string
-	for _, col := range outboxColumns {
-		got, ok := have[col.name]
-		switch {
-		case !ok:
-			problems = append(problems, "column "+col.name+" is missing")
-		case !slices.Contains(col.types, got):
-			problems = append(problems, fmt.Sprintf("column %s has type %s; goharvest reads it as %s",
-				col.name, got, strings.Join(col.types, " or ")))
-		}
-	}
-	if len(problems) > 0 {
-		return &driver.SchemaError{Table: s.name, Problems: problems}
-	}
-	return nil
+	return driver.CheckColumns(s.name, have, outboxColumns)
 }
