@@ -25,23 +25,30 @@
 // several primaries at once, with interleaved auto_increment_offset, has no such order; write
 // the outbox on one.)
 //
-// # Isolation
+// # Isolation, and what waits for what
 //
 // A read is one statement in autocommit mode: InnoDB gives it a consistent read of the rows
 // committed when it starts, at any isolation level, and it takes no lock, so it neither waits
 // for a writer's open transaction nor delays one. An open transaction delays only its own rows.
 //
-// The statements that change rows and must see them as they are (Mark, PurgeUnchanged and
-// DeadLetter, and the operators' DeadLetterNow and Requeue) run in transactions at READ
-// COMMITTED, set for each transaction rather than taken from the server (whose default is
-// REPEATABLE READ): they pick their rows with a consistent read, which does not wait for the
-// locks of rows still being inserted (a locking read of the head would queue behind every open
-// writer), then lock exactly those rows by id (SELECT ... FOR UPDATE), which reads each row's
-// latest committed version, checks it again and waits for an operator's change in progress
-// rather than skipping it (SKIP LOCKED would let a key's later row overtake a locked one). READ
-// COMMITTED also takes no gap locks, which under REPEATABLE READ would block the writers'
-// inserts at the tail of the table for as long as the transaction lasts. Purge and Reset are
-// single statements by id.
+// The claims and moves that must see rows as they are (Mark, PurgeUnchanged and DeadLetter, and
+// the operators' DeadLetterNow and Requeue) run in transactions at READ COMMITTED, set for each
+// transaction rather than taken from the server (whose default is REPEATABLE READ): they pick
+// their rows with a consistent read, which does not wait for rows still being inserted (a
+// locking read of the head would queue behind every open writer), then lock exactly those rows
+// by id (SELECT ... FOR UPDATE), which reads each row's latest committed version, checks it again
+// and waits for an operator's change in progress rather than skip it (SKIP LOCKED would let a
+// key's later row overtake a locked one). READ COMMITTED also takes no gap locks, which under
+// REPEATABLE READ would block the writers' inserts at the tail of the table for as long as the
+// transaction lasts.
+//
+// Every statement that locks rows by id (those, Purge and Reset, which are single statements in
+// autocommit) joins the table to its list of ids and looks each up in the primary key, rather
+// than say "WHERE id IN (...)": MariaDB scans a small table for that whatever the index hints,
+// and a locking scan waits for the first row of any open writer. Purging then stalled behind a
+// writer's open transaction in this package's tests; now nothing the harvester does waits for a
+// writer (TestNothingWaitsForAnOpenWriter). The join uses JSON_TABLE: MariaDB 10.6 or MySQL 8.0
+// at least.
 //
 // The pool must leave autocommit on (the server's default): a session with autocommit off would
 // keep its first read's snapshot, and never see a row committed later.

@@ -72,7 +72,7 @@ func (s *Store) PurgeUnchanged(ctx context.Context, versions map[int64]string) (
 		if len(purged) == 0 {
 			return nil
 		}
-		_, err = tx.ExecContext(ctx, `DELETE FROM `+s.table+` WHERE id IN (`+idList(purged)+`)`)
+		_, err = tx.ExecContext(ctx, `DELETE o FROM `+joinIDs(s.table, purged))
 		return err
 	})
 	if err != nil {
@@ -84,7 +84,7 @@ func (s *Store) PurgeUnchanged(ctx context.Context, versions map[int64]string) (
 
 // lockVersions locks the rows with the given ids, for the rest of tx, and returns their versions.
 func lockVersions(ctx context.Context, tx *sql.Tx, table string, ids []int64) (map[int64]string, error) {
-	rows, err := tx.QueryContext(ctx, `SELECT id, `+version+` FROM `+table+` WHERE id IN (`+idList(ids)+`) FOR UPDATE`)
+	rows, err := tx.QueryContext(ctx, `SELECT id, `+version+` FROM `+joinIDs(table, ids)+` FOR UPDATE`)
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +134,7 @@ SELECT `+movedColumns+`, ?, ?, FROM_UNIXTIME(?), FROM_UNIXTIME(?) FROM `+s.table
 		d.Err, d.Attempts, unixString(d.FirstFailure), unixString(d.LastFailure), id); err != nil {
 		return false, err
 	}
-	if _, err := tx.ExecContext(ctx, `DELETE FROM `+s.table+` WHERE id = ?`, id); err != nil {
+	if _, err := tx.ExecContext(ctx, `DELETE o FROM `+joinIDs(s.table, []int64{id})); err != nil {
 		return false, err
 	}
 	return true, nil

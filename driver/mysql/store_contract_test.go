@@ -54,25 +54,34 @@ func jsonArray(ss []string) string {
 	return string(append(b, ']'))
 }
 
-// insert writes a record as a writer would, in a transaction of its own, and returns its id.
-func insert(t testing.TB, db interface {
+// execer is a pool or a transaction.
+type execer interface {
 	ExecContext(context.Context, string, ...any) (sql.Result, error)
-}, table string, r driver.OutboxRecord) int64 {
+}
+
+// insert writes a record as a writer would, in a transaction of its own or in tx, and returns
+// its id.
+func insert(t testing.TB, tx execer, table string, r driver.OutboxRecord) int64 {
 	t.Helper()
-	keys, values := []string{}, []string{}
-	for _, h := range r.KafkaHeaders {
-		keys, values = append(keys, h.Key), append(values, h.Value)
-	}
-	res, err := db.ExecContext(context.Background(), `INSERT INTO `+table+` (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
-		VALUES (FROM_UNIXTIME(?), ?, ?, ?, ?, ?)`, unix(r.CreateTime), r.KafkaTopic, r.KafkaKey, r.KafkaValue, jsonArray(keys), jsonArray(values))
-	if err != nil {
-		t.Fatal(err)
-	}
-	id, err := res.LastInsertId()
+	id, err := write(tx, table, r)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return id
+}
+
+// write is insert for a goroutine of a test, which must not stop the test itself.
+func write(tx execer, table string, r driver.OutboxRecord) (int64, error) {
+	keys, values := []string{}, []string{}
+	for _, h := range r.KafkaHeaders {
+		keys, values = append(keys, h.Key), append(values, h.Value)
+	}
+	res, err := tx.ExecContext(context.Background(), `INSERT INTO `+table+` (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
+		VALUES (FROM_UNIXTIME(?), ?, ?, ?, ?, ?)`, unix(r.CreateTime), r.KafkaTopic, r.KafkaKey, r.KafkaValue, jsonArray(keys), jsonArray(values))
+	if err != nil {
+		return 0, fmt.Errorf("insert into %s: %w", table, err)
+	}
+	return res.LastInsertId()
 }
 
 func runStoreContract(t *testing.T, dataSource string, db *sql.DB, open func(table string) (*mysql.Store, error)) {
