@@ -24,7 +24,7 @@ func TestHarvestPublishesEveryRecordInKeyOrder(t *testing.T) {
 	for _, strategy := range []goharvest.ClaimStrategy{goharvest.ClaimRead, goharvest.ClaimMark} {
 		t.Run(string(strategy), func(t *testing.T) {
 			dataSource := mariadbtest.NewOutbox(t)
-			db := openDB(t, dataSource)
+			db := mariadbtest.Open(t, dataSource)
 			store, err := mysql.New(dataSource, "outbox")
 			if err != nil {
 				t.Fatal(err)

@@ -16,7 +16,7 @@ import (
 func TestDeadLetterNowAndRequeue(t *testing.T) {
 	ctx := context.Background()
 	dataSource := mariadbtest.NewOutbox(t)
-	db := openDB(t, dataSource)
+	db := mariadbtest.Open(t, dataSource)
 	value := "v"
 	r := rec("k", value)
 	r.KafkaHeaders = append(r.KafkaHeaders, outbox.Header{Key: "h", Value: "1"})

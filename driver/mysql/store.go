@@ -103,11 +103,7 @@ func New(dataSource, outboxTable string, opt ...Option) (*Store, error) {
 // leaves it open. Its sessions must keep autocommit on (see the package documentation);
 // interpolateParams saves round trips, as New's pool has it.
 func NewWithDB(db *sql.DB, outboxTable string) (*Store, error) {
-	table, err := quoteTable(outboxTable)
-	if err != nil {
-		return nil, err
-	}
-	dead, err := quoteTable(outbox.DeadLetterTable(outboxTable))
+	table, dead, err := quoteTables(outboxTable)
 	if err != nil {
 		return nil, err
 	}

@@ -20,23 +20,13 @@ var contractTables atomic.Int32
 // in-memory stores do, on MariaDB: made from a data source, or on a pool of the caller's.
 func TestStoreContract(t *testing.T) {
 	dataSource := mariadbtest.NewDatabase(t)
-	db := openDB(t, dataSource)
+	db := mariadbtest.Open(t, dataSource)
 	for name, open := range map[string]func(table string) (*mysql.Store, error){
 		"New":       func(table string) (*mysql.Store, error) { return mysql.New(dataSource, table) },
 		"NewWithDB": func(table string) (*mysql.Store, error) { return mysql.NewWithDB(db, table) },
 	} {
 		t.Run(name, func(t *testing.T) { runStoreContract(t, dataSource, db, open) })
 	}
-}
-
-func openDB(t testing.TB, dataSource string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("mysql", dataSource)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
 }
 
 // unix writes t as seconds since the epoch, for FROM_UNIXTIME, as the store writes times.

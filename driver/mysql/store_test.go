@@ -26,7 +26,7 @@ func newStore(t *testing.T) (*mysql.Store, *sql.DB) {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Dispose)
-	return s, openDB(t, dataSource)
+	return s, mariadbtest.Open(t, dataSource)
 }
 
 func rec(key, value string) driver.OutboxRecord {
@@ -171,7 +171,7 @@ func TestHeldKeysAreComparedAsBytes(t *testing.T) {
 // sessions' time zones.
 func TestCreateTimeIsAnInstantWhateverTheTimeZone(t *testing.T) {
 	dataSource := mariadbtest.NewOutbox(t)
-	db := openDB(t, dataSource)
+	db := mariadbtest.Open(t, dataSource)
 	conn, err := db.Conn(context.Background())
 	if err != nil {
 		t.Fatal(err)

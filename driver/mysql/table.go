@@ -36,11 +36,7 @@ const payloadColumns = `  create_time         TIMESTAMP(6) NOT NULL DEFAULT CURR
 // missing: one statement each, as a server runs one statement at a time unless a client asks
 // for more.
 func TableDDL(table string) ([]string, error) {
-	quoted, err := quoteTable(table)
-	if err != nil {
-		return nil, err
-	}
-	dead, err := quoteTable(outbox.DeadLetterTable(table))
+	quoted, dead, err := quoteTables(table)
 	if err != nil {
 		return nil, err
 	}
@@ -92,6 +88,16 @@ func quoteTable(name string) (string, error) {
 		return "", err
 	}
 	return strings.ReplaceAll(quoted, `"`, "`"), nil
+}
+
+// quoteTables checks and quotes the outbox table's name and its dead-letter table's.
+func quoteTables(outboxTable string) (table, dead string, err error) {
+	if table, err = quoteTable(outboxTable); err != nil {
+		return "", "", err
+	}
+	// The dead-letter name is the outbox's, cut and suffixed: checked, it cannot fail.
+	dead, err = quoteTable(outbox.DeadLetterTable(outboxTable))
+	return table, dead, err
 }
 
 // splitTable returns a table name's database ("" for the connection's) and table.

@@ -340,6 +340,18 @@ func NewDatabase(tb testing.TB) string {
 	return dsn
 }
 
+// Open opens a pool on dataSource for the calling test, closed when the test ends: for playing
+// writers and operators beside the store under test.
+func Open(tb testing.TB, dataSource string) *sql.DB {
+	tb.Helper()
+	db, err := sql.Open("mysql", dataSource)
+	if err != nil {
+		tb.Fatalf("mariadbtest: %v", err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	return db
+}
+
 // NewOutbox creates a database for the calling test, as NewDatabase does, with an outbox table
 // named "outbox" and its dead-letter table in it (mysql.CreateOutboxTable), and returns its data
 // source.

@@ -2,7 +2,6 @@ package mariadbtest
 
 import (
 	"context"
-	"database/sql"
 	"os"
 	"syscall"
 	"testing"
@@ -12,16 +11,6 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(leakcheck.After(Run(m))) }
 
-func open(t *testing.T, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
-}
-
 // Two tests' databases are empty and separate: a table made in one is not in the other.
 func TestNewDatabaseIsEmptyAndSeparate(t *testing.T) {
 	ctx := context.Background()
@@ -29,11 +18,11 @@ func TestNewDatabaseIsEmptyAndSeparate(t *testing.T) {
 	if first == second {
 		t.Fatalf("two tests got the same database: %s", first)
 	}
-	if _, err := open(t, first).ExecContext(ctx, "CREATE TABLE only_here (id INT)"); err != nil {
+	if _, err := Open(t, first).ExecContext(ctx, "CREATE TABLE only_here (id INT)"); err != nil {
 		t.Fatal(err)
 	}
 	var n int
-	if err := open(t, second).QueryRowContext(ctx,
+	if err := Open(t, second).QueryRowContext(ctx,
 		"SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'only_here'").Scan(&n); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +41,7 @@ func TestStopKillsTheServerAndRemovesItsDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid, dir := s.cmd.Process.Pid, s.dir
-	if _, err := open(t, s.AdminDSN()).Exec("SELECT 1"); err != nil {
+	if _, err := Open(t, s.AdminDSN()).Exec("SELECT 1"); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Stop(); err != nil {
