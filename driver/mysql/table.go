@@ -78,25 +78,13 @@ func CreateOutboxTable(ctx context.Context, dataSource, table string) error {
 	return nil
 }
 
-// quoteTable checks a table name, optionally qualified by its database, as outbox.QuoteTable
-// does, and quotes it for MySQL. outbox.QuoteTable accepts only letters, digits, underscores and
-// dollar signs, none of which a backtick-quoted identifier must escape, so its double quotes can
-// simply become backticks; and its 63-byte limit is within MySQL's 64.
-func quoteTable(name string) (string, error) {
-	quoted, err := outbox.QuoteTable(name)
-	if err != nil {
-		return "", err
-	}
-	return strings.ReplaceAll(quoted, `"`, "`"), nil
-}
-
 // quoteTables checks and quotes the outbox table's name and its dead-letter table's.
 func quoteTables(outboxTable string) (table, dead string, err error) {
-	if table, err = quoteTable(outboxTable); err != nil {
+	if table, err = outbox.QuoteTableMySQL(outboxTable); err != nil {
 		return "", "", err
 	}
 	// The dead-letter name is the outbox's, cut and suffixed: checked, it cannot fail.
-	dead, err = quoteTable(outbox.DeadLetterTable(outboxTable))
+	dead, err = outbox.QuoteTableMySQL(outbox.DeadLetterTable(outboxTable))
 	return table, dead, err
 }
 
