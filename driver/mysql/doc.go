@@ -56,7 +56,9 @@
 // # What differs from Postgres
 //
 // MySQL has no LISTEN/NOTIFY: the store is no Listener, so the harvester polls the outbox, at
-// least every Limits.MaxMarkBackoff when it is idle, and sooner while records arrive.
+// least every Limits.MaxMarkBackoff when it is idle, and sooner while records arrive. Shards
+// (Config.Shards) put a key in the shard outbox.Shard does (ShardSQL), but no index serves a
+// shard yet: each shard's claim walks the primary key past the other shards' rows.
 // create_time is a TIMESTAMP(6), an instant that does not depend on a session's time zone (its
 // range ends in 2038 on MySQL and on MariaDB before 11.5). Header keys and values are JSON
 // arrays of strings, so header values are text. The key is compared byte for byte (held keys),

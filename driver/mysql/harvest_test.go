@@ -19,21 +19,25 @@ import (
 // A harvester on the MySQL store publishes every record, each key's in the order its writers
 // wrote them, with no notifications (it polls), while writers commit concurrently and one
 // transaction that took a lower id commits only after later ids of other keys were published;
-// and it purges what it published. With either claim strategy.
+// and it purges what it published. With either claim strategy, and in shards.
 func TestHarvestPublishesEveryRecordInKeyOrder(t *testing.T) {
-	for _, strategy := range []goharvest.ClaimStrategy{goharvest.ClaimRead, goharvest.ClaimMark} {
-		t.Run(string(strategy), func(t *testing.T) {
+	for _, c := range []struct {
+		strategy goharvest.ClaimStrategy
+		shards   int
+	}{{goharvest.ClaimRead, 1}, {goharvest.ClaimMark, 1}, {goharvest.ClaimRead, 3}} {
+		t.Run(fmt.Sprintf("%s/%d shards", c.strategy, c.shards), func(t *testing.T) {
 			dataSource := mariadbtest.NewOutbox(t)
 			db := mariadbtest.Open(t, dataSource)
 			store, err := mysql.New(dataSource, "outbox")
 			if err != nil {
 				t.Fatal(err)
 			}
-			kafka := memory.NewKafka(1)
+			kafka := memory.NewKafka(c.shards)
 			h, err := goharvest.New(goharvest.Config{
 				LeaderGroupID:     "mysql-test",
 				LeaderTopic:       "mysql-test.leader",
-				ClaimStrategy:     strategy,
+				ClaimStrategy:     c.strategy,
+				Shards:            c.shards,
 				MetricsRegisterer: prometheus.NewRegistry(),
 				Store:             store,
 				Kafka:             kafka,

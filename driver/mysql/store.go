@@ -26,6 +26,10 @@ type Store struct {
 	name   string // the table as configured, for errors
 	table  string // quoted
 	dead   string // the dead-letter table, quoted
+	// shard limits a shard's view (see Shard) to its rows: empty for the whole table. A view
+	// shares its parent's pool, which only the parent disposes.
+	shard conditions
+	view  bool
 }
 
 // outboxSelect lists the columns the harvester reads, in outboxRow.dest's order. create_time is
@@ -167,7 +171,7 @@ func idList(ids []int64) string {
 // Read implements driver.Reader with one SELECT, in autocommit: it writes nothing and locks
 // nothing.
 func (s *Store) Read(ctx context.Context, limit int, heldKeys []string, exclude []int64) ([]driver.MarkedRecord, error) {
-	c := conditions{}.notHeld(heldKeys)
+	c := s.shard.notHeld(heldKeys)
 	if len(exclude) > 0 {
 		c = c.and("id NOT IN (" + idList(exclude) + ")")
 	}
@@ -192,7 +196,7 @@ func (s *Store) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]driv
 // BY id LIMIT n would leave no way to tell the rows it stamped from those the leader marked
 // before.
 func (s *Store) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, heldKeys []string) ([]driver.MarkedRecord, error) {
-	c := conditions{}.notMarkedBy(leaderID).notHeld(heldKeys)
+	c := s.shard.notMarkedBy(leaderID).notHeld(heldKeys)
 	var recs []driver.MarkedRecord
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
 		ids, err := queryIDs(ctx, tx, `SELECT id FROM `+s.table+c.where()+` ORDER BY id LIMIT ?`, append(c.args, limit)...)
@@ -417,9 +421,10 @@ func (s *Store) execIDs(ctx context.Context, statement string, ids []int64, args
 	return int(changed), err
 }
 
-// Dispose implements DatabaseBinding: it closes the pool New made, and leaves NewWithDB's.
+// Dispose implements DatabaseBinding: it closes the pool New made, and leaves NewWithDB's and a
+// shard view's parent's.
 func (s *Store) Dispose() {
-	if s.ownsDB {
+	if s.ownsDB && !s.view {
 		s.db.Close()
 	}
 }
@@ -439,8 +444,9 @@ func (s *Store) Backlog(ctx context.Context, limit int) (int, time.Time, error) 
 		n      int
 		oldest sql.NullString
 	)
-	err := s.db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM `+s.table+` LIMIT ?) AS s),
-		(SELECT UNIX_TIMESTAMP(create_time) FROM `+s.table+` ORDER BY id LIMIT 1)`, limit).Scan(&n, &oldest)
+	where := s.shard.where()
+	err := s.db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM `+s.table+where+` LIMIT ?) AS s),
+		(SELECT UNIX_TIMESTAMP(create_time) FROM `+s.table+where+` ORDER BY id LIMIT 1)`, limit).Scan(&n, &oldest)
 	if err != nil {
 		return 0, time.Time{}, fmt.Errorf("sample outbox %s backlog: %w", s.name, err)
 	}
@@ -454,9 +460,31 @@ func (s *Store) Backlog(ctx context.Context, limit int) (int, time.Time, error) 
 	return n, t, nil
 }
 
+// ShardSQL is outbox.Shard as a MySQL expression over the key column: the first 28 bits of the
+// key's MD5 digest modulo shards, as outbox.ShardSQL computes it in Postgres, so that the
+// harvester, a writer in any language and the Postgres store agree on a key's shard.
+func ShardSQL(keyColumn string, shards int) string {
+	return fmt.Sprintf("(CONV(LEFT(MD5(%s), 7), 16, 10) %% %d)", keyColumn, shards)
+}
+
+// Shard implements driver.Sharder: a view of the store whose reads, marks and backlog see only
+// the rows of one shard of shards (Config.Shards); purges, resets and re-reads work by id and
+// are the same. Each shard's claim walks the primary key from the head and skips the other
+// shards' rows: there is no index on the shard yet (MySQL needs a generated column for one), so
+// a claim costs more the more rows the other shards have ahead of its own.
+func (s *Store) Shard(shard, shards int) driver.DatabaseBinding {
+	v := *s
+	v.view = true
+	if shards > 1 {
+		v.shard = conditions{}.and(ShardSQL("kafka_key", shards) + " = " + strconv.Itoa(shard))
+	}
+	return &v
+}
+
 // The store's capabilities, checked here so that renaming a method cannot silently turn one
-// off. It is no Listener (MySQL has no LISTEN/NOTIFY: the harvester polls), and no Sharder yet.
+// off. It is no Listener: MySQL has no LISTEN/NOTIFY, and the harvester polls.
 var (
+	_ driver.Sharder        = (*Store)(nil)
 	_ driver.Store          = (*Store)(nil)
 	_ driver.Reader         = (*Store)(nil)
 	_ driver.SchemaChecker  = (*Store)(nil)
