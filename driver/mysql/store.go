@@ -388,8 +388,10 @@ func joinIDs(table string, ids []int64) string {
 		table + ` AS o FORCE INDEX (PRIMARY) ON o.id = wanted.wanted_id`
 }
 
-// Purge implements DatabaseBinding with one DELETE for all the ids, in autocommit: it locks only
-// the rows it deletes (see joinIDs), at any isolation level.
+// Purge implements DatabaseBinding with one DELETE for all the ids, in autocommit: it locks the
+// rows it deletes (see joinIDs) and, under REPEATABLE READ, the gap where an id is gone already,
+// which only holds back an insert into that gap for the moment the statement lasts; it waits for
+// nothing but a lock on the rows it deletes.
 func (s *Store) Purge(ctx context.Context, ids []int64) (int, error) {
 	n, err := s.execIDs(ctx, `DELETE o FROM `+joinIDs(s.table, ids), ids)
 	if err != nil {
@@ -444,7 +446,7 @@ func (s *Store) Backlog(ctx context.Context, limit int) (int, time.Time, error) 
 		n      int
 		oldest sql.NullString
 	)
-	where := s.shard.where()
+	where := s.shard.where() // a shard's condition has no arguments: its number is in the text
 	err := s.db.QueryRowContext(ctx, `SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM `+s.table+where+` LIMIT ?) AS s),
 		(SELECT UNIX_TIMESTAMP(create_time) FROM `+s.table+where+` ORDER BY id LIMIT 1)`, limit).Scan(&n, &oldest)
 	if err != nil {
