@@ -2,6 +2,7 @@ package mysqlstasher_test
 
 import (
 	"context"
+	"database/sql"
 	"os"
 	"slices"
 	"strings"
@@ -17,6 +18,17 @@ import (
 )
 
 func TestMain(m *testing.M) { os.Exit(leakcheck.After(mariadbtest.Run(m))) }
+
+// setup makes an empty outbox, a pool on its database and a stasher of it.
+func setup(t *testing.T) (string, *sql.DB, *mysqlstasher.Stasher) {
+	t.Helper()
+	dataSource := mariadbtest.NewOutbox(t)
+	s, err := mysqlstasher.New("outbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dataSource, mariadbtest.Open(t, dataSource), s
+}
 
 // readAll reads the outbox as the harvester does.
 func readAll(t *testing.T, dataSource string) []driver.MarkedRecord {
@@ -38,8 +50,7 @@ func readAll(t *testing.T, dataSource string) []driver.MarkedRecord {
 // repeated keys and characters JSON escapes, the creation time given or the database's now.
 func TestStashedRecordsReadBackAsWritten(t *testing.T) {
 	ctx := context.Background()
-	dataSource := mariadbtest.NewOutbox(t)
-	db := mariadbtest.Open(t, dataSource)
+	dataSource, db, s := setup(t)
 	value, empty, binary := `it's "quoted" \ with a backslash`, "", "\x00\xff\xfe bytes"
 	written := []outbox.Record{
 		{CreateTime: time.Now().Add(-time.Hour).Truncate(time.Microsecond), KafkaTopic: "orders", KafkaKey: "k'1", KafkaValue: &value,
@@ -47,10 +58,6 @@ func TestStashedRecordsReadBackAsWritten(t *testing.T) {
 		{KafkaTopic: "orders", KafkaKey: binary, KafkaValue: &binary},
 		{KafkaTopic: "orders.v2", KafkaKey: "", KafkaValue: nil},
 		{KafkaTopic: "orders", KafkaKey: "k3", KafkaValue: &empty},
-	}
-	s, err := mysqlstasher.New("outbox")
-	if err != nil {
-		t.Fatal(err)
 	}
 	before := time.Now().Add(-time.Second)
 	tx, err := db.Begin()
@@ -98,12 +105,7 @@ func deref(s *string) any {
 // anything is written; more records than one statement holds are all written, in order.
 func TestStashBelongsToTheTransaction(t *testing.T) {
 	ctx := context.Background()
-	dataSource := mariadbtest.NewOutbox(t)
-	db := mariadbtest.Open(t, dataSource)
-	s, err := mysqlstasher.New("outbox")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dataSource, db, s := setup(t)
 	v := "v"
 	tx, err := db.Begin()
 	if err != nil {
@@ -147,12 +149,7 @@ func TestStashBelongsToTheTransaction(t *testing.T) {
 // A PreStash writes records one at a time in its transaction, as Stash does.
 func TestPrepareStashesInItsTransaction(t *testing.T) {
 	ctx := context.Background()
-	dataSource := mariadbtest.NewOutbox(t)
-	db := mariadbtest.Open(t, dataSource)
-	s, err := mysqlstasher.New("outbox")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dataSource, db, s := setup(t)
 	tx, err := db.Begin()
 	if err != nil {
 		t.Fatal(err)
