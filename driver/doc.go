@@ -22,10 +22,11 @@
 //
 // # Drivers
 //
-// Package driver/postgres is the Postgres store, on pgx; package driver/librdkafka a Kafka
-// client on librdkafka (cgo), with the election of package neli; package driver/franz a Kafka
-// client on franz-go, in pure Go, with an election of its own. Every driver is
-// held to the same contract: package drivertest's suites (RunStore, RunProducer, RunElector) hold
+// Package driver/postgres is the Postgres store, on pgx; package driver/mysql the store for
+// MySQL and MariaDB, on go-sql-driver/mysql (no Listener: the harvester polls); package
+// driver/librdkafka a Kafka client on librdkafka (cgo), with the election of package neli;
+// package driver/franz a Kafka client on franz-go, in pure Go, with an election of its own.
+// Every driver is held to the same contract: package drivertest's suites (RunStore, RunProducer, RunElector) hold
 // each store, producer and election, the in-memory ones of package memory included, to the rules
 // the engine relies on, and a driver outside this module runs them from its own tests.
 package driver

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -126,6 +127,35 @@ type SchemaError struct {
 
 func (e *SchemaError) Error() string {
 	return fmt.Sprintf("outbox table %s: %s", e.Table, strings.Join(e.Problems, "; "))
+}
+
+// Column is a column of the outbox table that a store reads, with the types it can read it as,
+// named as its database's catalog names them.
+type Column struct {
+	Name  string
+	Types []string
+}
+
+// CheckColumns compares a table's columns, as its catalog gives them (column name to type), with
+// the columns a store reads, and returns a *SchemaError naming each column missing and each of a
+// type the store cannot read, or nil: the part of SchemaChecker that does not depend on the
+// database.
+func CheckColumns(table string, have map[string]string, want []Column) error {
+	var problems []string
+	for _, col := range want {
+		got, ok := have[col.Name]
+		switch {
+		case !ok:
+			problems = append(problems, "column "+col.Name+" is missing")
+		case !slices.Contains(col.Types, got):
+			problems = append(problems, fmt.Sprintf("column %s has type %s; goharvest reads it as %s",
+				col.Name, got, strings.Join(col.Types, " or ")))
+		}
+	}
+	if len(problems) > 0 {
+		return &SchemaError{Table: table, Problems: problems}
+	}
+	return nil
 }
 
 // Listener is implemented by bindings that can tell the harvester when records are written

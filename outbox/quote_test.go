@@ -48,3 +48,17 @@ func TestQuoteName(t *testing.T) {
 	}()
 	quoteName(`out"box`)
 }
+
+// MySQL's quoting accepts and refuses the names Postgres's does, with backticks for quotes.
+func TestQuoteTableMySQL(t *testing.T) {
+	for name, want := range map[string]string{"outbox": "`outbox`", "shop.Out_box$1": "`shop`.`Out_box$1`"} {
+		if got, err := QuoteTableMySQL(name); err != nil || got != want {
+			t.Errorf("QuoteTableMySQL(%q) = %q, %v; want %q", name, got, err, want)
+		}
+	}
+	for _, name := range []string{"a.b.c", "out`box", "x; DROP TABLE y", ""} {
+		if got, err := QuoteTableMySQL(name); err == nil {
+			t.Errorf("QuoteTableMySQL(%q) = %q, want an error", name, got)
+		}
+	}
+}
