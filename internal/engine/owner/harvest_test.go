@@ -242,7 +242,7 @@ func TestKeyRuns(t *testing.T) {
 // records the note lists and publishes again only the last of each run: a consumer sees an
 // immediate repeat, never a key going backwards.
 func TestNextEpochPurgesNotedRecords(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		r := newRig(t, fastLimits())
 		ids := r.load(3, 100)
 		r.db.failPurgesFromRun = true
@@ -271,7 +271,7 @@ func TestNextEpochPurgesNotedRecords(t *testing.T) {
 // epoch purges only the noted rows that are still what was published (their fingerprints match),
 // so the new rows are published, not deleted unseen.
 func TestNextEpochLeavesNotedIDsThatNameOtherRows(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		r := newRig(t, fastLimits())
 		r.load(3, 100)
 		r.db.failPurgesFromRun = true
@@ -455,7 +455,7 @@ func TestRejectedRecordHoldsOnlyItsKey(t *testing.T) {
 }
 
 func TestMalformedRecordIsHeldAndReported(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		r := newRig(t, fastLimits())
 		bad := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
 		after := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
@@ -508,7 +508,7 @@ func TestFailedClaimRemarksOnlyAMark(t *testing.T) {
 // During a database outage the harvester backs off, logs the outage once, and still stops
 // promptly; when the database returns it carries on.
 func TestDatabaseOutage(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		r := newRig(t, fastLimits())
 		r.kafka.delay = time.Millisecond
 		ids := r.load(20, 30)
@@ -542,7 +542,7 @@ func TestDatabaseOutage(t *testing.T) {
 
 // A statement stuck on a locked table must not hold up Stop beyond its bound.
 func TestStopWhileDatabaseHangs(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		r := newRig(t, fastLimits())
 		r.kafka.delay = time.Millisecond
 		ids := r.load(20, 30)
@@ -560,7 +560,7 @@ func TestStopWhileDatabaseHangs(t *testing.T) {
 }
 
 func TestIdleOutboxBacksOff(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		r := newRig(t, epoch.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 10 * time.Millisecond})
 		r.start()
 		r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
@@ -607,7 +607,7 @@ func (d *coveringDB) ListenCovering(ctx context.Context, wake func(), covered fu
 // While its listener covers every write, an idle outbox is not polled at all; a notification
 // still wakes it, and once the coverage ends it polls again.
 func TestCoveredIdleOutboxIsNotPolled(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		r := newRig(t, fastLimits()) // maxMarkBackoff 20ms: uncovered, 50 marks a second
 		db := &coveringDB{fakeDB: r.db, notify: make(chan struct{}), cover: make(chan bool)}
 		r.store = db
@@ -648,7 +648,7 @@ func TestCoveredIdleOutboxIsNotPolled(t *testing.T) {
 // leader, whose next mark then returns records it already holds. Those copies must be dropped:
 // queued behind the key's later records, they would be published out of order.
 func TestRecordsMarkedAgainMidEpochAreNotQueuedTwice(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		r := newRig(t, fastLimits())
 		r.kafka.delay = time.Millisecond
 		ids := r.load(20, 200)

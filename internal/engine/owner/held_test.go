@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -110,7 +109,7 @@ func TestMalformedKeyWithManyRowsHoldsOnlyItself(t *testing.T) {
 // An operator's delete of a held row drops the record and releases its key within about a
 // HeldCheckInterval, however long its backoff; the deleted row is never published.
 func TestDeletedHeldRecordIsDroppedAndItsKeyReleased(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		l := heldLimits()
 		l.IOErrorBackoff = time.Minute // the retry would come far too late: the re-read must act
 		r := newRig(t, l)
@@ -139,7 +138,7 @@ func TestDeletedHeldRecordIsDroppedAndItsKeyReleased(t *testing.T) {
 // held is read again every HeldCheckInterval as the first was, and an operator's delete of it
 // takes effect as promptly.
 func TestHeldLoopTicksAgainForTheNextHeldRecord(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		l := heldLimits()
 		l.IOErrorBackoff = time.Minute // the retry would come far too late: the re-read must act
 		r := newRig(t, l)

@@ -8,7 +8,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/goharvest/goharvest/driver"
@@ -20,11 +19,13 @@ import (
 	"github.com/google/uuid"
 )
 
-// inFlightSampler reads the harvester's in-flight count and keys as often as it can, until
-// stopped, and keeps the highest count and any disagreement between the two.
+// inFlightSampler reads the harvester's in-flight count and keys every 50µs (of a bubble's clock,
+// in the tests that run in one), until stopped, and keeps the highest count and any disagreement
+// between the two.
 type inFlightSampler struct {
 	h        *Owner
 	done     chan struct{}
+	stopOnce sync.Once
 	finished sync.WaitGroup
 
 	mu       sync.Mutex
@@ -32,8 +33,11 @@ type inFlightSampler struct {
 	mismatch string // a moment when there were more keys than records
 }
 
-func sampleInFlight(h *Owner) *inFlightSampler {
+// sampleInFlight starts sampling h; the sampling stops at the test's end if not before, so that
+// a test that fails first leaves no goroutine behind (which a bubble would not end with).
+func sampleInFlight(t *testing.T, h *Owner) *inFlightSampler {
 	s := &inFlightSampler{h: h, done: make(chan struct{})}
+	t.Cleanup(func() { s.stop() })
 	s.finished.Go(func() {
 		for {
 			select {
@@ -50,7 +54,7 @@ func sampleInFlight(h *Owner) *inFlightSampler {
 				s.mismatch = fmt.Sprintf("%d keys, %d records", len(keys), n)
 			}
 			s.mu.Unlock()
-			time.Sleep(50 * time.Microsecond)
+			time.Sleep(50 * time.Microsecond) // the sampling's period
 		}
 	})
 	return s
@@ -58,7 +62,7 @@ func sampleInFlight(h *Owner) *inFlightSampler {
 
 // stop ends the sampling and returns the highest count seen.
 func (s *inFlightSampler) stop() int {
-	close(s.done)
+	s.stopOnce.Do(func() { close(s.done) })
 	s.finished.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -69,13 +73,13 @@ func (s *inFlightSampler) stop() int {
 // is not stuck at zero either: the pipeline fills up to the limit under a backlog. Kafka sees
 // as much: never more than the limit at once, and more than one.
 func TestInFlightRecordsWithinLimit(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		limits := fastLimits()
 		limits.MaxInFlightRecords = 5
 		r := newRig(t, limits)
 		r.kafka.delay = 2 * time.Millisecond
 		ids := r.load(100, 3)
-		s := sampleInFlight(r.h)
+		s := sampleInFlight(t, r.h)
 		r.runUntilEmpty()
 		highest := s.stop()
 		r.checkOrder(ids)
@@ -105,7 +109,7 @@ func TestInFlightRecordsWithinLimit(t *testing.T) {
 // other keys drain past it, and once they are done nothing is counted though 201 rows wait, and
 // no key is reported in flight.
 func TestInFlightRecordsLeaveOutHeldKeys(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		l := heldLimits()
 		r := newRig(t, l)
 		var recs []driver.OutboxRecord
@@ -117,7 +121,7 @@ func TestInFlightRecordsLeaveOutHeldKeys(t *testing.T) {
 		r.kafka.setReject(bad[0], 1<<30)
 		r.start()
 		r.waitFor("the record to be held", 10*time.Second, func() bool { return len(r.h.HeldRecords()) == 1 })
-		s := sampleInFlight(r.h)
+		s := sampleInFlight(t, r.h)
 		r.waitFor("other keys to drain past the held key", 10*time.Second, func() bool { return r.db.len() == len(bad) })
 		r.waitBudgetEmpty()
 		highest := s.stop()
@@ -143,7 +147,7 @@ func TestInFlightRecordsLeaveOutHeldKeys(t *testing.T) {
 func TestCommitsSpacedByBusyEpochs(t *testing.T) {
 	for _, others := range []int32{0, 7} {
 		t.Run(fmt.Sprintf("others=%d", others), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
+			inBubble(t, func(t *testing.T) {
 				busy := new(atomic.Int32)
 				busy.Store(others)
 				gaps := commitGapsUnderLoad(t, busy)

@@ -3,7 +3,6 @@ package owner
 import (
 	"strings"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/goharvest/goharvest/driver"
@@ -15,7 +14,7 @@ import (
 // (and with marks, whose failure ends the epoch, goharvest_leader reads 0); once marks succeed
 // again, both recover.
 func TestReadyReportsLeaderThatCannotPublish(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		r := newRig(t, fastLimits())
 		ids := r.load(5, 20)
 		r.start()

@@ -2,7 +2,6 @@ package owner
 
 import (
 	"testing"
-	"testing/synctest"
 	"time"
 )
 
@@ -11,7 +10,7 @@ import (
 // wakes it; while an epoch start hangs it pulses every MinPollInterval, whatever the election
 // would allow.
 func TestOwnerRestsWhileAtRest(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		limits := fastLimits() // MinPollInterval 10ms, HeartbeatTimeout 1s
 		r := newRig(t, limits)
 		// Longer than the test: the loop rests as long as the owner allows, a quarter of the
@@ -62,7 +61,7 @@ func TestOwnerRestsWhileAtRest(t *testing.T) {
 // names must be pulsed at that moment, not a Pulse's length before it, when it has nothing to do
 // and the loop would pulse again only a MinPollInterval later, once more for every heartbeat.
 func TestOwnerRestCountsFromWhenTheElectionAsks(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		limits := fastLimits() // MinPollInterval 10ms, HeartbeatTimeout 1s: rests of up to 250ms
 		r := newRig(t, limits)
 		r.elector.rest = 100 * time.Millisecond

@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/goharvest/goharvest/driver"
@@ -59,7 +58,7 @@ func TestLossBetweenEpochsIsReported(t *testing.T) {
 // is empty or the epoch has ended: every epoch of the harvester spaces its commits by that count
 // (lingerFor), so a count left behind would slow the next epochs' commits for good.
 func TestBusyEpochsFollowTheBacklog(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		// 200 marks of at least a millisecond each to a backlog: the epoch is busy for a while.
 		limits := fastLimits()
 		limits.MarkQueryRecords = 10

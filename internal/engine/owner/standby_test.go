@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/google/uuid"
@@ -100,7 +99,7 @@ func TestAwaitStandbysEndsTheEpochWhenTheServerChanges(t *testing.T) {
 // A wait for standbys that never ends holds neither Stop nor the election loop: the leader stays
 // healthy while it waits, and stops promptly.
 func TestStopWhileAwaitingStandbys(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		r, _ := newStandbyRig(t, "primary")
 		r.load(5, 2)
 		r.start()
@@ -181,7 +180,7 @@ func TestFailedClaimOnAnotherServerEndsTheEpoch(t *testing.T) {
 // again, to new rows, which such a purge would delete unpublished. They are left, and published
 // again if their rows are there.
 func TestUnpurgedRecordsAreNotPurgedOnAnotherServer(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
 		limits := fastLimits()
 		limits.MaxKeyRun = 1
 		r, db := newServerRig(t, limits, "old")
