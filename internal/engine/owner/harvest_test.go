@@ -530,8 +530,12 @@ func TestDatabaseOutage(t *testing.T) {
 
 		// Stop during a second outage.
 		r.load(5, 2)
+		marks := r.db.markCount()
 		r.db.setDown(true)
-		time.Sleep(100 * time.Millisecond) // long enough for the loops to be retrying when Stop comes
+		// The loops are retrying when Stop comes: a claim has failed, and every loop has met the
+		// outage or waits.
+		r.waitFor("a claim to fail", 5*time.Second, func() bool { return r.db.markCount() > marks })
+		synctest.Wait()
 		start := time.Now()
 		r.stop()
 		if took := time.Since(start); took > 3*time.Second {
@@ -548,8 +552,11 @@ func TestStopWhileDatabaseHangs(t *testing.T) {
 		ids := r.load(20, 30)
 		r.start()
 		r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids) })
+		hung := r.hung()
 		r.db.setHang(true)
-		time.Sleep(200 * time.Millisecond) // marks and purges are now stuck
+		// Statements are stuck when Stop comes: one has met the hang, and every loop has too or waits.
+		r.waitFor("a statement to hang", 5*time.Second, func() bool { return r.hung() > hung })
+		synctest.Wait()
 		start := time.Now()
 		r.stop()
 		// MaxPollInterval (500ms) to drain, then the stuck statements are cancelled.
