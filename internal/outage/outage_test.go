@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/goharvest/goharvest/internal/testkit/leakcheck"
@@ -22,40 +23,42 @@ func newLog() (*slog.Logger, *syncbuf.Buffer) {
 // failures and its last error, and when it ends; a single failure does not make it an outage
 // for Err.
 func TestLogsPersistingOutageAgain(t *testing.T) {
-	log, logs := newLog()
-	l := &Logger{What: "database", Repeat: 50 * time.Millisecond}
-	l.Fail(log, "mark", errors.New("first"))
-	if err := l.Err(); err != nil {
-		t.Errorf("one failure is already an outage: %v", err)
-	}
-	deadline := time.Now().Add(300 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		l.Fail(log, "purge", errors.New("boom"))
-		// Paces the failures, as a retry's backoff would, so that Repeat elapses several times.
-		time.Sleep(5 * time.Millisecond)
-	}
-	out := logs.String()
-	if n := strings.Count(out, "database unavailable; retrying"); n != 1 {
-		t.Errorf("start logged %d times, want once:\n%s", n, out)
-	}
-	again := strings.Count(out, "database still unavailable; retrying")
-	if again < 3 || again > 7 {
-		t.Errorf("logged again %d times in 300ms at a 50ms interval, want about 5:\n%s", again, out)
-	}
-	if !strings.Contains(out, "failures=") || !strings.Contains(out, "error=boom") || !strings.Contains(out, "op=purge") {
-		t.Errorf("the repeated lines lack the count or the last error:\n%s", out)
-	}
-	err := l.Err()
-	if err == nil || !strings.Contains(err.Error(), "purge: boom") {
-		t.Errorf("Err() = %v; want the last operation and error", err)
-	}
-	l.OK(log)
-	if err := l.Err(); err != nil {
-		t.Errorf("Err() after recovery = %v", err)
-	}
-	if !strings.Contains(logs.String(), "database available again") {
-		t.Errorf("the recovery was not logged")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		log, logs := newLog()
+		l := &Logger{What: "database", Repeat: 50 * time.Millisecond}
+		l.Fail(log, "mark", errors.New("first"))
+		if err := l.Err(); err != nil {
+			t.Errorf("one failure is already an outage: %v", err)
+		}
+		deadline := time.Now().Add(300 * time.Millisecond)
+		for time.Now().Before(deadline) {
+			l.Fail(log, "purge", errors.New("boom"))
+			// Paces the failures, as a retry's backoff would, so that Repeat elapses several times.
+			time.Sleep(5 * time.Millisecond)
+		}
+		out := logs.String()
+		if n := strings.Count(out, "database unavailable; retrying"); n != 1 {
+			t.Errorf("start logged %d times, want once:\n%s", n, out)
+		}
+		again := strings.Count(out, "database still unavailable; retrying")
+		if again < 3 || again > 7 {
+			t.Errorf("logged again %d times in 300ms at a 50ms interval, want about 5:\n%s", again, out)
+		}
+		if !strings.Contains(out, "failures=") || !strings.Contains(out, "error=boom") || !strings.Contains(out, "op=purge") {
+			t.Errorf("the repeated lines lack the count or the last error:\n%s", out)
+		}
+		err := l.Err()
+		if err == nil || !strings.Contains(err.Error(), "purge: boom") {
+			t.Errorf("Err() = %v; want the last operation and error", err)
+		}
+		l.OK(log)
+		if err := l.Err(); err != nil {
+			t.Errorf("Err() after recovery = %v", err)
+		}
+		if !strings.Contains(logs.String(), "database available again") {
+			t.Errorf("the recovery was not logged")
+		}
+	})
 }
 
 // Without Repeat, an outage is logged once however long it lasts, with what goes on meanwhile,

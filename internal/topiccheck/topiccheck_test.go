@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/goharvest/goharvest/driver"
@@ -58,123 +59,130 @@ func settled(t *testing.T, c *Checker, topic string) error {
 }
 
 func TestPendingThenUsableAndNeverAskedAgain(t *testing.T) {
-	f := &fakeKafka{answers: []error{nil}, hold: make(chan struct{})}
-	release := sync.OnceFunc(func() { close(f.hold) })
-	c := New(f.describe)
-	defer c.Close()
-	// Released before Close, which waits for the lookup, should the test fail first.
-	defer release()
-	c.recheck = time.Millisecond // a usable topic is not asked about again however long it has been
-	for range 3 {
-		if err := c.Check("t"); !errors.Is(err, driver.ErrTopicPending) {
-			t.Fatalf("Check while the lookup waits for Kafka = %v, want ErrTopicPending", err)
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeKafka{answers: []error{nil}, hold: make(chan struct{})}
+		release := sync.OnceFunc(func() { close(f.hold) })
+		c := New(f.describe)
+		defer c.Close()
+		// Released before Close, which waits for the lookup, should the test fail first.
+		defer release()
+		c.recheck = time.Millisecond // a usable topic is not asked about again however long it has been
+		for range 3 {
+			if err := c.Check("t"); !errors.Is(err, driver.ErrTopicPending) {
+				t.Fatalf("Check while the lookup waits for Kafka = %v, want ErrTopicPending", err)
+			}
 		}
-	}
-	release()
-	if err := settled(t, c, "t"); err != nil {
-		t.Fatalf("Check of a usable topic = %v, want nil", err)
-	}
-	time.Sleep(10 * c.recheck)
-	if err := c.Check("t"); err != nil {
-		t.Fatalf("Check of a topic found usable = %v, want nil", err)
-	}
-	if n := f.questions(); n != 1 {
-		t.Errorf("Kafka was asked %d times, want once: a pending and a usable topic are not asked again", n)
-	}
+		release()
+		if err := settled(t, c, "t"); err != nil {
+			t.Fatalf("Check of a usable topic = %v, want nil", err)
+		}
+		time.Sleep(10 * c.recheck) // however long it has been, on the bubble's clock
+		if err := c.Check("t"); err != nil {
+			t.Fatalf("Check of a topic found usable = %v, want nil", err)
+		}
+		if n := f.questions(); n != 1 {
+			t.Errorf("Kafka was asked %d times, want once: a pending and a usable topic are not asked again", n)
+		}
+	})
 }
 
 func TestMissingIsRejectedThenAskedAgainAfterRecheck(t *testing.T) {
-	f := &fakeKafka{answers: []error{missing}}
-	c := New(f.describe)
-	defer c.Close()
-	c.createWait = 0 // reject at the first answer
-	err := settled(t, c, "t")
-	var rejected *driver.RejectedError
-	if !errors.As(err, &rejected) || err != missing {
-		t.Fatalf("Check of a missing topic = %v, want describe's RejectedError", err)
-	}
-	rejectedAt := time.Now()
-	err = c.Check("t")
-	asked := f.questions()
-	// Past recheck (a stalled machine), asking again would be right and nothing can be concluded.
-	if time.Since(rejectedAt) < c.recheck {
-		if err != missing {
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeKafka{answers: []error{missing}}
+		c := New(f.describe)
+		defer c.Close()
+		c.createWait = 0 // reject at the first answer
+		err := settled(t, c, "t")
+		var rejected *driver.RejectedError
+		if !errors.As(err, &rejected) || err != missing {
+			t.Fatalf("Check of a missing topic = %v, want describe's RejectedError", err)
+		}
+		// On the bubble's clock only settled's polls have passed since the rejection: within recheck.
+		if err := c.Check("t"); err != missing {
 			t.Fatalf("Check within recheck of the rejection = %v, want the rejection again", err)
 		}
-		if asked != 1 {
+		synctest.Wait() // a lookup Check began, if any, has asked
+		if asked := f.questions(); asked != 1 {
 			t.Fatalf("Kafka was asked %d times within recheck, want once", asked)
 		}
-	}
 
-	f.answer(nil) // the topic has been created since
-	time.Sleep(c.recheck)
-	if err := settled(t, c, "t"); err != nil {
-		t.Fatalf("Check after recheck, the topic created = %v, want nil", err)
-	}
-	if n := f.questions(); n != 1 {
-		t.Errorf("Kafka was asked %d times after recheck, want once", n)
-	}
+		f.answer(nil)         // the topic has been created since
+		time.Sleep(c.recheck) // recheck passes, on the bubble's clock
+		if err := settled(t, c, "t"); err != nil {
+			t.Fatalf("Check after recheck, the topic created = %v, want nil", err)
+		}
+		if n := f.questions(); n != 1 {
+			t.Errorf("Kafka was asked %d times after recheck, want once", n)
+		}
+	})
 }
 
 func TestTopicAppearingWithinTheCreateWaitIsUsable(t *testing.T) {
-	// A broker that creates topics on demand answers "unknown topic" at first.
-	f := &fakeKafka{answers: []error{missing, missing, nil}}
-	c := New(f.describe)
-	defer c.Close()
-	if err := settled(t, c, "t"); err != nil {
-		t.Fatalf("Check of a topic that appeared within the create wait = %v, want nil", err)
-	}
-	if n := f.questions(); n != 3 {
-		t.Errorf("Kafka was asked %d times, want 3", n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		// A broker that creates topics on demand answers "unknown topic" at first.
+		f := &fakeKafka{answers: []error{missing, missing, nil}}
+		c := New(f.describe)
+		defer c.Close()
+		if err := settled(t, c, "t"); err != nil {
+			t.Fatalf("Check of a topic that appeared within the create wait = %v, want nil", err)
+		}
+		if n := f.questions(); n != 3 {
+			t.Errorf("Kafka was asked %d times, want 3", n)
+		}
+	})
 }
 
 func TestTopicMissingThroughTheCreateWaitIsRejected(t *testing.T) {
-	f := &fakeKafka{answers: []error{missing}}
-	c := New(f.describe)
-	defer c.Close()
-	c.createWait = 300 * time.Millisecond
-	start := time.Now()
-	if err := settled(t, c, "t"); err != missing {
-		t.Fatalf("Check of a topic missing throughout = %v, want describe's RejectedError", err)
-	}
-	if took := time.Since(start); took < 100*time.Millisecond {
-		t.Errorf("rejected after %v, before the lookup asked again", took)
-	}
-	if n := f.questions(); n < 2 {
-		t.Errorf("Kafka was asked %d times within the create wait, want at least twice", n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeKafka{answers: []error{missing}}
+		c := New(f.describe)
+		defer c.Close()
+		c.createWait = 300 * time.Millisecond
+		start := time.Now()
+		if err := settled(t, c, "t"); err != missing {
+			t.Fatalf("Check of a topic missing throughout = %v, want describe's RejectedError", err)
+		}
+		if took := time.Since(start); took < 100*time.Millisecond {
+			t.Errorf("rejected after %v, before the lookup asked again", took)
+		}
+		if n := f.questions(); n < 2 {
+			t.Errorf("Kafka was asked %d times within the create wait, want at least twice", n)
+		}
+	})
 }
 
 func TestCloseStopsALookup(t *testing.T) {
-	f := &fakeKafka{answers: []error{missing}}
-	c := New(f.describe)
-	c.createWait = time.Hour // the lookup would ask again and again without Close
-	if err := c.Check("t"); !errors.Is(err, driver.ErrTopicPending) {
-		t.Fatalf("first Check = %v, want ErrTopicPending", err)
-	}
-	if !testwait.Until(10*time.Second, func() bool { return f.questions() > 0 }) {
-		t.Fatal("the lookup never asked Kafka")
-	}
-	closed := make(chan struct{})
-	go func() {
-		c.Close()
-		close(closed)
-	}()
-	select {
-	case <-closed:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Close still waiting for a lookup after 10s")
-	}
-	asked := f.questions()
-	time.Sleep(300 * time.Millisecond)
-	if n := f.questions(); n != asked {
-		t.Errorf("Kafka was asked %d times after Close, want none", n-asked)
-	}
-	c.mu.Lock()
-	st := c.topics["t"]
-	c.mu.Unlock()
-	if st.pending || st.err != missing {
-		t.Errorf("after Close the topic's state is %+v; want what was learnt kept, the rejection", st)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		f := &fakeKafka{answers: []error{missing}}
+		c := New(f.describe)
+		c.createWait = time.Hour // the lookup would ask again and again without Close
+		if err := c.Check("t"); !errors.Is(err, driver.ErrTopicPending) {
+			t.Fatalf("first Check = %v, want ErrTopicPending", err)
+		}
+		synctest.Wait() // the lookup has asked, and waits to ask again
+		if f.questions() == 0 {
+			t.Fatal("the lookup never asked Kafka")
+		}
+		closed := make(chan struct{})
+		go func() {
+			c.Close()
+			close(closed)
+		}()
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Close still waiting for a lookup after 10s")
+		}
+		asked := f.questions()
+		time.Sleep(300 * time.Millisecond) // nothing must ask in this window, on the bubble's clock
+		if n := f.questions(); n != asked {
+			t.Errorf("Kafka was asked %d times after Close, want none", n-asked)
+		}
+		c.mu.Lock()
+		st := c.topics["t"]
+		c.mu.Unlock()
+		if st.pending || st.err != missing {
+			t.Errorf("after Close the topic's state is %+v; want what was learnt kept, the rejection", st)
+		}
+	})
 }

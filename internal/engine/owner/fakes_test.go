@@ -37,6 +37,8 @@ type fakeDB struct {
 	markDelay time.Duration
 	// hang makes every call block until its context ends, as on a locked table.
 	hang bool
+	// hung counts the calls that have met a hang, for tests that wait for one to be stuck.
+	hung int
 }
 
 func newFakeDB() *fakeDB { return &fakeDB{Store: memory.NewStore()} }
@@ -50,9 +52,12 @@ func (d *fakeDB) setHang(hang bool) {
 // fault waits while the database hangs, as a statement waits for a lock, until ctx ends; then
 // it fails while the database is down.
 func (d *fakeDB) fault(ctx context.Context) error {
-	for {
+	for counted := false; ; counted = true {
 		d.mu.Lock()
 		hang, down := d.hang, d.down
+		if hang && !counted {
+			d.hung++
+		}
 		d.mu.Unlock()
 		if !hang {
 			if down {
@@ -261,6 +266,8 @@ type fakeKafka struct {
 	commitStalls int
 	// initHang makes InitTransactions wait out its context's deadline and time out.
 	initHang bool
+	// initHung counts the InitTransactions calls that have met initHang.
+	initHung int
 	// initErr, when set, is what InitTransactions returns.
 	initErr error
 	// produceFatal makes the next Produce report the producer's fatal error.
@@ -390,6 +397,9 @@ func (p *fakeProducer) WriteNote(ctx context.Context, place driver.NotePlace, no
 func (p *fakeProducer) InitTransactions(ctx context.Context) error {
 	p.k.mu.Lock()
 	hang, err := p.k.initHang, p.k.initErr
+	if hang {
+		p.k.initHung++
+	}
 	p.k.mu.Unlock()
 	if hang {
 		return waitOut(ctx)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/google/uuid"
@@ -241,26 +242,28 @@ func TestKeyRuns(t *testing.T) {
 // records the note lists and publishes again only the last of each run: a consumer sees an
 // immediate repeat, never a key going backwards.
 func TestNextEpochPurgesNotedRecords(t *testing.T) {
-	r := newRig(t, fastLimits())
-	ids := r.load(3, 100)
-	r.db.failPurgesFromRun = true
-	r.start()
-	r.waitFor("a run to commit and its purge to fail", 10*time.Second, r.db.purgesFailing)
-	r.stop()
-	firstEpoch := len(r.kafka.published())
+	inBubble(t, func(t *testing.T) {
+		r := newRig(t, fastLimits())
+		ids := r.load(3, 100)
+		r.db.failPurgesFromRun = true
+		r.start()
+		r.waitFor("a run to commit and its purge to fail", 10*time.Second, r.db.purgesFailing)
+		r.stop()
+		firstEpoch := len(r.kafka.published())
 
-	r.db.setFailPurges(false)
-	r.elector.set(stateLeader)
-	r.h = r.newHarvest(fastLimits())
-	r.runUntilEmpty()
-	r.checkOrder(ids)
-	// Each key had at most one run committed and unpurged; only its last record may come again.
-	if dups := len(r.kafka.published()) - len(ids); dups > 3 {
-		t.Errorf("%d records published again after %d were committed; want at most one per key (3)", dups, firstEpoch)
-	}
-	if !strings.Contains(r.logs.String(), "purged records an earlier leader published") {
-		t.Error("the next epoch did not report purging the noted records")
-	}
+		r.db.setFailPurges(false)
+		r.elector.set(stateLeader)
+		r.h = r.newHarvest(fastLimits())
+		r.runUntilEmpty()
+		r.checkOrder(ids)
+		// Each key had at most one run committed and unpurged; only its last record may come again.
+		if dups := len(r.kafka.published()) - len(ids); dups > 3 {
+			t.Errorf("%d records published again after %d were committed; want at most one per key (3)", dups, firstEpoch)
+		}
+		if !strings.Contains(r.logs.String(), "purged records an earlier leader published") {
+			t.Error("the next epoch did not report purging the noted records")
+		}
+	})
 }
 
 // The leader stops after a run committed and before its purge did, and the database fails over
@@ -268,33 +271,35 @@ func TestNextEpochPurgesNotedRecords(t *testing.T) {
 // epoch purges only the noted rows that are still what was published (their fingerprints match),
 // so the new rows are published, not deleted unseen.
 func TestNextEpochLeavesNotedIDsThatNameOtherRows(t *testing.T) {
-	r := newRig(t, fastLimits())
-	r.load(3, 100)
-	r.db.failPurgesFromRun = true
-	r.start()
-	r.waitFor("a run to commit and its purge to fail", 10*time.Second, r.db.purgesFailing)
-	r.stop()
-	var reused []int64
-	for _, p := range r.kafka.published() {
-		if r.db.exists(p.id) && !slices.Contains(reused, p.id) {
-			reused = append(reused, p.id)
-			r.db.update(p.id, func(rec *driver.OutboxRecord) { rec.KafkaKey, rec.KafkaValue = "new", String("new row") })
+	inBubble(t, func(t *testing.T) {
+		r := newRig(t, fastLimits())
+		r.load(3, 100)
+		r.db.failPurgesFromRun = true
+		r.start()
+		r.waitFor("a run to commit and its purge to fail", 10*time.Second, r.db.purgesFailing)
+		r.stop()
+		var reused []int64
+		for _, p := range r.kafka.published() {
+			if r.db.exists(p.id) && !slices.Contains(reused, p.id) {
+				reused = append(reused, p.id)
+				r.db.update(p.id, func(rec *driver.OutboxRecord) { rec.KafkaKey, rec.KafkaValue = "new", String("new row") })
+			}
 		}
-	}
-	if len(reused) == 0 {
-		t.Fatal("no published record was left unpurged; the test exercised nothing")
-	}
+		if len(reused) == 0 {
+			t.Fatal("no published record was left unpurged; the test exercised nothing")
+		}
 
-	r.db.setFailPurges(false)
-	r.elector.set(stateLeader)
-	r.h = r.newHarvest(fastLimits())
-	r.runUntilEmpty()
-	values := r.publishedValues()
-	for _, id := range reused {
-		if !slices.Contains(values, fmt.Sprintf("%d:new row", id)) {
-			t.Errorf("the new row that took id %d was never published", id)
+		r.db.setFailPurges(false)
+		r.elector.set(stateLeader)
+		r.h = r.newHarvest(fastLimits())
+		r.runUntilEmpty()
+		values := r.publishedValues()
+		for _, id := range reused {
+			if !slices.Contains(values, fmt.Sprintf("%d:new row", id)) {
+				t.Errorf("the new row that took id %d was never published", id)
+			}
 		}
-	}
+	})
 }
 
 // A note that cannot be written fails its transaction like a failed commit: it is aborted and
@@ -450,33 +455,35 @@ func TestRejectedRecordHoldsOnlyItsKey(t *testing.T) {
 }
 
 func TestMalformedRecordIsHeldAndReported(t *testing.T) {
-	r := newRig(t, fastLimits())
-	bad := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
-	after := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
-	r.db.SetMalformed(bad, "header arrays differ")
-	others := r.load(10, 10)
-	r.start()
-	r.waitFor("other keys to drain", 10*time.Second, func() bool { return r.db.len() == 2 })
-	time.Sleep(100 * time.Millisecond) // a gap in which the held key's records must not go out
-	r.stop()
-	r.checkOrder(others)
-	if !r.db.exists(bad) || !r.db.exists(after) {
-		t.Fatal("the malformed record or its successor was dropped")
-	}
-	for _, p := range r.kafka.published() {
-		if p.key == "bad" {
-			t.Fatalf("record %d of the held key was published", p.id)
+	inBubble(t, func(t *testing.T) {
+		r := newRig(t, fastLimits())
+		bad := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
+		after := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad"})[0]
+		r.db.SetMalformed(bad, "header arrays differ")
+		others := r.load(10, 10)
+		r.start()
+		r.waitFor("other keys to drain", 10*time.Second, func() bool { return r.db.len() == 2 })
+		time.Sleep(100 * time.Millisecond) // a gap in which the held key's records must not go out
+		r.stop()
+		r.checkOrder(others)
+		if !r.db.exists(bad) || !r.db.exists(after) {
+			t.Fatal("the malformed record or its successor was dropped")
 		}
-	}
-	var reported bool
-	for _, e := range r.events.all() {
-		if f, ok := e.(event.RecordFailed); ok && f.ID == bad && strings.Contains(f.Err.Error(), "header arrays differ") {
-			reported = true
+		for _, p := range r.kafka.published() {
+			if p.key == "bad" {
+				t.Fatalf("record %d of the held key was published", p.id)
+			}
 		}
-	}
-	if !reported {
-		t.Fatalf("no RecordFailed for the malformed record; events %v", r.events.all())
-	}
+		var reported bool
+		for _, e := range r.events.all() {
+			if f, ok := e.(event.RecordFailed); ok && f.ID == bad && strings.Contains(f.Err.Error(), "header arrays differ") {
+				reported = true
+			}
+		}
+		if !reported {
+			t.Fatalf("no RecordFailed for the malformed record; events %v", r.events.all())
+		}
+	})
 }
 
 // A failed mark may have marked rows whose reply was lost, which only a new leader ID takes
@@ -501,67 +508,80 @@ func TestFailedClaimRemarksOnlyAMark(t *testing.T) {
 // During a database outage the harvester backs off, logs the outage once, and still stops
 // promptly; when the database returns it carries on.
 func TestDatabaseOutage(t *testing.T) {
-	r := newRig(t, fastLimits())
-	r.kafka.delay = time.Millisecond
-	ids := r.load(20, 30)
-	r.start()
-	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids) })
-	r.db.setDown(true)
-	time.Sleep(500 * time.Millisecond) // an outage several retries long
-	r.db.setDown(false)
-	r.waitEmpty(20 * time.Second)
-	// The step that purges the last rows may log the recovery just after: a new epoch's start
-	// purges what the last one left, and says the outage is over once it is through.
-	r.waitFor("the recovery to be logged", 5*time.Second, func() bool {
-		return strings.Contains(r.logs.String(), "database available again")
-	})
-	if n := strings.Count(r.logs.String(), "database unavailable"); n != 1 {
-		t.Errorf("the outage was logged %d times, want once", n)
-	}
-	r.checkOrder(ids)
+	inBubble(t, func(t *testing.T) {
+		r := newRig(t, fastLimits())
+		r.kafka.delay = time.Millisecond
+		ids := r.load(20, 30)
+		r.start()
+		r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids) })
+		r.db.setDown(true)
+		time.Sleep(500 * time.Millisecond) // an outage several retries long
+		r.db.setDown(false)
+		r.waitEmpty(20 * time.Second)
+		// The step that purges the last rows may log the recovery just after: a new epoch's start
+		// purges what the last one left, and says the outage is over once it is through.
+		r.waitFor("the recovery to be logged", 5*time.Second, func() bool {
+			return strings.Contains(r.logs.String(), "database available again")
+		})
+		if n := strings.Count(r.logs.String(), "database unavailable"); n != 1 {
+			t.Errorf("the outage was logged %d times, want once", n)
+		}
+		r.checkOrder(ids)
 
-	// Stop during a second outage.
-	r.load(5, 2)
-	r.db.setDown(true)
-	time.Sleep(100 * time.Millisecond) // long enough for the loops to be retrying when Stop comes
-	start := time.Now()
-	r.stop()
-	if took := time.Since(start); took > 3*time.Second {
-		t.Fatalf("Stop took %v during a database outage", took)
-	}
+		// Stop during a second outage.
+		r.load(5, 2)
+		marks := r.db.markCount()
+		r.db.setDown(true)
+		// The loops are retrying when Stop comes: a claim has failed, and every loop has met the
+		// outage or waits.
+		r.waitFor("a claim to fail", 5*time.Second, func() bool { return r.db.markCount() > marks })
+		synctest.Wait()
+		start := time.Now()
+		r.stop()
+		if took := time.Since(start); took > 3*time.Second {
+			t.Fatalf("Stop took %v during a database outage", took)
+		}
+	})
 }
 
 // A statement stuck on a locked table must not hold up Stop beyond its bound.
 func TestStopWhileDatabaseHangs(t *testing.T) {
-	r := newRig(t, fastLimits())
-	r.kafka.delay = time.Millisecond
-	ids := r.load(20, 30)
-	r.start()
-	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids) })
-	r.db.setHang(true)
-	time.Sleep(200 * time.Millisecond) // marks and purges are now stuck
-	start := time.Now()
-	r.stop()
-	// MaxPollInterval (500ms) to drain, then the stuck statements are cancelled.
-	if took := time.Since(start); took > 2*time.Second {
-		t.Fatalf("Stop took %v while the database hung", took)
-	}
+	inBubble(t, func(t *testing.T) {
+		r := newRig(t, fastLimits())
+		r.kafka.delay = time.Millisecond
+		ids := r.load(20, 30)
+		r.start()
+		r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids) })
+		hung := r.hung()
+		r.db.setHang(true)
+		// Statements are stuck when Stop comes: one has met the hang, and every loop has too or waits.
+		r.waitFor("a statement to hang", 5*time.Second, func() bool { return r.hung() > hung })
+		synctest.Wait()
+		start := time.Now()
+		r.stop()
+		// MaxPollInterval (500ms) to drain, then the stuck statements are cancelled.
+		if took := time.Since(start); took > 2*time.Second {
+			t.Fatalf("Stop took %v while the database hung", took)
+		}
+	})
 }
 
 func TestIdleOutboxBacksOff(t *testing.T) {
-	r := newRig(t, epoch.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 10 * time.Millisecond})
-	r.start()
-	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
-	time.Sleep(time.Second) // the backoff climbs to its bound
-	before := r.db.markCount()
-	time.Sleep(3 * time.Second) // the window the marks are counted over
-	perSecond := float64(r.db.markCount()-before) / 3
-	if perSecond > 1.4 {
-		t.Fatalf("an idle outbox was marked %.1f times a second; the bound (maxMarkBackoff 1s) allows 1", perSecond)
-	}
-	id := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k"})[0]
-	r.waitFor("the new record", 3*time.Second, func() bool { return !r.db.exists(id) })
-	r.stop()
+	inBubble(t, func(t *testing.T) {
+		r := newRig(t, epoch.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 10 * time.Millisecond})
+		r.start()
+		r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
+		time.Sleep(time.Second) // the backoff climbs to its bound
+		before := r.db.markCount()
+		time.Sleep(3 * time.Second) // the window the marks are counted over
+		perSecond := float64(r.db.markCount()-before) / 3
+		if perSecond > 1.4 {
+			t.Fatalf("an idle outbox was marked %.1f times a second; the bound (maxMarkBackoff 1s) allows 1", perSecond)
+		}
+		id := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k"})[0]
+		r.waitFor("the new record", 3*time.Second, func() bool { return !r.db.exists(id) })
+		r.stop()
+	})
 }
 
 // coveringDB is the fake database with a CoveringListener whose notifications and coverage the
@@ -594,73 +614,77 @@ func (d *coveringDB) ListenCovering(ctx context.Context, wake func(), covered fu
 // While its listener covers every write, an idle outbox is not polled at all; a notification
 // still wakes it, and once the coverage ends it polls again.
 func TestCoveredIdleOutboxIsNotPolled(t *testing.T) {
-	r := newRig(t, fastLimits()) // maxMarkBackoff 20ms: uncovered, 50 marks a second
-	db := &coveringDB{fakeDB: r.db, notify: make(chan struct{}), cover: make(chan bool)}
-	r.store = db
-	r.start()
-	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
-	time.Sleep(200 * time.Millisecond) // the first marks, after the listener's first wake-up
-	before := r.db.markCount()
-	time.Sleep(time.Second)
-	if marks := r.db.markCount() - before; marks != 0 {
-		t.Fatalf("a covered idle outbox was marked %d times in a second; want none", marks)
-	}
-	send := func(what string, ch chan<- struct{}) {
-		select {
-		case ch <- struct{}{}:
-		case <-time.After(5 * time.Second):
-			t.Fatalf("the listener did not take the %s", what)
+	inBubble(t, func(t *testing.T) {
+		r := newRig(t, fastLimits()) // maxMarkBackoff 20ms: uncovered, 50 marks a second
+		db := &coveringDB{fakeDB: r.db, notify: make(chan struct{}), cover: make(chan bool)}
+		r.store = db
+		r.start()
+		r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
+		synctest.Wait() // the first marks, after the listener's first wake-up, are done
+		before := r.db.markCount()
+		time.Sleep(time.Second)
+		if marks := r.db.markCount() - before; marks != 0 {
+			t.Fatalf("a covered idle outbox was marked %d times in a second; want none", marks)
 		}
-	}
-	id := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k"})[0]
-	send("notification", db.notify)
-	r.waitFor("the notified record", 3*time.Second, func() bool { return !r.db.exists(id) })
+		send := func(what string, ch chan<- struct{}) {
+			select {
+			case ch <- struct{}{}:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("the listener did not take the %s", what)
+			}
+		}
+		id := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k"})[0]
+		send("notification", db.notify)
+		r.waitFor("the notified record", 3*time.Second, func() bool { return !r.db.exists(id) })
 
-	select {
-	case db.cover <- false:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the listener did not take the end of its coverage")
-	}
-	before = r.db.markCount()
-	time.Sleep(500 * time.Millisecond)
-	if marks := r.db.markCount() - before; marks < 5 {
-		t.Fatalf("an uncovered idle outbox was marked %d times in half a second; want it polled every 20ms", marks)
-	}
-	r.stop()
+		select {
+		case db.cover <- false:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the listener did not take the end of its coverage")
+		}
+		before = r.db.markCount()
+		time.Sleep(500 * time.Millisecond)
+		if marks := r.db.markCount() - before; marks < 5 {
+			t.Fatalf("an uncovered idle outbox was marked %d times in half a second; want it polled every 20ms", marks)
+		}
+		r.stop()
+	})
 }
 
 // A deposed leader that has not yet noticed can still mark rows, taking them from the current
 // leader, whose next mark then returns records it already holds. Those copies must be dropped:
 // queued behind the key's later records, they would be published out of order.
 func TestRecordsMarkedAgainMidEpochAreNotQueuedTwice(t *testing.T) {
-	r := newRig(t, fastLimits())
-	r.kafka.delay = time.Millisecond
-	ids := r.load(20, 200)
-	r.start()
-	r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids) })
-	// The deposed leader marks until this leader has taken back at least one record it held (it
-	// used to mark at least five times, which a fast machine drains the outbox before). A leader
-	// that reads takes nothing back: the deposed leader's marks change nothing it reads.
-	for marks := 0; claimStrategy == ClaimByMarking && testutil.ToFloat64(r.h.metrics.MarkedAgain) == 0 ||
-		claimStrategy == ClaimByReading && marks < 5 && r.db.len() > 0; marks++ {
-		marked, err := r.db.Mark(context.Background(), uuid.New(), 200) // the deposed leader's mark
-		if err != nil {
-			t.Fatal(err)
+	inBubble(t, func(t *testing.T) {
+		r := newRig(t, fastLimits())
+		r.kafka.delay = time.Millisecond
+		ids := r.load(20, 200)
+		r.start()
+		r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids) })
+		// The deposed leader marks until this leader has taken back at least one record it held (it
+		// used to mark at least five times, which a fast machine drains the outbox before). A leader
+		// that reads takes nothing back: the deposed leader's marks change nothing it reads.
+		for marks := 0; claimStrategy == ClaimByMarking && testutil.ToFloat64(r.h.metrics.MarkedAgain) == 0 ||
+			claimStrategy == ClaimByReading && marks < 5 && r.db.len() > 0; marks++ {
+			marked, err := r.db.Mark(context.Background(), uuid.New(), 200) // the deposed leader's mark
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(marked) == 0 && claimStrategy == ClaimByMarking {
+				t.Fatal("nothing was left to mark again")
+			}
+			time.Sleep(20 * time.Millisecond) // paces the deposed leader's marks, as its loop would
 		}
-		if len(marked) == 0 && claimStrategy == ClaimByMarking {
-			t.Fatal("nothing was left to mark again")
+		r.waitEmpty(20 * time.Second)
+		r.stop()
+		r.checkOrder(ids)
+		if dups := len(r.kafka.published()) - len(ids); dups != 0 {
+			t.Errorf("%d records published twice by one leader", dups)
 		}
-		time.Sleep(20 * time.Millisecond) // paces the deposed leader's marks, as its loop would
-	}
-	r.waitEmpty(20 * time.Second)
-	r.stop()
-	r.checkOrder(ids)
-	if dups := len(r.kafka.published()) - len(ids); dups != 0 {
-		t.Errorf("%d records published twice by one leader", dups)
-	}
-	if again := testutil.ToFloat64(r.h.metrics.MarkedAgain); claimStrategy == ClaimByMarking && again == 0 {
-		t.Error("no record was counted as marked again")
-	}
+		if again := testutil.ToFloat64(r.h.metrics.MarkedAgain); claimStrategy == ClaimByMarking && again == 0 {
+			t.Error("no record was counted as marked again")
+		}
+	})
 }
 
 // On a revoke the epoch drains before the next begins: the fake producer flags any overlap of

@@ -109,61 +109,65 @@ func TestMalformedKeyWithManyRowsHoldsOnlyItself(t *testing.T) {
 // An operator's delete of a held row drops the record and releases its key within about a
 // HeldCheckInterval, however long its backoff; the deleted row is never published.
 func TestDeletedHeldRecordIsDroppedAndItsKeyReleased(t *testing.T) {
-	l := heldLimits()
-	l.IOErrorBackoff = time.Minute // the retry would come far too late: the re-read must act
-	r := newRig(t, l)
-	ids := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")},
-		driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("1")})
-	r.kafka.setReject(ids[0], 1<<30)
-	r.start()
-	r.waitFor("the record to be held", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 1 })
-	r.db.Delete(ids[0])
-	r.waitEmpty(5 * time.Second)
-	r.waitBudgetEmpty()
-	r.stop()
-	for _, p := range r.kafka.published() {
-		if p.id == ids[0] {
-			t.Fatalf("the deleted record %d was published", p.id)
+	inBubble(t, func(t *testing.T) {
+		l := heldLimits()
+		l.IOErrorBackoff = time.Minute // the retry would come far too late: the re-read must act
+		r := newRig(t, l)
+		ids := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("0")},
+			driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "bad", KafkaValue: String("1")})
+		r.kafka.setReject(ids[0], 1<<30)
+		r.start()
+		r.waitFor("the record to be held", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 1 })
+		r.db.Delete(ids[0])
+		r.waitEmpty(5 * time.Second)
+		r.waitBudgetEmpty()
+		r.stop()
+		for _, p := range r.kafka.published() {
+			if p.id == ids[0] {
+				t.Fatalf("the deleted record %d was published", p.id)
+			}
 		}
-	}
-	r.checkOrder(ids[1:])
-	if n := countEvents[event.HeldRecordDeleted](r.events); n != 1 {
-		t.Errorf("%d HeldRecordDeleted events, want 1", n)
-	}
+		r.checkOrder(ids[1:])
+		if n := countEvents[event.HeldRecordDeleted](r.events); n != 1 {
+			t.Errorf("%d HeldRecordDeleted events, want 1", n)
+		}
+	})
 }
 
 // The held loop ticks only while a record is held: once the registry has emptied, the next record
 // held is read again every HeldCheckInterval as the first was, and an operator's delete of it
 // takes effect as promptly.
 func TestHeldLoopTicksAgainForTheNextHeldRecord(t *testing.T) {
-	l := heldLimits()
-	l.IOErrorBackoff = time.Minute // the retry would come far too late: the re-read must act
-	r := newRig(t, l)
-	first := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "a", KafkaValue: String("0")})
-	r.kafka.setReject(first[0], 1<<30)
-	r.start()
-	r.waitFor("the first record to be held", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 1 })
-	r.db.Delete(first[0])
-	// Long before the backoff ends: only the held loop's re-read drops it.
-	r.waitFor("the first record to be dropped", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 0 })
-	// Several intervals with nothing held, so that the loop has seen the registry empty.
-	time.Sleep(5 * l.HeldCheckInterval)
-	next := first[0] + 1 // the store numbers rows in order
-	r.kafka.setReject(next, 1<<30)
-	second := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "b", KafkaValue: String("1")})
-	if second[0] != next {
-		t.Fatalf("the second row is %d, want %d", second[0], next)
-	}
-	r.waitFor("the second record to be held", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 1 })
-	r.db.Delete(second[0])
-	r.waitFor("the second record to be dropped", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 0 })
-	r.stop()
-	for _, p := range r.kafka.published() {
-		t.Fatalf("record %d was published; both rows were deleted while held", p.id)
-	}
-	if n := countEvents[event.HeldRecordDeleted](r.events); n != 2 {
-		t.Errorf("%d HeldRecordDeleted events, want 2: %+v", n, r.events.all())
-	}
+	inBubble(t, func(t *testing.T) {
+		l := heldLimits()
+		l.IOErrorBackoff = time.Minute // the retry would come far too late: the re-read must act
+		r := newRig(t, l)
+		first := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "a", KafkaValue: String("0")})
+		r.kafka.setReject(first[0], 1<<30)
+		r.start()
+		r.waitFor("the first record to be held", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 1 })
+		r.db.Delete(first[0])
+		// Long before the backoff ends: only the held loop's re-read drops it.
+		r.waitFor("the first record to be dropped", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 0 })
+		// Several intervals with nothing held, so that the loop has seen the registry empty.
+		time.Sleep(5 * l.HeldCheckInterval)
+		next := first[0] + 1 // the store numbers rows in order
+		r.kafka.setReject(next, 1<<30)
+		second := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "b", KafkaValue: String("1")})
+		if second[0] != next {
+			t.Fatalf("the second row is %d, want %d", second[0], next)
+		}
+		r.waitFor("the second record to be held", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 1 })
+		r.db.Delete(second[0])
+		r.waitFor("the second record to be dropped", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 0 })
+		r.stop()
+		for _, p := range r.kafka.published() {
+			t.Fatalf("record %d was published; both rows were deleted while held", p.id)
+		}
+		if n := countEvents[event.HeldRecordDeleted](r.events); n != 2 {
+			t.Errorf("%d HeldRecordDeleted events, want 2: %+v", n, r.events.all())
+		}
+	})
 }
 
 // An operator's fix of a held row is published at once, with its new content, and never the old.

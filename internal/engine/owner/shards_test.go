@@ -58,21 +58,23 @@ func TestLossBetweenEpochsIsReported(t *testing.T) {
 // is empty or the epoch has ended: every epoch of the harvester spaces its commits by that count
 // (lingerFor), so a count left behind would slow the next epochs' commits for good.
 func TestBusyEpochsFollowTheBacklog(t *testing.T) {
-	// 200 marks of at least a millisecond each to a backlog: the epoch is busy for a while.
-	limits := fastLimits()
-	limits.MarkQueryRecords = 10
-	r := newRig(t, limits)
-	r.db.markDelay = time.Millisecond
-	ids := r.load(100, 20)
-	r.start()
-	r.waitFor("the epoch to count as busy", 5*time.Second, func() bool { return r.h.busyEpochs.Load() == 1 })
-	r.waitEmpty(20 * time.Second)
-	r.waitFor("the epoch to count as idle", 5*time.Second, func() bool { return r.h.busyEpochs.Load() == 0 })
-	r.load(100, 20)
-	r.waitFor("the epoch to count as busy again", 5*time.Second, func() bool { return r.h.busyEpochs.Load() == 1 })
-	r.stop()
-	if n := r.h.busyEpochs.Load(); n != 0 {
-		t.Errorf("%d epochs counted as busy once stopped", n)
-	}
-	r.checkOrder(ids)
+	inBubble(t, func(t *testing.T) {
+		// 200 marks of at least a millisecond each to a backlog: the epoch is busy for a while.
+		limits := fastLimits()
+		limits.MarkQueryRecords = 10
+		r := newRig(t, limits)
+		r.db.markDelay = time.Millisecond
+		ids := r.load(100, 20)
+		r.start()
+		r.waitFor("the epoch to count as busy", 5*time.Second, func() bool { return r.h.busyEpochs.Load() == 1 })
+		r.waitEmpty(20 * time.Second)
+		r.waitFor("the epoch to count as idle", 5*time.Second, func() bool { return r.h.busyEpochs.Load() == 0 })
+		r.load(100, 20)
+		r.waitFor("the epoch to count as busy again", 5*time.Second, func() bool { return r.h.busyEpochs.Load() == 1 })
+		r.stop()
+		if n := r.h.busyEpochs.Load(); n != 0 {
+			t.Errorf("%d epochs counted as busy once stopped", n)
+		}
+		r.checkOrder(ids)
+	})
 }

@@ -98,6 +98,10 @@ func TestAwaitStandbysEndsTheEpochWhenTheServerChanges(t *testing.T) {
 
 // A wait for standbys that never ends holds neither Stop nor the election loop: the leader stays
 // healthy while it waits, and stops promptly.
+//
+// Not in a bubble: it takes 0.07 s on the wall clock, and once in 80 runs of the package in
+// bubbles (claims by marking) its marker went on polling the standbys after Stop, as if its
+// context had not ended, and Stop never returned; that is not understood yet.
 func TestStopWhileAwaitingStandbys(t *testing.T) {
 	r, _ := newStandbyRig(t, "primary")
 	r.load(5, 2)
@@ -178,35 +182,37 @@ func TestFailedClaimOnAnotherServerEndsTheEpoch(t *testing.T) {
 // again, to new rows, which such a purge would delete unpublished. They are left, and published
 // again if their rows are there.
 func TestUnpurgedRecordsAreNotPurgedOnAnotherServer(t *testing.T) {
-	limits := fastLimits()
-	limits.MaxKeyRun = 1
-	r, db := newServerRig(t, limits, "old")
-	r.kafka.delay = time.Millisecond
-	ids := r.load(20, 20)
-	r.endEpochLeavingUnpurged(ids)
-	// The promoted server gives the ids of the records committed and not purged to new rows.
-	var reused []int64
-	for _, p := range r.kafka.published() {
-		if r.db.exists(p.id) {
-			reused = append(reused, p.id)
-			r.db.update(p.id, func(rec *driver.OutboxRecord) { rec.KafkaKey, rec.KafkaValue = "new", String("new row") })
+	inBubble(t, func(t *testing.T) {
+		limits := fastLimits()
+		limits.MaxKeyRun = 1
+		r, db := newServerRig(t, limits, "old")
+		r.kafka.delay = time.Millisecond
+		ids := r.load(20, 20)
+		r.endEpochLeavingUnpurged(ids)
+		// The promoted server gives the ids of the records committed and not purged to new rows.
+		var reused []int64
+		for _, p := range r.kafka.published() {
+			if r.db.exists(p.id) {
+				reused = append(reused, p.id)
+				r.db.update(p.id, func(rec *driver.OutboxRecord) { rec.KafkaKey, rec.KafkaValue = "new", String("new row") })
+			}
 		}
-	}
-	if len(reused) == 0 {
-		t.Fatal("no record was committed and left unpurged; the test exercised nothing")
-	}
-	db.server.Store("promoted")
-	r.db.setFailPurges(false)
-	r.elector.set(stateLeader)
-	r.waitEmpty(10 * time.Second)
-	r.stop()
-	values := r.publishedValues()
-	for _, id := range reused {
-		if !slices.Contains(values, fmt.Sprintf("%d:new row", id)) {
-			t.Errorf("the new row with id %d, reused on the promoted server, was never published", id)
+		if len(reused) == 0 {
+			t.Fatal("no record was committed and left unpurged; the test exercised nothing")
 		}
-	}
-	if !strings.Contains(r.logs.String(), "the database server changed") {
-		t.Error("the records left unpurged were not logged")
-	}
+		db.server.Store("promoted")
+		r.db.setFailPurges(false)
+		r.elector.set(stateLeader)
+		r.waitEmpty(10 * time.Second)
+		r.stop()
+		values := r.publishedValues()
+		for _, id := range reused {
+			if !slices.Contains(values, fmt.Sprintf("%d:new row", id)) {
+				t.Errorf("the new row with id %d, reused on the promoted server, was never published", id)
+			}
+		}
+		if !strings.Contains(r.logs.String(), "the database server changed") {
+			t.Error("the records left unpurged were not logged")
+		}
+	})
 }
