@@ -21,7 +21,7 @@ func TestActivityWakesWhenStalled(t *testing.T) {
 	f := &flight{}
 	a.posted(1)
 	a.producing(f)
-	a.markerIdle(true)
+	a.markerWaits(markerRows)
 	if woken() || a.stalled() {
 		t.Fatal("stalled with a record waiting for its worker and a message unreported")
 	}
@@ -39,7 +39,7 @@ func TestActivityWakesWhenStalled(t *testing.T) {
 	if !a.awaitReports(time.Now().Add(time.Hour)) {
 		t.Fatal("awaitReports waited with every message reported")
 	}
-	a.markerIdle(false)
+	a.markerWaits(markerBusy)
 	if a.stalled() {
 		t.Fatal("stalled while the marker marks")
 	}
