@@ -206,6 +206,34 @@ func BenchmarkSustained(b *testing.B) {
 	}
 }
 
+// BenchmarkCommitCadence: what Limits.CommitCadence trades at light load, where it matters:
+// BenchmarkSustained at 2,000 records/s on one shard and BenchmarkSustainedShards at 800 records/s
+// on 8, each with the cadences below. 1ms is none (a transaction commits as soon as nothing more
+// can join it, as before the setting), the baseline of each rate's ratios. The cases of a rate
+// share one Postgres server and one broker and run one after the other, each in a fresh database
+// and reporting to its own b, so that the cadence is the only difference between them.
+func BenchmarkCommitCadence(b *testing.B) {
+	cadences := []time.Duration{time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond}
+	for _, c := range []struct {
+		rate   float64
+		shards int
+	}{{2000, 1}, {800, 8}} {
+		name := "rate=" + strconv.Itoa(int(c.rate))
+		if c.shards > 1 {
+			name += "/shards=" + strconv.Itoa(c.shards)
+		}
+		b.Run(name, func(b *testing.B) {
+			rig := startBenchRig(b)
+			for _, cadence := range cadences {
+				b.Run("commitCadence="+cadence.String(), func(b *testing.B) {
+					rig.b, rig.commitCadence = b, cadence
+					rig.sustained(c.rate, goharvest.DefaultClaimStrategy, 0, c.shards)
+				})
+			}
+		})
+	}
+}
+
 // BenchmarkWritersWithRollbacks: BenchmarkSustained at 3,000 records/s from 16 writers, each of
 // which rolls back one transaction of ten records in every four it begins, leaving gaps in the
 // ids that nothing will fill. Neither strategy may wait for them.
@@ -462,6 +490,9 @@ type benchRig struct {
 	// beside the server's, and Limits.AwaitStandbys of the harvesters the rig starts.
 	standby       *pgcluster.Server
 	awaitStandbys int
+	// Set by BenchmarkCommitCadence only: Limits.CommitCadence of the harvesters the rig starts
+	// (0: the default).
+	commitCadence time.Duration
 }
 
 // benchBroker is the Kafka a benchmark runs against, in processes of its own so that its CPU is
@@ -593,11 +624,13 @@ type benchHarvesterConfig struct {
 	Broker, DSN, Group, Client       string
 	Shards, MaxKeyRun, AwaitStandbys int
 	Claim                            goharvest.ClaimStrategy
+	CommitCadence                    time.Duration
 }
 
 func (r *benchRun) harvesterConfig() benchHarvesterConfig {
 	return benchHarvesterConfig{Broker: r.rig.broker.Addr, DSN: r.dsn, Group: r.group, Client: os.Getenv(EnvBenchClient),
-		Shards: r.shards, MaxKeyRun: r.maxKeyRun, AwaitStandbys: r.rig.awaitStandbys, Claim: r.claim}
+		Shards: r.shards, MaxKeyRun: r.maxKeyRun, AwaitStandbys: r.rig.awaitStandbys, Claim: r.claim,
+		CommitCadence: r.rig.commitCadence}
 }
 
 // config returns the harvester's Config, with the drivers the reaper would make of the same
@@ -614,7 +647,7 @@ func (c benchHarvesterConfig) config() (goharvest.Config, error) {
 			LeaderTopic:       c.Group + ".leader",
 			Shards:            c.Shards,
 			ClaimStrategy:     c.Claim,
-			Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, MaxKeyRun: c.MaxKeyRun, AwaitStandbys: c.AwaitStandbys},
+			Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, MaxKeyRun: c.MaxKeyRun, AwaitStandbys: c.AwaitStandbys, CommitCadence: c.CommitCadence},
 			Logger:            testlog.Logger(),
 			MetricsRegisterer: prometheus.NewRegistry(),
 		},

@@ -46,3 +46,39 @@ func TestActivityWakesWhenStalled(t *testing.T) {
 }
 
 // Under load an epoch spaces its commits by the busy epochs of its process (lingerFor), so that
+
+// The transaction loop is told when the load begins (a claim fills its room, or the marker waits
+// for room), since a transaction waiting out the commit cadence then commits sooner; and the load
+// ends with a claim that does not fill its room.
+func TestActivityWakesWhenLoaded(t *testing.T) {
+	a := activity{settled: closedChan(), wake: mailbox.NewWake()}
+	woken := func() bool {
+		select {
+		case <-a.wake:
+			return true
+		default:
+			return false
+		}
+	}
+	a.posted(1) // a record on its way to a worker: the transaction has not stalled
+	a.claimed(false)
+	if woken() || a.loaded() {
+		t.Fatal("loaded after a claim that did not fill its room")
+	}
+	a.claimed(true)
+	if !woken() || !a.loaded() {
+		t.Fatal("not told of a claim that filled its room")
+	}
+	a.claimed(false)
+	if a.loaded() {
+		t.Fatal("still loaded after a claim that did not fill its room")
+	}
+	a.markerWaits(markerRows)
+	if woken() || a.loaded() {
+		t.Fatal("loaded while the marker waits for rows")
+	}
+	a.markerWaits(markerRoom)
+	if !woken() || !a.loaded() {
+		t.Fatal("not told that the marker waits for room")
+	}
+}
