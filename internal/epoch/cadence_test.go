@@ -122,6 +122,15 @@ func (r *cadenceRig) stop() time.Duration {
 	return took
 }
 
+// committed returns how many records have been committed.
+func (r *cadenceRig) committed() int {
+	n := 0
+	for _, c := range r.prod.list() {
+		n += len(c.keys)
+	}
+	return n
+}
+
 // latencies returns, for every committed record, the time from its write to its commit.
 func (r *cadenceRig) latencies() []time.Duration {
 	r.mu.Lock()
@@ -213,10 +222,7 @@ func TestCommitCadenceHotKeyKeepsUp(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 		time.Sleep(4 * cadence)
-		committed := 0
-		for _, c := range r.prod.list() {
-			committed += len(c.keys)
-		}
+		committed := r.committed()
 		t.Logf("%d transactions", len(r.prod.list()))
 		if committed != records {
 			t.Fatalf("%d of %d records of the hot key committed 200ms after the last write: it fell behind", committed, records)
@@ -241,10 +247,7 @@ func TestCommitCadenceAddsNoWaitUnderLoad(t *testing.T) {
 			r.write(fmt.Sprint("k", i%500))
 		}
 		time.Sleep(cadence / 4)
-		committed := 0
-		for _, c := range r.prod.list() {
-			committed += len(c.keys)
-		}
+		committed := r.committed()
 		t.Logf("%d of %d committed after %v, in %d transactions", committed, records, time.Since(began), len(r.prod.list()))
 		if committed < records-limits.MaxInFlightRecords {
 			t.Errorf("%d of %d backlogged records committed %v after they were written: the cadence held up a backlog", committed, records, time.Since(began))

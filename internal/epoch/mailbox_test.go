@@ -10,14 +10,7 @@ import (
 // waits for a worker and every message has been reported, and not before.
 func TestActivityWakesWhenStalled(t *testing.T) {
 	a := activity{settled: closedChan(), wake: mailbox.NewWake()}
-	woken := func() bool {
-		select {
-		case <-a.wake:
-			return true
-		default:
-			return false
-		}
-	}
+	woken := func() bool { return poked(a.wake) }
 	f := &flight{}
 	a.posted(1)
 	a.producing(f)
@@ -52,14 +45,7 @@ func TestActivityWakesWhenStalled(t *testing.T) {
 // ends with a claim that does not fill its room.
 func TestActivityWakesWhenLoaded(t *testing.T) {
 	a := activity{settled: closedChan(), wake: mailbox.NewWake()}
-	woken := func() bool {
-		select {
-		case <-a.wake:
-			return true
-		default:
-			return false
-		}
-	}
+	woken := func() bool { return poked(a.wake) }
 	a.posted(1) // a record on its way to a worker: the transaction has not stalled
 	a.claimed(false)
 	if woken() || a.loaded() {
@@ -80,5 +66,15 @@ func TestActivityWakesWhenLoaded(t *testing.T) {
 	a.markerWaits(markerRoom)
 	if !woken() || !a.loaded() {
 		t.Fatal("not told that the marker waits for room")
+	}
+}
+
+// poked takes wake's token, if it has one, and reports whether it had.
+func poked(wake mailbox.Wake) bool {
+	select {
+	case <-wake:
+		return true
+	default:
+		return false
 	}
 }

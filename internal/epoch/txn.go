@@ -106,26 +106,19 @@ func (a *activity) changed() {
 }
 
 // markerWaits says what the marker waits for from now on; markerBusy, that it waits no more.
-func (a *activity) markerWaits(w markerWait) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	wasLoaded := a.loadedLocked()
-	a.marker = w
-	a.changedLoad(wasLoaded)
-}
+func (a *activity) markerWaits(w markerWait) { a.marking(func() { a.marker = w }) }
 
 // claimed says whether the marker's latest claim filled the room it asked for.
-func (a *activity) claimed(full bool) {
+func (a *activity) claimed(full bool) { a.marking(func() { a.plentiful = full }) }
+
+// marking applies news of the marker under mu, then pokes the transaction loop if the
+// transaction has stalled or the load has just begun, when a transaction waiting out the commit
+// cadence may commit sooner.
+func (a *activity) marking(news func()) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	wasLoaded := a.loadedLocked()
-	a.plentiful = full
-	a.changedLoad(wasLoaded)
-}
-
-// changedLoad pokes the transaction loop if the transaction has stalled or the load has just
-// begun, when a transaction waiting out the commit cadence may commit sooner (mu held).
-func (a *activity) changedLoad(wasLoaded bool) {
+	news()
 	if !wasLoaded && a.loadedLocked() {
 		a.wake.Poke()
 		return
