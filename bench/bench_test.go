@@ -211,9 +211,17 @@ func BenchmarkSustained(b *testing.B) {
 // on 8, each with the cadences below. 1ms is none (a transaction commits as soon as nothing more
 // can join it, as before the setting), the baseline of each rate's ratios. The cases of a rate
 // share one Postgres server and one broker and run one after the other, each in a fresh database
-// and reporting to its own b, so that the cadence is the only difference between them.
+// and reporting to its own b, so that the cadence is the only difference between them. The
+// "/linger.ms=N" cases also have the producer linger as long as the cadence (the commit flushes
+// it anyway), so that a cadence's records reach the broker in one produce request per broker
+// rather than one a millisecond.
 func BenchmarkCommitCadence(b *testing.B) {
-	cadences := []time.Duration{time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond}
+	type cadence struct {
+		every    time.Duration
+		lingerMs int
+	}
+	cadences := []cadence{{time.Millisecond, 0}, {20 * time.Millisecond, 0}, {50 * time.Millisecond, 0},
+		{100 * time.Millisecond, 0}, {200 * time.Millisecond, 0}, {50 * time.Millisecond, 50}, {100 * time.Millisecond, 100}}
 	for _, c := range []struct {
 		rate   float64
 		shards int
@@ -225,8 +233,12 @@ func BenchmarkCommitCadence(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			rig := startBenchRig(b)
 			for _, cadence := range cadences {
-				b.Run("commitCadence="+cadence.String(), func(b *testing.B) {
-					rig.b, rig.commitCadence = b, cadence
+				name := "commitCadence=" + cadence.every.String()
+				if cadence.lingerMs > 0 {
+					name += "/linger.ms=" + strconv.Itoa(cadence.lingerMs)
+				}
+				b.Run(name, func(b *testing.B) {
+					rig.b, rig.commitCadence, rig.lingerMs = b, cadence.every, cadence.lingerMs
 					rig.sustained(c.rate, goharvest.DefaultClaimStrategy, 0, c.shards)
 				})
 			}
@@ -491,8 +503,9 @@ type benchRig struct {
 	standby       *pgcluster.Server
 	awaitStandbys int
 	// Set by BenchmarkCommitCadence only: Limits.CommitCadence of the harvesters the rig starts
-	// (0: the default).
+	// (0: the default), and their producers' linger.ms (0: the reaper's default).
 	commitCadence time.Duration
+	lingerMs      int
 }
 
 // benchBroker is the Kafka a benchmark runs against, in processes of its own so that its CPU is
@@ -625,12 +638,13 @@ type benchHarvesterConfig struct {
 	Shards, MaxKeyRun, AwaitStandbys int
 	Claim                            goharvest.ClaimStrategy
 	CommitCadence                    time.Duration
+	LingerMs                         int
 }
 
 func (r *benchRun) harvesterConfig() benchHarvesterConfig {
 	return benchHarvesterConfig{Broker: r.rig.broker.Addr, DSN: r.dsn, Group: r.group, Client: os.Getenv(EnvBenchClient),
 		Shards: r.shards, MaxKeyRun: r.maxKeyRun, AwaitStandbys: r.rig.awaitStandbys, Claim: r.claim,
-		CommitCadence: r.rig.commitCadence}
+		CommitCadence: r.rig.commitCadence, LingerMs: r.rig.lingerMs}
 }
 
 // config returns the harvester's Config, with the drivers the reaper would make of the same
@@ -640,6 +654,10 @@ func (c benchHarvesterConfig) config() (goharvest.Config, error) {
 	case "", "franz", "librdkafka":
 	default:
 		return goharvest.Config{}, fmt.Errorf("%s=%q: want librdkafka or franz", EnvBenchClient, c.Client)
+	}
+	var producer reaper.KafkaConfigMap
+	if c.LingerMs > 0 {
+		producer = reaper.KafkaConfigMap{"linger.ms": c.LingerMs}
 	}
 	return reaper.Settings{
 		Config: goharvest.Config{
@@ -651,9 +669,10 @@ func (c benchHarvesterConfig) config() (goharvest.Config, error) {
 			Logger:            testlog.Logger(),
 			MetricsRegisterer: prometheus.NewRegistry(),
 		},
-		KafkaClient:     reaper.KafkaClient(c.Client),
-		BaseKafkaConfig: reaper.KafkaConfigMap{"bootstrap.servers": c.Broker},
-		DataSource:      c.DSN,
+		KafkaClient:         reaper.KafkaClient(c.Client),
+		BaseKafkaConfig:     reaper.KafkaConfigMap{"bootstrap.servers": c.Broker},
+		ProducerKafkaConfig: producer,
+		DataSource:          c.DSN,
 	}.HarvestConfig()
 }
 
