@@ -208,31 +208,37 @@ func BenchmarkSustained(b *testing.B) {
 
 // BenchmarkCommitCadence: what Limits.CommitCadence trades at light load, where it matters:
 // BenchmarkSustained at 2,000 records/s on one shard and BenchmarkSustainedShards at 800 records/s
-// on 8, each with the cadences below. 1ms is none (a transaction commits as soon as nothing more
-// can join it, as before the setting), the baseline of each rate's ratios. The cases of a rate
-// share one Postgres server and one broker and run one after the other, each in a fresh database
-// and reporting to its own b, so that the cadence is the only difference between them. The
-// "/linger.ms=N" cases also have the producer linger as long as the cadence (the commit flushes
-// it anyway), so that a cadence's records reach the broker in one produce request per broker
-// rather than one a millisecond.
+// on 8, each with the cadences below; and at 10,000 records/s, where records are plentiful,
+// whether the default costs throughput. 1ms is none (a transaction commits as soon as nothing
+// more can join it, as before the setting), the baseline of each rate's ratios. The cases of a
+// rate share one Postgres server and one broker and run one after the other, each in a fresh
+// database and reporting to its own b, so that the cadence is the only difference between them.
+// The "/linger.ms=N" cases also have the producer linger as long as the cadence (the commit
+// flushes it anyway), so that a cadence's records reach the broker in one produce request per
+// broker rather than one a millisecond.
 func BenchmarkCommitCadence(b *testing.B) {
 	type cadence struct {
 		every    time.Duration
 		lingerMs int
 	}
-	cadences := []cadence{{time.Millisecond, 0}, {20 * time.Millisecond, 0}, {50 * time.Millisecond, 0},
+	light := []cadence{{time.Millisecond, 0}, {20 * time.Millisecond, 0}, {50 * time.Millisecond, 0},
 		{100 * time.Millisecond, 0}, {200 * time.Millisecond, 0}, {50 * time.Millisecond, 50}, {100 * time.Millisecond, 100}}
 	for _, c := range []struct {
-		rate   float64
-		shards int
-	}{{2000, 1}, {800, 8}} {
+		rate     float64
+		shards   int
+		cadences []cadence
+	}{
+		{2000, 1, light},
+		{800, 8, light},
+		{10000, 1, []cadence{{time.Millisecond, 0}, {goharvest.Limits{}.WithDefaults().CommitCadence, 0}}},
+	} {
 		name := "rate=" + strconv.Itoa(int(c.rate))
 		if c.shards > 1 {
 			name += "/shards=" + strconv.Itoa(c.shards)
 		}
 		b.Run(name, func(b *testing.B) {
 			rig := startBenchRig(b)
-			for _, cadence := range cadences {
+			for _, cadence := range c.cadences {
 				name := "commitCadence=" + cadence.every.String()
 				if cadence.lingerMs > 0 {
 					name += "/linger.ms=" + strconv.Itoa(cadence.lingerMs)
