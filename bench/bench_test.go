@@ -206,6 +206,52 @@ func BenchmarkSustained(b *testing.B) {
 	}
 }
 
+// BenchmarkCommitCadence: what Limits.CommitCadence trades at light load, where it matters:
+// BenchmarkSustained at 2,000 records/s on one shard and BenchmarkSustainedShards at 800 records/s
+// on 8, each with the cadences below; and at 10,000 records/s, where records are plentiful,
+// whether the default costs throughput. 1ms is none (a transaction commits as soon as nothing
+// more can join it, as before the setting), the baseline of each rate's ratios. The cases of a
+// rate share one Postgres server and one broker and run one after the other, each in a fresh
+// database and reporting to its own b, so that the cadence is the only difference between them.
+// The "/linger.ms=N" cases also have the producer linger as long as the cadence (the commit
+// flushes it anyway), so that a cadence's records reach the broker in one produce request per
+// broker rather than one a millisecond.
+func BenchmarkCommitCadence(b *testing.B) {
+	type cadence struct {
+		every    time.Duration
+		lingerMs int
+	}
+	light := []cadence{{time.Millisecond, 0}, {20 * time.Millisecond, 0}, {50 * time.Millisecond, 0},
+		{100 * time.Millisecond, 0}, {200 * time.Millisecond, 0}, {50 * time.Millisecond, 50}, {100 * time.Millisecond, 100}}
+	for _, c := range []struct {
+		rate     float64
+		shards   int
+		cadences []cadence
+	}{
+		{2000, 1, light},
+		{800, 8, light},
+		{10000, 1, []cadence{{time.Millisecond, 0}, {goharvest.Limits{}.WithDefaults().CommitCadence, 0}}},
+	} {
+		name := "rate=" + strconv.Itoa(int(c.rate))
+		if c.shards > 1 {
+			name += "/shards=" + strconv.Itoa(c.shards)
+		}
+		b.Run(name, func(b *testing.B) {
+			rig := startBenchRig(b)
+			for _, cadence := range c.cadences {
+				name := "commitCadence=" + cadence.every.String()
+				if cadence.lingerMs > 0 {
+					name += "/linger.ms=" + strconv.Itoa(cadence.lingerMs)
+				}
+				b.Run(name, func(b *testing.B) {
+					rig.b, rig.commitCadence, rig.lingerMs = b, cadence.every, cadence.lingerMs
+					rig.sustained(c.rate, goharvest.DefaultClaimStrategy, 0, c.shards)
+				})
+			}
+		})
+	}
+}
+
 // BenchmarkWritersWithRollbacks: BenchmarkSustained at 3,000 records/s from 16 writers, each of
 // which rolls back one transaction of ten records in every four it begins, leaving gaps in the
 // ids that nothing will fill. Neither strategy may wait for them.
@@ -462,6 +508,10 @@ type benchRig struct {
 	// beside the server's, and Limits.AwaitStandbys of the harvesters the rig starts.
 	standby       *pgcluster.Server
 	awaitStandbys int
+	// Set by BenchmarkCommitCadence only: Limits.CommitCadence of the harvesters the rig starts
+	// (0: the default), and their producers' linger.ms (0: the reaper's default).
+	commitCadence time.Duration
+	lingerMs      int
 }
 
 // benchBroker is the Kafka a benchmark runs against, in processes of its own so that its CPU is
@@ -593,11 +643,14 @@ type benchHarvesterConfig struct {
 	Broker, DSN, Group, Client       string
 	Shards, MaxKeyRun, AwaitStandbys int
 	Claim                            goharvest.ClaimStrategy
+	CommitCadence                    time.Duration
+	LingerMs                         int
 }
 
 func (r *benchRun) harvesterConfig() benchHarvesterConfig {
 	return benchHarvesterConfig{Broker: r.rig.broker.Addr, DSN: r.dsn, Group: r.group, Client: os.Getenv(EnvBenchClient),
-		Shards: r.shards, MaxKeyRun: r.maxKeyRun, AwaitStandbys: r.rig.awaitStandbys, Claim: r.claim}
+		Shards: r.shards, MaxKeyRun: r.maxKeyRun, AwaitStandbys: r.rig.awaitStandbys, Claim: r.claim,
+		CommitCadence: r.rig.commitCadence, LingerMs: r.rig.lingerMs}
 }
 
 // config returns the harvester's Config, with the drivers the reaper would make of the same
@@ -608,19 +661,24 @@ func (c benchHarvesterConfig) config() (goharvest.Config, error) {
 	default:
 		return goharvest.Config{}, fmt.Errorf("%s=%q: want librdkafka or franz", EnvBenchClient, c.Client)
 	}
+	var producer reaper.KafkaConfigMap
+	if c.LingerMs > 0 {
+		producer = reaper.KafkaConfigMap{"linger.ms": c.LingerMs}
+	}
 	return reaper.Settings{
 		Config: goharvest.Config{
 			LeaderGroupID:     c.Group,
 			LeaderTopic:       c.Group + ".leader",
 			Shards:            c.Shards,
 			ClaimStrategy:     c.Claim,
-			Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, MaxKeyRun: c.MaxKeyRun, AwaitStandbys: c.AwaitStandbys},
+			Limits:            goharvest.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 50 * time.Millisecond, MaxKeyRun: c.MaxKeyRun, AwaitStandbys: c.AwaitStandbys, CommitCadence: c.CommitCadence},
 			Logger:            testlog.Logger(),
 			MetricsRegisterer: prometheus.NewRegistry(),
 		},
-		KafkaClient:     reaper.KafkaClient(c.Client),
-		BaseKafkaConfig: reaper.KafkaConfigMap{"bootstrap.servers": c.Broker},
-		DataSource:      c.DSN,
+		KafkaClient:         reaper.KafkaClient(c.Client),
+		BaseKafkaConfig:     reaper.KafkaConfigMap{"bootstrap.servers": c.Broker},
+		ProducerKafkaConfig: producer,
+		DataSource:          c.DSN,
 	}.HarvestConfig()
 }
 

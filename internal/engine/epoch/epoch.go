@@ -20,8 +20,9 @@
 // to one transaction: its first record starts a run in the current transaction, and more join
 // the run while that transaction stays open (up to MaxKeyRun, and while the note has room; see
 // note.go). The key's next run starts only once this run has been committed and purged. The
-// transaction loop commits whatever has been produced, continuously, and passes the committed
-// records to the committers, which purge them in batches (one DELETE for many rows, while the
+// transaction loop commits whatever has been produced, continuously (under a backlog as soon as
+// the transaction cannot grow, at light load at the commit cadence: see commitDue), and passes
+// the committed records to the committers, which purge them in batches (one DELETE for many rows, while the
 // next batch gathers) and then tell the workers.
 //
 // When a commit fails, the transaction is aborted and its runs go back to their workers, which
@@ -148,11 +149,13 @@ type Epoch struct {
 	// txnMu lets workers produce (read lock) or endTxn end a transaction (write lock), never both.
 	// gen numbers the current transaction (guarded by txnMu), so that a worker can tell whether a
 	// run's transaction is still open. txn holds the records produced in it (guarded by txnMx:
-	// workers append to it concurrently under the read lock).
-	txnMu sync.RWMutex
-	gen   uint64
-	txnMx sync.Mutex
-	txn   []*flight
+	// workers append to it concurrently under the read lock), and txnOldest the earliest claim of
+	// those records (guarded by txnMx; see cadenceDue).
+	txnMu     sync.RWMutex
+	gen       uint64
+	txnMx     sync.Mutex
+	txn       []*flight
+	txnOldest time.Time
 	// produced wakes the transaction loop when a record joins an empty transaction.
 	produced mailbox.Wake
 	// txnFailures counts commits that failed in a row (guarded by txnMu): retrying in place is

@@ -25,7 +25,7 @@ import (
 // Who writes each field of a flight (reading follows the same hand-over):
 //
 //	field                           written by
-//	rec, markSeq, worker            the marker, when it makes the flight; rec again by the worker
+//	rec, markSeq, claimed, worker   the marker, when it makes the flight; rec again by the worker
 //	                                when the held loop's read of the row finds it changed (judge)
 //	attempts, held, done            the worker
 //	free, due, fresh, doomed        the worker (held keys, held.go)
@@ -48,6 +48,8 @@ type flight struct {
 	held, done bool
 	// noted means a committed note lists this record.
 	noted bool
+	// claimed is when the marker claimed it (see cadenceDue).
+	claimed time.Time
 	// markSeq numbers the claim that returned this record; purgedAt is the number of the latest
 	// claim begun when its purge had committed (see sendWorker.wasPurged).
 	markSeq, purgedAt uint64

@@ -119,7 +119,7 @@ func (p *Epoch) markLoop() {
 	for p.ctx.Err() == nil {
 		room, seq := p.budget.reserve(p.Limits.MaxInFlightRecords, p.Limits.MarkQueryRecords)
 		if room <= 0 {
-			p.markerWaits(p.Limits.DrainInterval, p.budget.room)
+			p.markerWaits(markerRoom, p.Limits.DrainInterval, p.budget.room)
 			continue
 		}
 		wakes := p.wakes.Load()
@@ -147,6 +147,7 @@ func (p *Epoch) markLoop() {
 		}
 		p.DBTrouble.OK(p.Log)
 		setBusy(len(records) > 0)
+		p.activity.claimed(len(records) >= room)
 		if len(records) == 0 {
 			// Nothing claimed, nothing in flight, no key held (before the claim, which then left
 			// out no key's rows, and after it): the outbox had no rows for this epoch.
@@ -157,10 +158,10 @@ func (p *Epoch) markLoop() {
 				// Every write wakes the marker, and so does the end of that (listenLoop); until
 				// then the outbox holds nothing to claim, and nothing in flight or held can make a
 				// row claimable again, so there is nothing to poll for.
-				p.markerWaits(0, p.written)
+				p.markerWaits(markerRows, 0, p.written)
 				continue
 			}
-			p.markerWaits(idle, p.written)
+			p.markerWaits(markerRows, idle, p.written)
 			idle = min(2*idle, p.Limits.MaxMarkBackoff)
 			continue
 		}
@@ -172,10 +173,11 @@ func (p *Epoch) markLoop() {
 		p.Metrics.Marked.Add(float64(len(records)))
 		p.budget.marked(records)
 		p.activity.posted(len(records))
+		claimed := time.Now()
 		for _, rec := range records {
 			w := p.workers[shardOf(rec.KafkaKey, len(p.workers))]
 			select {
-			case w.in <- &flight{rec: rec, worker: w, markSeq: seq}:
+			case w.in <- &flight{rec: rec, worker: w, markSeq: seq, claimed: claimed}:
 			case <-p.ctx.Done():
 				return
 			}
@@ -184,11 +186,11 @@ func (p *Epoch) markLoop() {
 }
 
 // markerWaits sleeps like sleep, with the transaction loop told meanwhile that the marker adds
-// nothing (the pipeline is full, or the outbox empty).
-func (p *Epoch) markerWaits(d time.Duration, ch <-chan struct{}) {
-	p.activity.markerIdle(true)
+// nothing, and why: it waits for rows (the outbox empty) or for room (the pipeline full).
+func (p *Epoch) markerWaits(w markerWait, d time.Duration, ch <-chan struct{}) {
+	p.activity.markerWaits(w)
 	p.sleep(d, ch)
-	p.activity.markerIdle(false)
+	p.activity.markerWaits(markerBusy)
 }
 
 // listenLoop has the binding wake the marker when records are written, and keeps it listening

@@ -9,6 +9,7 @@ import (
 
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/internal/engine/mailbox"
+	"github.com/goharvest/goharvest/internal/wakegrid"
 )
 
 // txnGather is the least a transaction stays open after the transaction loop finds its first
@@ -42,17 +43,30 @@ func lingerFor(busy int32) time.Duration {
 
 // activity is what the transaction loop needs to know of the other stages: whether anything can
 // still add records to the current transaction, so that it commits at once when nothing can
-// rather than wait out txnLinger, and whether the producer has reported on every message, which
+// rather than wait out txnLinger; whether records are plentiful (loaded), which decides between
+// that and the commit cadence; and whether the producer has reported on every message, which
 // an abort and the end of the epoch wait for. Every field is guarded by mu; the stages tell it
-// what they do, and it pokes wake when the transaction may have stalled.
+// what they do, and it pokes wake when the transaction may have stalled or the load begins.
 type activity struct {
 	mu         sync.Mutex
 	unreported int           // messages produced and not yet reported on
 	settled    chan struct{} // closed while unreported is 0
 	backlog    int           // marked records and news posted to workers and not yet handled
-	idle       bool          // the marker waits: for room, or for rows to be written
-	wake       mailbox.Wake  // tells the transaction loop to look at stalled again
+	marker     markerWait    // what the marker waits for, if anything
+	// plentiful says that the marker's latest claim filled the room it asked for: the outbox had
+	// at least as many rows ready, a backlog.
+	plentiful bool
+	wake      mailbox.Wake // tells the transaction loop to look at stalled and loaded again
 }
+
+// markerWait is what the marker waits for, if anything.
+type markerWait int
+
+const (
+	markerBusy markerWait = iota // claiming, or handing records to the workers
+	markerRows                   // rows to be written: the outbox had no more ready
+	markerRoom                   // room in the pipeline: the in-flight budget is taken
+)
 
 func closedChan() chan struct{} {
 	c := make(chan struct{})
@@ -69,7 +83,20 @@ func (a *activity) stalled() bool {
 	return a.stalledLocked()
 }
 
-func (a *activity) stalledLocked() bool { return a.idle && a.unreported <= 0 && a.backlog == 0 }
+func (a *activity) stalledLocked() bool {
+	return a.marker != markerBusy && a.unreported <= 0 && a.backlog == 0
+}
+
+// loaded reports whether records are plentiful: the marker's latest claim filled its room, or the
+// marker waits for room. Then the transaction loop commits as it did before the commit cadence,
+// as soon as the transaction cannot grow, and at least a linger after the previous commit.
+func (a *activity) loaded() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.loadedLocked()
+}
+
+func (a *activity) loadedLocked() bool { return a.plentiful || a.marker == markerRoom }
 
 // changed pokes the transaction loop if the transaction has stalled (mu held).
 func (a *activity) changed() {
@@ -78,10 +105,24 @@ func (a *activity) changed() {
 	}
 }
 
-func (a *activity) markerIdle(idle bool) {
+// markerWaits says what the marker waits for from now on; markerBusy, that it waits no more.
+func (a *activity) markerWaits(w markerWait) { a.marking(func() { a.marker = w }) }
+
+// claimed says whether the marker's latest claim filled the room it asked for.
+func (a *activity) claimed(full bool) { a.marking(func() { a.plentiful = full }) }
+
+// marking applies news of the marker under mu, then pokes the transaction loop if the
+// transaction has stalled or the load has just begun, when a transaction waiting out the commit
+// cadence may commit sooner.
+func (a *activity) marking(news func()) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.idle = idle
+	wasLoaded := a.loadedLocked()
+	news()
+	if !wasLoaded && a.loadedLocked() {
+		a.wake.Poke()
+		return
+	}
 	a.changed()
 }
 
@@ -164,10 +205,8 @@ func (p *Epoch) readDeliveries() {
 	}
 }
 
-// txnLoop commits the current transaction when it holds records and either a linger (lingerFor)
-// has passed since the previous commit ended (and txnGather since the loop found the first
-// record), or the transaction cannot grow (see activity.stalled). It owns lastEnd and its timer;
-// ending a transaction happens under txnMu (see endTxn).
+// txnLoop commits the current transaction when it holds records and commitDue says so. It owns
+// lastEnd and its timer; ending a transaction happens under txnMu (see endTxn).
 func (p *Epoch) txnLoop() {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -180,11 +219,7 @@ func (p *Epoch) txnLoop() {
 			case <-p.produced:
 			}
 		}
-		due := lastEnd.Add(lingerFor(p.BusyEpochs.Load()))
-		if gathered := time.Now().Add(txnGather); gathered.After(due) {
-			due = gathered
-		}
-		if !p.awaitCommit(timer, due) {
+		if !p.awaitCommit(timer, lastEnd, time.Now()) {
 			return
 		}
 		p.endTxn(p.flushCtx, true)
@@ -192,11 +227,16 @@ func (p *Epoch) txnLoop() {
 	}
 }
 
-// awaitCommit waits until due, or until the transaction cannot grow; false if the epoch stops
-// meanwhile.
-func (p *Epoch) awaitCommit(timer *time.Timer, due time.Time) bool {
+// awaitCommit waits until the current transaction, whose first record the loop found at found,
+// is due (see commitDue); false if the epoch stops meanwhile. A stop ends the wait at once, and
+// Stop then commits the transaction: the cadence never holds up the end of an epoch.
+func (p *Epoch) awaitCommit(timer *time.Timer, lastEnd, found time.Time) bool {
 	defer timer.Stop()
-	for !p.activity.stalled() {
+	for {
+		due, now := p.commitDue(lastEnd, found)
+		if now {
+			return true
+		}
 		wait := time.Until(due)
 		if wait <= 0 {
 			return true
@@ -209,7 +249,59 @@ func (p *Epoch) awaitCommit(timer *time.Timer, due time.Time) bool {
 		case <-p.activity.wake:
 		}
 	}
-	return true
+}
+
+// commitDue says when the current transaction, whose first record the loop found at found,
+// commits: now, or at due unless something changes meanwhile (the activity's wake tells).
+//
+// Under load (activity.loaded: a backlog, or the in-flight budget taken) it commits as soon as it
+// cannot grow (activity.stalled), else once a linger (lingerFor) has passed since the previous
+// commit ended and txnGather since its first record was found, as it did before the commit
+// cadence: the cadence neither adds a wait nor shortens the linger.
+//
+// Otherwise the outbox had no more rows ready when the marker last looked, and more may be
+// written: the transaction waits for them until the next point of the process's grid of period
+// CommitCadence after found (package wakegrid), so that every shard of the process commits at
+// once, within CommitCadence of its first record. It commits sooner when a record it carries was
+// claimed more than twice the cadence ago: such a record waited for its key's previous run to
+// commit (MaxKeyRun) or was sent again, and a hot key then gets a commit per record, as it did
+// before the cadence, rather than one per cadence; each record so waits at most about two
+// cadences for its commit. A cadence no longer than txnGather is none: the transaction commits
+// as soon as it cannot grow, as under load.
+func (p *Epoch) commitDue(lastEnd, found time.Time) (due time.Time, now bool) {
+	gathered := found.Add(txnGather)
+	cadence := p.Limits.CommitCadence
+	if cadence <= txnGather || p.activity.loaded() {
+		if p.activity.stalled() {
+			return time.Time{}, true
+		}
+		return latest(lastEnd.Add(lingerFor(p.BusyEpochs.Load())), gathered), false
+	}
+	return latest(p.cadenceDue(found), gathered), false
+}
+
+// cadenceDue is the latest the current transaction, found at found, commits: the next point of
+// the cadence's grid, or twice the cadence after the claim of the oldest record it carries.
+func (p *Epoch) cadenceDue(found time.Time) time.Time {
+	cadence := p.Limits.CommitCadence
+	p.txnMx.Lock()
+	oldest := p.txnOldest
+	p.txnMx.Unlock()
+	return earliest(wakegrid.Next(found, cadence), oldest.Add(2*cadence))
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 func (p *Epoch) txnEmpty() bool {
@@ -228,7 +320,7 @@ func (p *Epoch) endTxn(ctx context.Context, next bool) {
 	defer p.txnMu.Unlock()
 	p.txnMx.Lock()
 	batch := p.txn
-	p.txn = nil
+	p.txn, p.txnOldest = nil, time.Time{}
 	p.txnMx.Unlock()
 	gen := p.gen
 	p.gen++

@@ -248,6 +248,9 @@ func (p *Epoch) produce(f *flight, q *keyQueue) error {
 	p.txnMx.Lock()
 	p.txn = append(p.txn, f)
 	first := len(p.txn) == 1
+	if first || f.claimed.Before(p.txnOldest) {
+		p.txnOldest = f.claimed
+	}
 	p.txnMx.Unlock()
 	if first {
 		p.produced.Poke()
