@@ -11,7 +11,7 @@ import (
 // A revoke, or Stop, that comes while a transaction waits out the commit cadence (here its
 // longest, 1s) is served at once: the epoch ends without waiting for the cadence, its waiting
 // record is committed and purged on the way, and the handover takes a fraction of the cadence.
-// (Real time: the owner loop and the election run here, which internal/epoch's synctest tests
+// (Real time: the owner loop and the election run here, which internal/engine/epoch's synctest tests
 // leave out.)
 func TestCommitCadenceDoesNotDelayTheHandover(t *testing.T) {
 	const cadence = time.Second
