@@ -103,8 +103,8 @@ type Limits struct {
 	// carries was claimed twice this long ago (it waited for its key's previous run), and under a
 	// backlog (a claim that fills its room), where it commits as soon as it cannot grow, as it
 	// did before this setting. At light load a longer cadence puts more records in each
-	// transaction, which costs the broker and Postgres less per record, and adds up to this much
-	// latency; 1ms is no cadence: a transaction commits as soon as nothing more can join it.
+	// transaction, so fewer commits for the broker and purges for Postgres, and adds up to this
+	// much latency; 1ms is no cadence: a transaction commits as soon as nothing more can join it.
 	// Stop, or the end of leadership, commits a waiting transaction at once.
 	// Default: DefaultCommitCadence. Range: 1ms to 1s.
 	CommitCadence time.Duration `yaml:"commitCadence"`
