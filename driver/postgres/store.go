@@ -106,18 +106,15 @@ func (b *Store) Shard(shard, shards int) driver.DatabaseBinding {
 const outboxSelect = `id, create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values, leader_id`
 
 // outboxColumns are the columns the harvester reads, with the types it can read them as.
-var outboxColumns = []struct {
-	name  string
-	types []string
-}{
-	{"id", []string{"bigint", "integer"}},
-	{"create_time", []string{"timestamp with time zone", "timestamp without time zone"}},
-	{"kafka_topic", []string{"text", "character varying", "character"}},
-	{"kafka_key", []string{"text", "character varying", "character", "bytea"}},
-	{"kafka_value", []string{"text", "character varying", "character", "bytea", "json", "jsonb"}},
-	{"kafka_header_keys", []string{"text[]", "character varying[]"}},
-	{"kafka_header_values", []string{"text[]", "character varying[]", "bytea[]"}},
-	{"leader_id", []string{"uuid"}},
+var outboxColumns = []driver.Column{
+	{Name: "id", Types: []string{"bigint", "integer"}},
+	{Name: "create_time", Types: []string{"timestamp with time zone", "timestamp without time zone"}},
+	{Name: "kafka_topic", Types: []string{"text", "character varying", "character"}},
+	{Name: "kafka_key", Types: []string{"text", "character varying", "character", "bytea"}},
+	{Name: "kafka_value", Types: []string{"text", "character varying", "character", "bytea", "json", "jsonb"}},
+	{Name: "kafka_header_keys", Types: []string{"text[]", "character varying[]"}},
+	{Name: "kafka_header_values", Types: []string{"text[]", "character varying[]", "bytea[]"}},
+	{Name: "leader_id", Types: []string{"uuid"}},
 }
 
 // CheckSchema checks that the outbox table has every column the harvester reads, of a type it
@@ -141,21 +138,7 @@ func (b *Store) CheckSchema(ctx context.Context) error {
 	for _, t := range types {
 		have[t[0]] = t[1]
 	}
-	var problems []string
-	for _, col := range outboxColumns {
-		got, ok := have[col.name]
-		switch {
-		case !ok:
-			problems = append(problems, "column "+col.name+" is missing")
-		case !slices.Contains(col.types, got):
-			problems = append(problems, fmt.Sprintf("column %s has type %s; goharvest reads it as %s",
-				col.name, got, strings.Join(col.types, " or ")))
-		}
-	}
-	if len(problems) > 0 {
-		return &driver.SchemaError{Table: b.table, Problems: problems}
-	}
-	return nil
+	return driver.CheckColumns(b.table, have, outboxColumns)
 }
 
 var _ driver.DatabaseBinding = (*Store)(nil)
