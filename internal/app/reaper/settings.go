@@ -1,6 +1,7 @@
 package reaper
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -251,6 +252,42 @@ func (s Settings) store() (driver.Store, error) {
 		opts = append(opts, postgres.WithListenDataSource(s.ListenDataSource))
 	}
 	return postgres.New(s.DataSource, s.OutboxTable, opts...)
+}
+
+// createTable creates the outbox table and its dead-letter table where they are missing, with
+// the Postgres store's options (bytea payload columns, the index of shards); it returns what it
+// made besides the two tables, for reaper init to say.
+func (s Settings) createTable(ctx context.Context, bytea bool) (extra string, err error) {
+	if s.Database == DatabaseMySQL {
+		if bytea {
+			return "", errors.New("-bytea applies to Postgres outboxes: a MySQL outbox's key and value columns are binary already (VARBINARY, MEDIUMBLOB), its header values JSON text")
+		}
+		if s.Shards > 1 {
+			extra = fmt.Sprintf("no index for %d shards: MySQL has none yet, each shard's claim walks the primary key", s.Shards)
+		}
+		return extra, mysql.CreateOutboxTable(ctx, s.DataSource, s.OutboxTable)
+	}
+	if s.Shards > 1 {
+		extra = fmt.Sprintf("and the index for %d shards", s.Shards)
+	}
+	return extra, postgres.CreateOutboxTable(ctx, s.DataSource, s.OutboxTable, outbox.TableOptions{Bytea: bytea, Shards: s.Shards})
+}
+
+// deadLetterNow moves outbox record id into the dead-letter table at once (reaper dead-letter).
+func (s Settings) deadLetterNow(ctx context.Context, id int64, reason string) error {
+	if s.Database == DatabaseMySQL {
+		return mysql.DeadLetterNow(ctx, s.DataSource, s.OutboxTable, id, reason)
+	}
+	return postgres.DeadLetterNow(ctx, s.DataSource, s.OutboxTable, id, reason)
+}
+
+// requeue moves dead letter id back into the outbox, at its tail, and returns its new id
+// (reaper requeue).
+func (s Settings) requeue(ctx context.Context, id int64) (int64, error) {
+	if s.Database == DatabaseMySQL {
+		return mysql.Requeue(ctx, s.DataSource, s.OutboxTable, id)
+	}
+	return postgres.Requeue(ctx, s.DataSource, s.OutboxTable, id)
 }
 
 // mysqlDataSourceForm is what a MySQL outbox's dataSource looks like, for errors.
