@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	gomysql "github.com/go-sql-driver/mysql"
+
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/app/reaper"
 	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
@@ -108,10 +110,39 @@ func TestInitCreatesMySQLTables(t *testing.T) {
 	}
 }
 
+// mysqlGrants are the privileges docs/mysql.md says the reaper needs on an outbox table and its
+// dead-letter table, for publishing and for the operators' commands.
+const mysqlGrants = "SELECT, INSERT, UPDATE, DELETE"
+
+// mysqlHarvester creates a user with only mysqlGrants on the outbox and dead-letter tables of
+// the database of dsn (an administrator's), and returns a data source of that user's.
+func mysqlHarvester(t *testing.T, dsn string) string {
+	t.Helper()
+	cfg, err := gomysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user := "h" + strings.TrimPrefix(cfg.DBName, "goharvest")
+	db := mariadbtest.Open(t, dsn)
+	for _, statement := range []string{
+		"CREATE USER '" + user + "'@'%' IDENTIFIED BY 'secret'",
+		"GRANT " + mysqlGrants + " ON `" + cfg.DBName + "`.`outbox` TO '" + user + "'@'%'",
+		"GRANT " + mysqlGrants + " ON `" + cfg.DBName + "`.`outbox_dead_letters` TO '" + user + "'@'%'",
+	} {
+		if _, err := db.Exec(statement); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { db.Exec("DROP USER '" + user + "'@'%'") })
+	cfg.User, cfg.Passwd = user, "secret"
+	return cfg.FormatDSN()
+}
+
 // Operators list the records a MySQL outbox's reaper holds back, move one to the dead-letter
-// table (which releases its key) and requeue it at the tail, as with Postgres.
+// table (which releases its key) and requeue it at the tail, as with Postgres; the reaper and
+// the commands need no privileges but mysqlGrants on the two tables.
 func TestHeldDeadLetterAndRequeueCommandsOnMySQL(t *testing.T) {
-	dsn := mariadbtest.NewDatabase(t)
+	dsn := mariadbtest.NewOutbox(t)
 	broker := kafkacluster.Shared(t)
 	topic := broker.Topic(t, "mysql.held.events", 1)
 	addr := freeAddr(t)
@@ -121,7 +152,7 @@ func TestHeldDeadLetterAndRequeueCommandsOnMySQL(t *testing.T) {
   leaderTopic: mysql.held.leader
   leaderGroupID: mysql-held
   database: mysql
-  dataSource: "`+dsn+`"
+  dataSource: "`+mysqlHarvester(t, dsn)+`"
   limits:
     heartbeatTimeout: 1s
     minPollInterval: 50ms
@@ -129,9 +160,6 @@ func TestHeldDeadLetterAndRequeueCommandsOnMySQL(t *testing.T) {
 admin:
   address: `+addr+`
 `)
-	if code, out := command(path, "init"); code != 0 || !strings.Contains(out, "outbox_dead_letters") {
-		t.Fatalf("init: %d %s", code, out)
-	}
 	db := mariadbtest.Open(t, dsn)
 	insert := func(topic string) int64 {
 		res, err := db.Exec(`INSERT INTO outbox (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
@@ -281,11 +309,13 @@ admin:
 
 // A MySQL outbox has no notifications, so the harvester polls it: at light load, one record a
 // second, each arriving at an idle outbox, the reaper's default (DefaultMySQLMaxMarkBackoff)
-// publishes every record within a bound that the engine's default poll (limits.maxMarkBackoff
-// 1s, here as a reference in a second outbox) does not keep. Both outboxes' latencies, from the
-// insert's commit to the consumer, are logged.
+// publishes half the records within medianBound and all within mostBound, which the engine's
+// default poll (limits.maxMarkBackoff 1s, in a second outbox as a reference) does not: it waits
+// up to 640ms for a record written a second after the last (its empty reads back off 10ms,
+// 20ms, ... 640ms), so half wait more than 300ms. The bounds leave room for a loaded machine.
+// Both outboxes' latencies, from the insert to the consumer, are logged.
 func TestMySQLOutboxLatencyAtLightLoad(t *testing.T) {
-	const records, bound = 30, 500 * time.Millisecond
+	const records, medianBound, mostBound = 30, 250 * time.Millisecond, time.Second
 	broker := kafkacluster.Shared(t)
 	dsn := mariadbtest.NewDatabase(t)
 	db := mariadbtest.Open(t, dsn)
@@ -335,8 +365,9 @@ outboxes:
 		}
 		t.Logf("%s: %d records at one a second: latency p50 %v, p99 %v, max %v", table, records,
 			report.P50.Round(time.Millisecond), report.P99.Round(time.Millisecond), report.Max.Round(time.Millisecond))
-		if table == "polled_default" && report.Max > bound {
-			t.Errorf("%s: a record took %v to arrive at an idle outbox; the poll should find it within %v", table, report.Max, bound)
+		if table == "polled_default" && (report.P50 > medianBound || report.P99 > mostBound) {
+			t.Errorf("%s: records written to an idle outbox took %v at the median, %v at the 99th percentile; the poll should find them within %v and %v",
+				table, report.P50, report.P99, medianBound, mostBound)
 		}
 	}
 	stop()

@@ -316,6 +316,10 @@ func (s Settings) checkMySQL(bad func(field, yamlKey string, err error)) {
 	if _, err := outbox.QuoteTableMySQL(s.OutboxTable); err != nil {
 		bad("OutboxTable", "outboxTable", err)
 	}
+	if s.Limits.AwaitStandbys != 0 {
+		// The MySQL store cannot tell how far replicas have come; the harvester would not wait.
+		bad("Limits.AwaitStandbys", "limits.awaitStandbys", errors.New("waiting for standbys is for Postgres outboxes: a MySQL outbox cannot wait for its replicas; set 0 or remove it"))
+	}
 }
 
 // isOn says whether a MySQL system variable's value in a data source turns it on.

@@ -96,6 +96,8 @@ func TestValidateMySQLNamesFieldAndKey(t *testing.T) {
 		{"autocommit off", func(s *Settings) { s.DataSource = "harvester@tcp(db:3306)/shop?autocommit=0" },
 			[]string{"DataSource (dataSource)", "autocommit", "must stay on"}},
 		{"bad table", func(s *Settings) { s.OutboxTable = "out`box" }, []string{"OutboxTable (outboxTable)"}},
+		{"await standbys", func(s *Settings) { s.Limits.AwaitStandbys = 1 },
+			[]string{"Limits.AwaitStandbys (limits.awaitStandbys)", "for Postgres outboxes"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
