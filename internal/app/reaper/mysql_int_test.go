@@ -36,11 +36,11 @@ func writeFile(t *testing.T, config string) string {
 }
 
 // command runs a reaper command on the configuration file at path, and returns its exit code
-// and output.
+// and its output, standard output then standard error.
 func command(path string, args ...string) (int, string) {
-	var out bytes.Buffer
-	code := reaper.Main(append(args, "-f", path), reaper.Env{Stdout: &out, Stderr: &out, LookupEnv: os.LookupEnv, Context: context.Background()})
-	return code, out.String()
+	var stdout, stderr bytes.Buffer
+	code := reaper.Main(append(args, "-f", path), reaper.Env{Stdout: &stdout, Stderr: &stderr, LookupEnv: os.LookupEnv, Context: context.Background()})
+	return code, stdout.String() + stderr.String()
 }
 
 // mysqlStash writes records into a MySQL outbox table in one transaction, as a service does
@@ -139,81 +139,27 @@ func mysqlHarvester(t *testing.T, dsn string) string {
 }
 
 // Operators list the records a MySQL outbox's reaper holds back, move one to the dead-letter
-// table (which releases its key) and requeue it at the tail, as with Postgres; the reaper and
-// the commands need no privileges but mysqlGrants on the two tables.
+// table and requeue it, as with Postgres; the reaper and the commands need no privileges but
+// mysqlGrants on the two tables.
 func TestHeldDeadLetterAndRequeueCommandsOnMySQL(t *testing.T) {
 	dsn := mariadbtest.NewOutbox(t)
-	broker := kafkacluster.Shared(t)
-	topic := broker.Topic(t, "mysql.held.events", 1)
-	addr := freeAddr(t)
-	path := writeFile(t, `harvest:
-  baseKafkaConfig:
-    bootstrap.servers: `+broker.Addr()+`
-  leaderTopic: mysql.held.leader
-  leaderGroupID: mysql-held
-  database: mysql
-  dataSource: "`+mysqlHarvester(t, dsn)+`"
-  limits:
-    heartbeatTimeout: 1s
-    minPollInterval: 50ms
-    heldCheckInterval: 100ms
-admin:
-  address: `+addr+`
-`)
 	db := mariadbtest.Open(t, dsn)
-	insert := func(topic string) int64 {
-		res, err := db.Exec(`INSERT INTO outbox (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
-			VALUES (?, 'k', 'v', '[]', '[]')`, topic)
-		if err != nil {
-			t.Fatal(err)
-		}
-		id, err := res.LastInsertId()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return id
-	}
-	bad := insert("bad topic!")
-	insert(topic)
-
-	stop := runReaper(t, path)
-	defer stop()
-	row := regexp.MustCompile(fmt.Sprintf(`(?m)^%d\s+bad topic!\s+"k"\s+\d+\s+\S+\s+refused by goharvest`, bad))
-	eventually(t, "reaper held lists the bad record", 20*time.Second, func() (bool, string) {
-		code, out := command(path, "held")
-		return code == 0 && row.MatchString(out) && strings.Contains(out, "1 held"), out
+	heldCommands(t, "mysql-held", heldOutbox{
+		keys: "database: mysql\n  dataSource: \"" + mysqlHarvester(t, dsn) + `"`,
+		insert: func(topic string) int64 {
+			res, err := db.Exec(`INSERT INTO outbox (kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
+				VALUES (?, 'k', 'v', '[]', '[]')`, topic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id, err := res.LastInsertId()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return id
+		},
+		rows: func(table string) int { return mysqlRows(t, db, table) },
 	})
-	if n := mysqlRows(t, db, "outbox"); n != 2 {
-		t.Fatalf("%d rows in the outbox; the bad row's key should wait behind it", n)
-	}
-
-	if code, out := command(path, "dead-letter", fmt.Sprint(bad)); code != 0 {
-		t.Fatalf("dead-letter: %d %s", code, out)
-	}
-	eventually(t, "the key released and its next record published", 10*time.Second, func() (bool, string) {
-		code, out := command(path, "held")
-		return code == 0 && mysqlRows(t, db, "outbox") == 0 && strings.Contains(out, "0 held"), out
-	})
-	if n := mysqlRows(t, db, "outbox_dead_letters"); n != 1 {
-		t.Fatalf("%d dead letters, want the moved record", n)
-	}
-	if code, out := command(path, "dead-letter", fmt.Sprint(bad)); code == 0 || !strings.Contains(out, "no such record") {
-		t.Fatalf("dead-letter of a moved row: %d %s", code, out)
-	}
-
-	code, out := command(path, "requeue", fmt.Sprint(bad))
-	var newID int64
-	if _, err := fmt.Sscanf(out, fmt.Sprintf("dead letter %d requeued as outbox record %%d", bad), &newID); code != 0 || err != nil || newID <= bad {
-		t.Fatalf("requeue: %d %q (%v)", code, out, err)
-	}
-	eventually(t, "the requeued record held again", 10*time.Second, func() (bool, string) {
-		_, out := command(path, "held")
-		return strings.Contains(out, fmt.Sprintf("%d ", newID)), out
-	})
-	if code, out := command(path, "requeue", fmt.Sprint(bad)); code == 0 || !strings.Contains(out, "no such record") {
-		t.Fatalf("requeue of a requeued dead letter: %d %s", code, out)
-	}
-	stop()
 }
 
 // One reaper, from one file, publishes a Postgres outbox and a MySQL outbox side by side: every
