@@ -94,8 +94,8 @@ const (
 
 // DefaultMySQLMaxMarkBackoff is limits.maxMarkBackoff's default for a MySQL outbox, where no
 // notification ends the marker's wait: a record written to an idle outbox waits at most this
-// long to be noticed, rather than goharvest.DefaultMaxMarkBackoff's second, for ten reads a
-// second of the head of an empty table (per shard led). A notified Postgres outbox keeps the
+// long to be noticed, rather than the engine's second (epoch.DefaultMaxMarkBackoff), for ten
+// reads a second of the head of an empty table (per shard led). A Postgres outbox keeps the
 // engine's default.
 const DefaultMySQLMaxMarkBackoff = 100 * time.Millisecond
 
