@@ -56,7 +56,10 @@
 // # What differs from Postgres
 //
 // MySQL has no LISTEN/NOTIFY: the store is no Listener, so the harvester polls the outbox, at
-// least every Limits.MaxMarkBackoff when it is idle, and sooner while records arrive. Shards
+// least every Limits.MaxMarkBackoff when it is idle, and sooner while records arrive: a record
+// written to an idle outbox waits up to that long (1s by default) to be noticed. The reaper
+// defaults it to 100ms for a MySQL outbox; a program that embeds the harvester may set it so
+// too (docs/mysql.md, "Latency without notifications"). Shards
 // (Config.Shards) put a key in the shard outbox.Shard does (ShardSQL), but no index serves a
 // shard yet: each shard's claim walks the primary key past the other shards' rows.
 // create_time is a TIMESTAMP(6), an instant that does not depend on a session's time zone (its

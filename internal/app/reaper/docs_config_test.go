@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"github.com/goharvest/goharvest"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -19,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/goharvest/goharvest"
 )
 
 // docs/configuration.md's tables are what users read; these tests hold them to the code: every

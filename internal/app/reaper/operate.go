@@ -15,7 +15,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/outbox"
 )
@@ -45,14 +44,14 @@ func operate(env Env, command string, id int64, cfg File, o Outbox) error {
 		}
 		return listHeld(ctx, env, cfg.Admin.Address, outboxName)
 	case "dead-letter":
-		err := postgres.DeadLetterNow(ctx, h.DataSource, h.OutboxTable, id, "moved by an operator (reaper dead-letter)")
+		err := h.deadLetterNow(ctx, id, "moved by an operator (reaper dead-letter)")
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(env.Stdout, "outbox record %d moved to %s; a leader holding it releases its key within %v\n",
 			id, outbox.DeadLetterTable(h.OutboxTable), h.Limits.HeldCheckInterval)
 	case "requeue":
-		newID, err := postgres.Requeue(ctx, h.DataSource, h.OutboxTable, id)
+		newID, err := h.requeue(ctx, id)
 		if err != nil {
 			return err
 		}

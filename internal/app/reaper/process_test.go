@@ -18,13 +18,21 @@ import (
 	"github.com/goharvest/goharvest/internal/testkit/buildtest"
 	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
 	"github.com/goharvest/goharvest/internal/testkit/leakcheck"
+	"github.com/goharvest/goharvest/internal/testkit/mariadbtest"
 	"github.com/goharvest/goharvest/internal/testkit/pgtest"
 	"github.com/goharvest/goharvest/internal/testkit/syncbuf"
 	"github.com/goharvest/goharvest/internal/testkit/testwait"
 	"github.com/goharvest/goharvest/internal/testkit/verifytest"
 )
 
-func TestMain(m *testing.M) { os.Exit(leakcheck.After(pgtest.Run(kafkacluster.Around(m)))) }
+func TestMain(m *testing.M) {
+	os.Exit(leakcheck.After(mariadbtest.Run(runFunc(func() int { return pgtest.Run(kafkacluster.Around(m)) }))))
+}
+
+// runFunc is a function that runs the tests, for the test servers' Run.
+type runFunc func() int
+
+func (f runFunc) Run() int { return f() }
 
 func buildReaper(t *testing.T) string {
 	return buildtest.Binary(t, "github.com/goharvest/goharvest/cmd/reaper")

@@ -20,7 +20,6 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/goharvest/goharvest"
-	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/internal/strictyaml"
 	"github.com/goharvest/goharvest/outbox"
 )
@@ -52,7 +51,7 @@ type File struct {
 }
 
 // Admin configures the reaper's HTTP endpoints: /metrics (Prometheus), /healthz (liveness:
-// the process and its loop are alive) and /readyz (readiness: Postgres and Kafka answer, so the
+// the process and its loop are alive) and /readyz (readiness: the database and Kafka answer, so the
 // reaper leads or can take over at once).
 type Admin struct {
 	// Address to listen on, such as ":9090" or "127.0.0.1:9090". Empty (the default): no
@@ -256,8 +255,8 @@ func Version() string {
 const usage = `usage:
   reaper [-f reaper.yaml] [-outbox NAME]  publish the outboxes (or the one named) until SIGINT or SIGTERM
   reaper init [-f reaper.yaml]            create each outbox's table and dead-letter table if they do not exist
-                                          (and, with shards > 1, the shard index); -outbox NAME: that one only
-  reaper init -bytea [-f reaper.yaml]     ... with bytea kafka_key, kafka_value, kafka_header_values
+                                          (and, with shards > 1 in Postgres, the shard index); -outbox NAME: that one only
+  reaper init -bytea [-f reaper.yaml]     ... with bytea kafka_key, kafka_value, kafka_header_values (Postgres)
   reaper held [-f reaper.yaml]            list the records the running reaper holds back (from admin.address)
   reaper dead-letter ID [-f reaper.yaml]  move outbox record ID into the dead-letter table now
   reaper requeue ID [-f reaper.yaml]      move dead letter ID back into the outbox, as a new record at the tail
@@ -395,8 +394,8 @@ func Main(args []string, env Env) int {
 	return serve(env, cfg, outboxes, *file, *outboxName)
 }
 
-// initOutboxes creates each outbox's table, with its dead-letter table and, with shards, the
-// index each shard's mark walks, where they are missing. It goes on past an outbox it cannot
+// initOutboxes creates each outbox's table, with its dead-letter table and, with shards in
+// Postgres, the index each shard's mark walks, where they are missing. It goes on past an outbox it cannot
 // create, so that one run reports every failure.
 func initOutboxes(env Env, outboxes []Outbox, bytea, listed bool) error {
 	var errs []error
@@ -408,8 +407,8 @@ func initOutboxes(env Env, outboxes []Outbox, bytea, listed bool) error {
 		if listed {
 			prefix = fmt.Sprintf("outbox %s: ", o.Name)
 		}
-		opts := outbox.TableOptions{Bytea: bytea, Shards: h.Shards}
-		if err := postgres.CreateOutboxTable(env.Context, h.DataSource, h.OutboxTable, opts); err != nil {
+		extra, err := h.createTable(env.Context, bytea)
+		if err != nil {
 			if listed {
 				err = fmt.Errorf("%s: %w", o.where(), err)
 			}
@@ -417,8 +416,8 @@ func initOutboxes(env Env, outboxes []Outbox, bytea, listed bool) error {
 			continue
 		}
 		fmt.Fprintf(env.Stdout, "%soutbox table %s is ready, with its dead-letter table %s\n", prefix, h.OutboxTable, outbox.DeadLetterTable(h.OutboxTable))
-		if h.Shards > 1 {
-			fmt.Fprintf(env.Stdout, "%sand the index for %d shards\n", prefix, h.Shards)
+		if extra != "" {
+			fmt.Fprintf(env.Stdout, "%s%s\n", prefix, extra)
 		}
 	}
 	return errors.Join(errs...)

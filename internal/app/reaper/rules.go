@@ -129,7 +129,7 @@ func AlertRules(h goharvest.Config, sustained time.Duration) RuleGroups {
 			"goharvest_reaper_ready"+withGroup+" == 0",
 			sustained,
 			"Reaper {{ $labels.harvest }} of {{ $labels.group }} is not ready",
-			fmt.Sprintf("Its /readyz has failed for %s (the sustained time): it cannot reach Postgres or Kafka, or as the elected leader it cannot publish.", d(sustained))),
+			fmt.Sprintf("Its /readyz has failed for %s (the sustained time): it cannot reach its database or Kafka, or as the elected leader it cannot publish.", d(sustained))),
 		alert("GoharvestReaperRestarting", "warning",
 			fmt.Sprintf("changes(process_start_time_seconds[%s]) * on(job, instance) group_left(group) max by (job, instance, group) (goharvest_reaper_info) >= 3",
 				d(restartWindow)),

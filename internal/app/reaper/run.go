@@ -180,7 +180,7 @@ func discard(harvesters []*harvester) {
 }
 
 // The admin endpoints, for probes, scrapers and operators (examples/kubernetes checks its
-// manifest against them). ReadyzTimeout bounds how long /readyz waits for Postgres and Kafka to
+// manifest against them). ReadyzTimeout bounds how long /readyz waits for the database and Kafka to
 // answer, so a probe's own timeout must be longer. OutboxParam names one outbox in a query
 // (/readyz?outbox=billing).
 const (
