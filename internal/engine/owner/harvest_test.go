@@ -651,6 +651,43 @@ func TestCoveredIdleOutboxIsNotPolled(t *testing.T) {
 	})
 }
 
+// Under a trickle of writes, each notified, a claim that returned fewer rows than it asked for
+// has seen every row it could claim: the marker waits for the next notification (or its backoff)
+// before it claims again, rather than claim at once and find nothing, which doubled the claims
+// of a lightly loaded outbox. The backoff here outlasts the gap between writes, so that every
+// claim but the listener's first is a notification's.
+func TestTrickleClaimsOncePerNotification(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		limits := fastLimits()
+		limits.MarkBackoff, limits.MaxMarkBackoff = 200*time.Millisecond, 200*time.Millisecond
+		r := newRig(t, limits)
+		db := &coveringDB{fakeDB: r.db, notify: make(chan struct{}), cover: make(chan bool)}
+		r.store = db
+		r.start()
+		r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
+		synctest.Wait() // the first claims, after the listener's first wake-up, are done
+		before := r.db.markCount()
+		const writes = 40
+		var ids []int64
+		for i := range writes {
+			ids = append(ids, r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: fmt.Sprint("k", i)})...)
+			select {
+			case db.notify <- struct{}{}:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the listener did not take a notification")
+			}
+			time.Sleep(20 * time.Millisecond) // the gap between two writes
+		}
+		claims := r.db.markCount() - before
+		r.waitFor("the trickle to be published", 5*time.Second, func() bool { return r.db.len() == 0 })
+		r.stop()
+		r.checkOrder(ids)
+		if claims > writes+writes/10 {
+			t.Fatalf("%d writes, each notified, were claimed with %d claims; want about one a notification", writes, claims)
+		}
+	})
+}
+
 // A deposed leader that has not yet noticed can still mark rows, taking them from the current
 // leader, whose next mark then returns records it already holds. Those copies must be dropped:
 // queued behind the key's later records, they would be published out of order.
