@@ -49,9 +49,10 @@ type backendCPU struct {
 	mu   sync.Mutex
 	used map[int]backendUse // by backend PID
 
-	stopOnce sync.Once
-	stop     chan struct{}
-	done     chan struct{}
+	stopOnce  sync.Once
+	closeOnce sync.Once
+	stop      chan struct{}
+	done      chan struct{}
 }
 
 // backendUse is one backend's CPU when first seen (0 when it started after backendCPU) and when
@@ -120,6 +121,7 @@ func (c *backendCPU) read(start bool) {
 
 // total stops following and returns the CPU the harvester's backends used since the start.
 func (c *backendCPU) total() time.Duration {
+	c.stopPolling()
 	c.read(false)
 	c.close()
 	c.mu.Lock()
@@ -131,12 +133,17 @@ func (c *backendCPU) total() time.Duration {
 	return total
 }
 
-func (c *backendCPU) close() {
+// stopPolling ends the readings every backendPollInterval, which share the connection.
+func (c *backendCPU) stopPolling() {
 	c.stopOnce.Do(func() {
 		close(c.stop)
 		<-c.done
-		c.conn.Close(context.Background())
 	})
+}
+
+func (c *backendCPU) close() {
+	c.stopPolling()
+	c.closeOnce.Do(func() { c.conn.Close(context.Background()) })
 }
 
 // resetStatements clears pg_stat_statements, so that what it counts next is the measurement's.
