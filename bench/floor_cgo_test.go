@@ -4,7 +4,6 @@ package bench_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 
 	"github.com/confluentinc/confluent-kafka-go/v2/kafka"
@@ -59,14 +58,11 @@ func librdkafkaFloorProducer(b *testing.B, addr string, transactional bool) (fun
 	if !transactional {
 		return produce, p.Close
 	}
-	send := func(ctx context.Context, records []outboxpkg.Record) error {
-		if err := p.BeginTransaction(); err != nil {
-			return err
+	end := func(ctx context.Context, commit bool) error {
+		if commit {
+			return p.CommitTransaction(ctx)
 		}
-		if err := produce(ctx, records); err != nil {
-			return errors.Join(err, p.AbortTransaction(ctx))
-		}
-		return p.CommitTransaction(ctx)
+		return p.AbortTransaction(ctx)
 	}
-	return send, p.Close
+	return transactionally(produce, p.BeginTransaction, end), p.Close
 }

@@ -112,14 +112,23 @@ func franzFloorProducer(b *testing.B, addr string, transactional bool) (func(con
 	if !transactional {
 		return produce, cl.Close
 	}
-	send := func(ctx context.Context, records []outboxpkg.Record) error {
-		if err := cl.BeginTransaction(); err != nil {
+	end := func(ctx context.Context, commit bool) error {
+		return cl.EndTransaction(ctx, kgo.TransactionEndTry(commit))
+	}
+	return transactionally(produce, cl.BeginTransaction, end), cl.Close
+}
+
+// transactionally makes each call of produce a transaction of its own, which it commits, or
+// aborts when produce fails.
+func transactionally(produce func(context.Context, []outboxpkg.Record) error, begin func() error,
+	end func(ctx context.Context, commit bool) error) func(context.Context, []outboxpkg.Record) error {
+	return func(ctx context.Context, records []outboxpkg.Record) error {
+		if err := begin(); err != nil {
 			return err
 		}
 		if err := produce(ctx, records); err != nil {
-			return errors.Join(err, cl.EndTransaction(ctx, kgo.TryAbort))
+			return errors.Join(err, end(ctx, false))
 		}
-		return cl.EndTransaction(ctx, kgo.TryCommit)
+		return end(ctx, true)
 	}
-	return send, cl.Close
 }

@@ -611,16 +611,24 @@ func (d *coveringDB) ListenCovering(ctx context.Context, wake func(), covered fu
 	}
 }
 
+// startCovered starts a harvester on the fake database with a coveringDB's listener, inside the
+// calling bubble, and returns once it leads and its first claims, after the listener's first
+// wake-up, are done.
+func startCovered(t *testing.T, limits epoch.Limits) (*rig, *coveringDB) {
+	r := newRig(t, limits)
+	db := &coveringDB{fakeDB: r.db, notify: make(chan struct{}), cover: make(chan bool)}
+	r.store = db
+	r.start()
+	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
+	synctest.Wait()
+	return r, db
+}
+
 // While its listener covers every write, an idle outbox is not polled at all; a notification
 // still wakes it, and once the coverage ends it polls again.
 func TestCoveredIdleOutboxIsNotPolled(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
-		r := newRig(t, fastLimits()) // maxMarkBackoff 20ms: uncovered, 50 marks a second
-		db := &coveringDB{fakeDB: r.db, notify: make(chan struct{}), cover: make(chan bool)}
-		r.store = db
-		r.start()
-		r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
-		synctest.Wait() // the first marks, after the listener's first wake-up, are done
+		r, db := startCovered(t, fastLimits()) // maxMarkBackoff 20ms: uncovered, 50 marks a second
 		before := r.db.markCount()
 		time.Sleep(time.Second)
 		if marks := r.db.markCount() - before; marks != 0 {
@@ -660,12 +668,7 @@ func TestTrickleClaimsOncePerNotification(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
 		limits := fastLimits()
 		limits.MarkBackoff, limits.MaxMarkBackoff = 200*time.Millisecond, 200*time.Millisecond
-		r := newRig(t, limits)
-		db := &coveringDB{fakeDB: r.db, notify: make(chan struct{}), cover: make(chan bool)}
-		r.store = db
-		r.start()
-		r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
-		synctest.Wait() // the first claims, after the listener's first wake-up, are done
+		r, db := startCovered(t, limits)
 		before := r.db.markCount()
 		const writes = 40
 		var ids []int64
