@@ -6,12 +6,15 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/wakegrid"
 	outboxpkg "github.com/goharvest/goharvest/outbox"
 )
 
@@ -28,41 +31,121 @@ func BenchmarkFloorIdempotentProducer(b *testing.B) {
 	}
 }
 
-// floorTxnRecords is how many records a transaction of BenchmarkSustained/rate=2000 carries with
-// the default commit cadence (its rec/txn: 2,000 records/s times 50 ms, less the transactions
-// the load's unevenness ends early).
-const floorTxnRecords = 100
-
-// BenchmarkFloorTransactionalProducer: BenchmarkFloorIdempotentProducer's records at 2,000/s,
-// sent in Kafka transactions as large as the relay's at that rate (floorTxnRecords): one writer
-// hands the producer a batch of that many every 50 ms (the default commit cadence), which it
-// sends in a transaction of its own and commits. No Postgres, no notes. Beside the idempotent
-// floor, its relay-µs/rec and broker-µs/rec show what the transactions themselves cost; beside
-// BenchmarkSustained/rate=2000, what the relay adds to them.
+// BenchmarkFloorTransactionalProducer: BenchmarkFloorIdempotentProducer's writers and records at
+// 2,000/s, sent in Kafka transactions as the relay's commit cadence gathers them: the writers' hand
+// over only queues their records, and a loop sends what has queued at each point of a grid of the
+// default commit cadence (50 ms) in one transaction of the benchmark's client, which it commits
+// while the next records queue up. No Postgres, no notes. Its rec/txn is the relay's at that rate
+// (about 100); beside the idempotent floor, its relay-µs/rec and broker-µs/rec show what the
+// transactions themselves cost; beside BenchmarkCycleStatements (BenchmarkSustained at 2,000/s),
+// what the relay adds to them.
 func BenchmarkFloorTransactionalProducer(b *testing.B) {
-	b.Run("rate=2000", func(b *testing.B) { benchFloor(b, 2000, 1, floorTxnRecords, true) })
+	b.Run("rate=2000", func(b *testing.B) { benchFloor(b, 2000, 8, 10, true) })
 }
 
 // benchFloor has writers hand batches of records straight to a producer of the benchmark's
-// client at rate for 20 s, each batch in a transaction of its own when transactional.
+// client at rate for 20 s; transactional, in one transaction per commit cadence (cadenceBatches).
 func benchFloor(b *testing.B, rate float64, writers, batch int, transactional bool) {
 	rig := startBenchRig(b)
 	for range b.N {
 		run := rig.newRun()
 		send, closeProducer := floorProducer(b, rig.broker.Addr, transactional)
+		var batches *cadenceBatches
+		if transactional {
+			batches = startCadenceBatches(b, send)
+			send, rig.commits = batches.queue, batches.txns
+		}
 		c := run.startConsumer()
 		w := run.writers(writers, batch, 1000, rate)
 		w.send = send
 		b.ResetTimer()
 		m := rig.measure()
 		<-w.runFor(20 * time.Second)
+		if batches != nil {
+			batches.stop() // the last records' transaction, before the measurement ends
+		}
 		m.stop(b, w.total())
 		b.StopTimer()
+		rig.commits = nil
 		c.await(w)
 		c.report(b, w)
 		closeProducer()
 		run.close()
 	}
+}
+
+// cadenceBatches sends the records handed to it in one transaction per point of a grid of the
+// default commit cadence, as the relay gathers its records at light load: a slow commit makes the
+// next transaction larger rather than holding the writers up.
+type cadenceBatches struct {
+	b    *testing.B
+	send func(context.Context, []outboxpkg.Record) error // one transaction
+
+	mu        sync.Mutex
+	pending   []outboxpkg.Record
+	committed int // transactions
+
+	done, stopped chan struct{}
+	stopOnce      sync.Once
+}
+
+func startCadenceBatches(b *testing.B, send func(context.Context, []outboxpkg.Record) error) *cadenceBatches {
+	c := &cadenceBatches{b: b, send: send, done: make(chan struct{}), stopped: make(chan struct{})}
+	cadence := goharvest.Limits{}.WithDefaults().CommitCadence
+	go func() {
+		defer close(c.stopped)
+		for {
+			select {
+			case <-c.done:
+				c.flush()
+				return
+			case <-time.After(time.Until(wakegrid.Next(time.Now(), cadence))):
+				c.flush()
+			}
+		}
+	}()
+	b.Cleanup(c.stop)
+	return c
+}
+
+// queue takes records for the next transaction; the writers' clock starts here, as a relay's
+// starts at the writer's commit.
+func (c *cadenceBatches) queue(_ context.Context, records []outboxpkg.Record) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pending = append(c.pending, records...)
+	return nil
+}
+
+// flush sends what has queued in one transaction.
+func (c *cadenceBatches) flush() {
+	c.mu.Lock()
+	batch := c.pending
+	c.pending = nil
+	c.mu.Unlock()
+	if len(batch) == 0 {
+		return
+	}
+	if err := c.send(context.Background(), batch); err != nil {
+		c.b.Error(err)
+		return
+	}
+	c.mu.Lock()
+	c.committed++
+	c.mu.Unlock()
+}
+
+// txns counts the transactions committed so far.
+func (c *cadenceBatches) txns() float64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return float64(c.committed)
+}
+
+// stop sends what is left and ends the loop.
+func (c *cadenceBatches) stop() {
+	c.stopOnce.Do(func() { close(c.done) })
+	<-c.stopped
 }
 
 // floorProducers make the floor's producer for each client that GOHARVEST_BENCH_CLIENT names
