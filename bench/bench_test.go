@@ -877,7 +877,9 @@ func (m *measurement) stop(b *testing.B, records int) {
 	b.ReportMetric(float64(relay.Microseconds())/float64(records), "relay-µs/rec")
 	b.ReportMetric(float64(pg.Microseconds())/float64(records), "pg-µs/rec")
 	if m.harvesterPG != nil {
-		b.ReportMetric(float64(m.harvesterPG.total().Microseconds())/float64(records), "pg-harv-µs/rec")
+		if harvester, ok := m.harvesterPG.total(); ok {
+			b.ReportMetric(float64(harvester.Microseconds())/float64(records), "pg-harv-µs/rec")
+		}
 	}
 	broker := m.rig.broker.cpu(b) - m.broker
 	b.ReportMetric(float64(broker.Microseconds())/float64(records), "broker-µs/rec")

@@ -119,8 +119,9 @@ func (c *backendCPU) read(start bool) {
 	}
 }
 
-// total stops following and returns the CPU the harvester's backends used since the start.
-func (c *backendCPU) total() time.Duration {
+// total stops following and returns the CPU the harvester's backends used since the start, and
+// whether there were any (a floor runs no harvester, BenchmarkMarkLatency a binding of its own).
+func (c *backendCPU) total() (time.Duration, bool) {
 	c.stopPolling()
 	c.read(false)
 	c.close()
@@ -130,7 +131,7 @@ func (c *backendCPU) total() time.Duration {
 	for _, u := range c.used {
 		total += u.last - u.first
 	}
-	return total
+	return total, len(c.used) > 0
 }
 
 // stopPolling ends the readings every backendPollInterval, which share the connection.
