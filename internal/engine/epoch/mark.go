@@ -185,9 +185,9 @@ func (p *Epoch) markLoop() {
 		if len(records) < room {
 			// The claim returned every row it could claim: the outbox had no more ready. A claim
 			// now would find only rows committed since, whose notifications wake the marker (or,
-			// without them, the next poll finds them), and mostly nothing: at light load, where
-			// each write wakes the marker, that was an empty claim for every full one. So it waits
-			// as after a claim that found nothing, at MarkBackoff while records are in flight.
+			// without them, the next poll finds them): at light load, where each write wakes the
+			// marker, it found nothing whenever no write had committed meanwhile. So it waits as
+			// after a claim that found nothing, at most MarkBackoff while records are in flight.
 			p.markerWaits(markerRows, idle, p.written)
 		}
 	}
