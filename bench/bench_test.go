@@ -46,6 +46,8 @@ import (
 //	records/s       records published (drains) or written (sustained, latency) per second
 //	relay-µs/rec    this process's CPU per record
 //	pg-µs/rec       Postgres's CPU per record
+//	pg-harv-µs/rec  the CPU of the Postgres backends serving the harvester's connections, per
+//	                record: pg-µs/rec without the writers' inserts and Postgres's own background work
 //	p50-ms, p99-ms  from the writer's commit to arrival at a read_committed consumer
 //	idle-q/s        statements the harvester ran per second against an empty outbox
 //	peak-MiB        this process's peak resident memory during the run
@@ -512,6 +514,8 @@ type benchRig struct {
 	// (0: the default), and their producers' linger.ms (0: the reaper's default).
 	commitCadence time.Duration
 	lingerMs      int
+	// Set by BenchmarkCycleStatements only: each measurement logs the statements that ran.
+	logStatements bool
 }
 
 // benchBroker is the Kafka a benchmark runs against, in processes of its own so that its CPU is
@@ -678,7 +682,7 @@ func (c benchHarvesterConfig) config() (goharvest.Config, error) {
 		KafkaClient:         reaper.KafkaClient(c.Client),
 		BaseKafkaConfig:     reaper.KafkaConfigMap{"bootstrap.servers": c.Broker},
 		ProducerKafkaConfig: producer,
-		DataSource:          c.DSN,
+		DataSource:          withAppName(c.DSN),
 	}.HarvestConfig()
 }
 
@@ -833,12 +837,17 @@ type measurement struct {
 	start                      time.Time
 	relay, pg, standby, broker time.Duration
 	commits                    float64
+	harvesterPG                *backendCPU // nil where the server's processes cannot be read
 }
 
 func (rig *benchRig) measure() *measurement {
 	resetPeakRSS(rig.b)
 	rig.b.StartTimer()
-	m := &measurement{rig: rig, start: time.Now(), relay: processCPU(), pg: mustCPU(rig.b, rig.server), broker: rig.broker.cpu(rig.b)}
+	if rig.logStatements {
+		resetStatements(rig.b, rig.server)
+	}
+	m := &measurement{rig: rig, start: time.Now(), relay: processCPU(), pg: mustCPU(rig.b, rig.server), broker: rig.broker.cpu(rig.b),
+		harvesterPG: startBackendCPU(rig.b, rig.server)}
 	if rig.commits != nil {
 		m.commits = rig.commits()
 	}
@@ -852,6 +861,9 @@ func (rig *benchRig) measure() *measurement {
 func (m *measurement) stopIdle(b *testing.B, statements int64) {
 	elapsed := time.Since(m.start)
 	relay, pg := processCPU()-m.relay, mustCPU(b, m.rig.server)-m.pg
+	if m.harvesterPG != nil {
+		m.harvesterPG.close()
+	}
 	b.ReportMetric(float64(statements)/elapsed.Seconds(), "idle-q/s")
 	b.ReportMetric(float64(relay.Milliseconds())/elapsed.Seconds(), "relay-ms/s")
 	b.ReportMetric(float64(pg.Milliseconds())/elapsed.Seconds(), "pg-ms/s")
@@ -864,12 +876,20 @@ func (m *measurement) stop(b *testing.B, records int) {
 	b.ReportMetric(float64(records)/elapsed.Seconds(), "records/s")
 	b.ReportMetric(float64(relay.Microseconds())/float64(records), "relay-µs/rec")
 	b.ReportMetric(float64(pg.Microseconds())/float64(records), "pg-µs/rec")
+	if m.harvesterPG != nil {
+		if harvester, ok := m.harvesterPG.total(); ok {
+			b.ReportMetric(float64(harvester.Microseconds())/float64(records), "pg-harv-µs/rec")
+		}
+	}
 	broker := m.rig.broker.cpu(b) - m.broker
 	b.ReportMetric(float64(broker.Microseconds())/float64(records), "broker-µs/rec")
 	if m.rig.commits != nil {
 		if commits := m.rig.commits() - m.commits; commits > 0 {
 			b.ReportMetric(commits/elapsed.Seconds(), "txn/s")
 			b.ReportMetric(float64(records)/commits, "rec/txn")
+			if m.rig.logStatements {
+				logStatements(b, m.rig.server, elapsed, commits)
+			}
 		}
 	}
 	if m.rig.standby != nil {

@@ -57,8 +57,10 @@ type Limits struct {
 	// Default: DefaultQueueTimeout. Range: DrainInterval to 1h.
 	QueueTimeout time.Duration `yaml:"queueTimeout"`
 
-	// MarkBackoff is how long to wait after a mark query that found nothing. Each further empty
-	// mark doubles the wait, up to MaxMarkBackoff, so an idle outbox costs few queries.
+	// MarkBackoff is how long to wait after a mark query that found nothing, or fewer rows than it
+	// asked for (the outbox had no more ready), unless a notification ends the wait sooner. Each
+	// further empty mark doubles the wait, up to MaxMarkBackoff, so an idle outbox costs few
+	// queries.
 	// Default: DefaultMarkBackoff. Range: 1ms to MaxMarkBackoff.
 	MarkBackoff time.Duration `yaml:"markBackoff"`
 

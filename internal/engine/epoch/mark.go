@@ -182,6 +182,14 @@ func (p *Epoch) markLoop() {
 				return
 			}
 		}
+		if len(records) < room {
+			// The claim returned every row it could claim: the outbox had no more ready. A claim
+			// now would find only rows committed since, whose notifications wake the marker (or,
+			// without them, the next poll finds them): at light load, where each write wakes the
+			// marker, it found nothing whenever no write had committed meanwhile. So it waits as
+			// after a claim that found nothing, at most MarkBackoff while records are in flight.
+			p.markerWaits(markerRows, idle, p.written)
+		}
 	}
 }
 

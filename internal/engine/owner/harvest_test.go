@@ -611,16 +611,24 @@ func (d *coveringDB) ListenCovering(ctx context.Context, wake func(), covered fu
 	}
 }
 
+// startCovered starts a harvester on the fake database with a coveringDB's listener, inside the
+// calling bubble, and returns once it leads and its first claims, after the listener's first
+// wake-up, are done.
+func startCovered(t *testing.T, limits epoch.Limits) (*rig, *coveringDB) {
+	r := newRig(t, limits)
+	db := &coveringDB{fakeDB: r.db, notify: make(chan struct{}), cover: make(chan bool)}
+	r.store = db
+	r.start()
+	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
+	synctest.Wait()
+	return r, db
+}
+
 // While its listener covers every write, an idle outbox is not polled at all; a notification
 // still wakes it, and once the coverage ends it polls again.
 func TestCoveredIdleOutboxIsNotPolled(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
-		r := newRig(t, fastLimits()) // maxMarkBackoff 20ms: uncovered, 50 marks a second
-		db := &coveringDB{fakeDB: r.db, notify: make(chan struct{}), cover: make(chan bool)}
-		r.store = db
-		r.start()
-		r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
-		synctest.Wait() // the first marks, after the listener's first wake-up, are done
+		r, db := startCovered(t, fastLimits()) // maxMarkBackoff 20ms: uncovered, 50 marks a second
 		before := r.db.markCount()
 		time.Sleep(time.Second)
 		if marks := r.db.markCount() - before; marks != 0 {
@@ -648,6 +656,38 @@ func TestCoveredIdleOutboxIsNotPolled(t *testing.T) {
 			t.Fatalf("an uncovered idle outbox was marked %d times in half a second; want it polled every 20ms", marks)
 		}
 		r.stop()
+	})
+}
+
+// Under a trickle of writes, each notified, a claim that returned fewer rows than it asked for
+// has seen every row it could claim: the marker waits for the next notification (or its backoff)
+// before it claims again, rather than claim at once and find nothing, which doubled the claims
+// of a lightly loaded outbox. The backoff here outlasts the gap between writes, so that every
+// claim but the listener's first is a notification's.
+func TestTrickleClaimsOncePerNotification(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		limits := fastLimits()
+		limits.MarkBackoff, limits.MaxMarkBackoff = 200*time.Millisecond, 200*time.Millisecond
+		r, db := startCovered(t, limits)
+		before := r.db.markCount()
+		const writes = 40
+		var ids []int64
+		for i := range writes {
+			ids = append(ids, r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: fmt.Sprint("k", i)})...)
+			select {
+			case db.notify <- struct{}{}:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the listener did not take a notification")
+			}
+			time.Sleep(20 * time.Millisecond) // the gap between two writes
+		}
+		claims := r.db.markCount() - before
+		r.waitFor("the trickle to be published", 5*time.Second, func() bool { return r.db.len() == 0 })
+		r.stop()
+		r.checkOrder(ids)
+		if claims > writes+writes/10 {
+			t.Fatalf("%d writes, each notified, were claimed with %d claims; want about one a notification", writes, claims)
+		}
 	})
 }
 
