@@ -35,7 +35,7 @@ func TestMySQLBrokerFaults(t *testing.T) {
 }
 
 func TestMySQLShardsReaperLeaves(t *testing.T) {
-	shardsReaperLeaves(t, "shards, reaper leaves, MySQL", rigOptions{mysql: true}, pick(1, 8))
+	shardsReaperLeaves(t, "shards, reaper leaves, MySQL", rigOptions{mysql: true}, pick(2, 8))
 }
 
 // mysqlLockWait is the faulted servers' innodb_lock_wait_timeout, short so that a held lock
