@@ -1,5 +1,6 @@
-// Package int holds the fault-tolerance suite: real reaper processes, a real Postgres and a
-// 3-node Apache Kafka cluster (kfake where a scenario needs a fault only it can inject),
+// Package int holds the fault-tolerance suite: real reaper processes, a real Postgres (or
+// MariaDB, for the scenarios with a MySQL outbox) and a 3-node Apache Kafka cluster (kfake where
+// a scenario needs a fault only it can inject),
 // continuous writers, and faults injected while they run. Every scenario
 // ends by checking that each record was published at least once, that no key went backwards and
 // that the outbox is empty. The short variants run in make test; make chaos runs the long ones
