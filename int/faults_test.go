@@ -94,7 +94,12 @@ func (r *rig) lockTable(ctx context.Context, d time.Duration) {
 // connections stay open, and resumes. Under make chaos, a rolling restart (SIGTERM, a controlled
 // shutdown) of all three follows.
 func TestBrokerFaults(t *testing.T) {
-	r := newRig(t, rigOptions{kafka: faultedKafka})
+	brokerFaults(t, "brokers fail", rigOptions{}, pick(1, 3))
+}
+
+func brokerFaults(t *testing.T, scenario string, o rigOptions, rounds int) {
+	o.kafka = faultedKafka
+	r := newRig(t, o)
 	r.startWriters(4, 1000, 2000)
 	reapers := []*reaper{r.startReaper("a"), r.startReaper("b")}
 	waitLeader(t, 30*time.Second, reapers...)
@@ -123,7 +128,7 @@ func TestBrokerFaults(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for range pick(1, 3) {
+	for range rounds {
 		txn, err := r.kafka.Coordinator(kafkacluster.TransactionCoordinator, goharvest.TransactionalID(r.group, 0, 1))
 		if err != nil {
 			t.Fatal(err)
@@ -157,7 +162,7 @@ func TestBrokerFaults(t *testing.T) {
 		}
 	}
 	report := r.finish(3 * time.Minute)
-	figure(t, "brokers fail", "3 nodes; %s; publishing again after %s; records %d, duplicates %d, lost %d, reversals %d",
+	figure(t, scenario, "3 nodes; %s; publishing again after %s; records %d, duplicates %d, lost %d, reversals %d",
 		strings.Join(faults, ", "), spread(outages), report.Expected, report.Duplicates, report.LostCount, len(report.Reversals))
 }
 

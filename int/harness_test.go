@@ -25,7 +25,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/goharvest/goharvest"
@@ -33,12 +32,11 @@ import (
 	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
 	"github.com/goharvest/goharvest/internal/testkit/kafkatest"
 	"github.com/goharvest/goharvest/internal/testkit/leakcheck"
+	"github.com/goharvest/goharvest/internal/testkit/mariadbtest"
 	"github.com/goharvest/goharvest/internal/testkit/pgtest"
 	"github.com/goharvest/goharvest/internal/testkit/testwait"
 	"github.com/goharvest/goharvest/internal/testkit/verify"
 	"github.com/goharvest/goharvest/internal/testkit/verifytest"
-	"github.com/goharvest/goharvest/outbox"
-	"github.com/goharvest/goharvest/stasher"
 )
 
 // The scenarios share one 3-node cluster, as production runs: every topic replicated three ways
@@ -47,8 +45,13 @@ import (
 // ends (rigOptions.kafka).
 func TestMain(m *testing.M) {
 	kafkacluster.SetShared(append(clusterOptions, kafkacluster.Proxied())...)
-	os.Exit(leakcheck.After(pgtest.Run(kafkacluster.Around(m))))
+	os.Exit(leakcheck.After(pgtest.Run(runner(func() int { return mariadbtest.Run(kafkacluster.Around(m)) }))))
 }
+
+// runner is a function as a test runner, to nest the fixtures' Run.
+type runner func() int
+
+func (f runner) Run() int { return f() }
 
 // clusterOptions are those of every cluster the scenarios run on: 3 nodes, no topic created on
 // demand.
@@ -71,7 +74,8 @@ type rig struct {
 	t      *testing.T
 	run    string
 	dsn    string
-	pool   *pgxpool.Pool
+	db     outboxDB      // the outbox's database
+	pool   *pgxpool.Pool // the outbox's Postgres, for scenarios that reach into it; nil on MySQL
 	topic  string
 	group  string                        // the reapers' leader group
 	addr   string                        // Kafka's bootstrap servers
@@ -113,8 +117,10 @@ type rigOptions struct {
 	// shards splits the outbox into this many shards (harvest.shards), with the index a sharded
 	// outbox needs. Default 1.
 	shards int
+	// mysql puts the outbox in MySQL (the reapers' database: mysql) rather than Postgres.
+	mysql bool
 	// dsn is the outbox's database, whose table the caller created; by default a new database
-	// on the shared server.
+	// on the shared server (Postgres's, or MariaDB's with mysql).
 	dsn string
 	// idHeader sets harvest.idHeader, and the verifier keeps every message's id (Messages).
 	idHeader string
@@ -135,16 +141,14 @@ func newRig(t *testing.T, o rigOptions) *rig {
 		o.shards = 1
 	}
 	ctx := context.Background()
-	if o.dsn == "" {
-		o.dsn = pgtest.NewOutbox(t)
+	r := &rig{t: t, shards: o.shards, run: t.Name() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36), bin: reaperBinary(t)}
+	if o.mysql {
+		r.db = newMySQLDB(t, o.dsn)
+	} else {
+		pg := newPostgresDB(t, o.dsn)
+		r.db, r.pool = pg, pg.pool
 	}
-	r := &rig{t: t, shards: o.shards, run: t.Name() + "-" + strconv.FormatInt(time.Now().UnixNano(), 36), dsn: o.dsn, bin: reaperBinary(t)}
-	pool, err := pgxpool.New(ctx, r.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	r.pool = pool
+	r.dsn = r.db.dataSource()
 	id := fmt.Sprintf("scenario%d", rigs.Add(1))
 	r.topic, r.group = id+".events", id
 	switch o.kafka {
@@ -177,7 +181,7 @@ func newRig(t *testing.T, o rigOptions) *rig {
     bootstrap.servers: %s
   leaderTopic: %s.leader
   leaderGroupID: %s
-  dataSource: ${DATABASE_URL}
+%s  dataSource: ${DATABASE_URL}
   shards: %d
   idHeader: "%s"
 %s  limits:
@@ -186,22 +190,18 @@ func newRig(t *testing.T, o rigOptions) *rig {
 logging:
   level: info
   format: json
-`, bootstrap, id, id, o.shards, o.idHeader, claimStrategyYAML()+kafkaClientYAML(), o.heartbeatTimeout, limits, o.extraYAML)
+`, bootstrap, id, id, r.db.yaml(), o.shards, o.idHeader, claimStrategyYAML()+kafkaClientYAML(), o.heartbeatTimeout, limits, o.extraYAML)
 	}
 	if err := os.WriteFile(r.config, []byte(r.yaml(r.addr)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if o.shards > 1 {
-		ddl, err := outbox.ShardIndexDDL("outbox", o.shards)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := pool.Exec(ctx, ddl); err != nil {
+	if pg, ok := r.db.(*postgresDB); ok && o.shards > 1 {
+		if err := pg.shardIndex(ctx, o.shards); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if o.slowPurge {
-		_, err := pool.Exec(ctx, `CREATE FUNCTION slow_purge() RETURNS trigger LANGUAGE plpgsql AS
+		_, err := r.pool.Exec(ctx, `CREATE FUNCTION slow_purge() RETURNS trigger LANGUAGE plpgsql AS
 			$$ BEGIN PERFORM pg_sleep(0.05); RETURN NULL; END $$;
 			CREATE TRIGGER slow_purge BEFORE DELETE ON outbox FOR EACH STATEMENT EXECUTE FUNCTION slow_purge()`)
 		if err != nil {
@@ -236,8 +236,8 @@ func restore(t *testing.T, c *kafkacluster.Cluster) {
 
 // rows counts what is left in the outbox.
 func (r *rig) rows() int {
-	var n int
-	if err := r.pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&n); err != nil {
+	n, err := r.db.rows(context.Background())
+	if err != nil {
 		return -1 // the database may be down in the middle of a fault
 	}
 	return n
@@ -270,7 +270,7 @@ func (r *rig) finish(within time.Duration) verify.Report {
 // preload writes a backlog of stamped records over keys before any reaper runs.
 func (r *rig) preload(records, keys int) {
 	r.t.Helper()
-	r.preloaded = verifytest.StashBacklog(r.t, r.pool, r.topic, r.run, keys, records/keys, goharvest.String(strings.Repeat("v", 256)))
+	r.preloaded = preloadDB(r.t, r.db, r.topic, r.run, keys, records/keys, goharvest.String(strings.Repeat("v", 256)))
 }
 
 // writers insert stamped records continuously, each key owned by one writer so its commit
@@ -287,7 +287,6 @@ func (r *rig) startWriters(n, keys int, perSecond int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &writers{cancel: cancel, count: map[string]int64{}}
 	r.w = w
-	st, _ := stasher.New("outbox")
 	value := "payload"
 	pause := time.Duration(0)
 	if perSecond > 0 {
@@ -309,12 +308,8 @@ func (r *rig) startWriters(n, keys int, perSecond int) {
 					batch = append(batch, verify.Record(r.topic, key, r.run, next[key], &value))
 					next[key]++
 				}
-				err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-					if err := st.StashPgx(ctx, tx, batch...); err != nil {
-						return err
-					}
+				err := r.db.stash(ctx, batch, func() {
 					time.Sleep(time.Duration(rng.IntN(5)) * time.Millisecond) // commit out of id order
-					return nil
 				})
 				if err != nil {
 					// Not committed (the database may be down): write the same records again.

@@ -157,10 +157,13 @@ func spread(ts []time.Duration) string {
 // fresh reaper started in its place each time. Its shards go to the two others; the shards they
 // already published stay with them.
 func TestShardsReaperLeaves(t *testing.T) {
-	r, reapers := shardRig(t, rigOptions{})
+	shardsReaperLeaves(t, "shards, reaper leaves", rigOptions{}, pick(2, 8))
+}
+
+func shardsReaperLeaves(t *testing.T, scenario string, o rigOptions, rounds int) {
+	r, reapers := shardRig(t, o)
 	var killed, stopped []time.Duration
 	strays := 0 // shards that moved although their publisher stayed
-	rounds := pick(2, 8)
 	for round := range rounds {
 		before := r.waitSpread(30*time.Second, 2, 3, reapers...)
 		victim := slices.MaxFunc(reapers, func(a, b *reaper) int { return len(a.shards()) - len(b.shards()) })
@@ -191,7 +194,7 @@ func TestShardsReaperLeaves(t *testing.T) {
 	r.waitSpread(30*time.Second, 2, 3, reapers...)
 	report := r.finish(2 * time.Minute)
 	r.checkLossesLogged(r.all...)
-	figure(t, "shards, reaper leaves", "3 reapers, 8 shards, %d rounds; after SIGKILL %s; after SIGTERM %s; shards moved whose publisher stayed %d; records %d, duplicates %d, lost %d, reversals %d",
+	figure(t, scenario, "3 reapers, 8 shards, %d rounds; after SIGKILL %s; after SIGTERM %s; shards moved whose publisher stayed %d; records %d, duplicates %d, lost %d, reversals %d",
 		rounds, spreadFigure(killed), spreadFigure(stopped), strays,
 		report.Expected, report.Duplicates, report.LostCount, len(report.Reversals))
 }

@@ -12,13 +12,17 @@ import (
 // A leader frozen (SIGSTOP) for longer than the session timeout loses leadership to another
 // reaper; when it resumes (SIGCONT) it must not publish anything that breaks per-key order.
 func TestSplitBrainFrozenLeaderResumes(t *testing.T) {
+	splitBrain(t, "split brain", rigOptions{}, pick(3, 10))
+}
+
+func splitBrain(t *testing.T, scenario string, o rigOptions, rounds int) {
 	// With a long linger, a freeze almost always catches messages still queued in the producer:
 	// the case that could publish stale records when the process resumes.
-	r := newRig(t, rigOptions{extraYAML: "  producerKafkaConfig:\n    linger.ms: 100"})
+	o.extraYAML += "  producerKafkaConfig:\n    linger.ms: 100"
+	r := newRig(t, o)
 	r.startWriters(4, 1000, 3000)
 	reapers := []*reaper{r.startReaper("a"), r.startReaper("b")}
 	var takeovers []time.Duration
-	rounds := pick(3, 10)
 	for round := range rounds {
 		waitLeader(t, 30*time.Second, reapers...)
 		time.Sleep(time.Second) // let the group settle, so the takeover measured is the freeze's
@@ -45,6 +49,6 @@ func TestSplitBrainFrozenLeaderResumes(t *testing.T) {
 		time.Sleep(2 * time.Second) // the resumed process gets every chance to publish stale records
 	}
 	report := r.finish(2 * time.Minute)
-	figure(t, "split brain", "leaders frozen past the session timeout and resumed %d times (linger.ms 100); successor elected after p50 %v max %v; records %d, duplicates %d, lost %d, reversals %d",
+	figure(t, scenario, "leaders frozen past the session timeout and resumed %d times (linger.ms 100); successor elected after p50 %v max %v; records %d, duplicates %d, lost %d, reversals %d",
 		rounds, median(takeovers), slices.Max(takeovers).Round(time.Millisecond), report.Expected, report.Duplicates, report.LostCount, len(report.Reversals))
 }

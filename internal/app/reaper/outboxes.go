@@ -5,7 +5,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/goharvest/goharvest"
@@ -178,7 +177,7 @@ func conflicts(outboxes []Outbox) []error {
 			{"name", o.Name},
 			{"leaderGroupID", h.LeaderGroupID},
 			{"leaderTopic", h.LeaderTopic},
-			{"table", tableIdentity(h.DataSource, h.OutboxTable)},
+			{"table", h.tableIdentity()},
 			{"harvester name (name)", h.Name},
 		} {
 			if other, taken := first[c]; taken {
@@ -190,21 +189,6 @@ func conflicts(outboxes []Outbox) []error {
 		}
 	}
 	return errs
-}
-
-// tableIdentity names a table as the server sees it, so that two data sources written
-// differently for one database still count as one: host, port, database and the table, whose
-// schema is public unless it says otherwise (the default search_path's).
-func tableIdentity(dataSource, table string) string {
-	if !strings.Contains(table, ".") {
-		table = "public." + table
-	}
-	cfg, err := pgconn.ParseConfig(dataSource)
-	if err != nil {
-		// Validate reports the data source; compare it as written meanwhile.
-		return fmt.Sprintf("%s in database %q", table, dataSource)
-	}
-	return fmt.Sprintf("%s in database %s on %s:%d", table, cfg.Database, cfg.Host, cfg.Port)
 }
 
 // pick returns the outbox a command names with -outbox, or the only one when name is empty.

@@ -5,23 +5,32 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"strings"
+	"time"
 
+	gomysql "github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/franz"
+	"github.com/goharvest/goharvest/driver/mysql"
 	"github.com/goharvest/goharvest/driver/postgres"
 	"github.com/goharvest/goharvest/outbox"
 )
 
 // Settings is what harvest: configures, and each entry of outboxes:: the harvester's settings
-// (goharvest.Config's keys) and its drivers': the Postgres outbox (dataSource,
+// (goharvest.Config's keys) and its drivers': the outbox (database, dataSource,
 // listenDataSource, outboxTable) and the Kafka client (kafkaClient, baseKafkaConfig,
-// producerKafkaConfig). The reaper makes the drivers from them, in driver, the one place that
-// chooses a client by name and reads the property maps.
+// producerKafkaConfig). The reaper makes the drivers from them, here, the one place that
+// chooses a store and a client by name and reads the property maps.
 type Settings struct {
 	goharvest.Config `yaml:",inline"`
+
+	// Database is the kind of database the outbox is in, which chooses the store the reaper
+	// makes: DatabasePostgres (the default) or DatabaseMySQL (MySQL or MariaDB).
+	Database Database `yaml:"database"`
 
 	// KafkaClient chooses the Kafka client that the harvester makes from BaseKafkaConfig and
 	// ProducerKafkaConfig: KafkaClientFranz (the default) or KafkaClientLibrdkafka.
@@ -43,21 +52,51 @@ type Settings struct {
 	// be disabled.
 	ProducerKafkaConfig KafkaConfigMap `yaml:"producerKafkaConfig"`
 
-	// DataSource is the Postgres connection string, in key=value or URL form, for the
-	// harvester's own connections. Default: postgres.DefaultDataSource.
+	// DataSource is where the harvester's own connections go. For Postgres, a connection
+	// string in key=value or URL form; default postgres.DefaultDataSource. For MySQL,
+	// go-sql-driver's data source, "user:password@tcp(host:3306)/database", which has no
+	// default; the store needs none of its parameters (it reads times as numbers, so parseTime
+	// does not matter, and interpolates parameters unless the data source says otherwise), but
+	// autocommit must stay on.
 	DataSource string `yaml:"dataSource"`
 
 	// ListenDataSource is the Postgres connection string for the one connection on which the
 	// leader LISTENs for notifications of new records (see outbox.NotifyChannel). Behind a
 	// pooler in transaction mode, which cannot deliver notifications, point it at Postgres
 	// directly or at a session pool; without notifications the harvester polls every
-	// limits.maxMarkBackoff, and says so once in its log. Default: DataSource.
+	// limits.maxMarkBackoff, and says so once in its log. Default: DataSource. MySQL has no
+	// LISTEN: a MySQL outbox refuses it.
 	ListenDataSource string `yaml:"listenDataSource"`
 
-	// OutboxTable is the outbox table, optionally schema-qualified ("app.outbox"). It is quoted
-	// as written, so case matters. Default: outbox.DefaultTable.
+	// OutboxTable is the outbox table, optionally qualified by its schema (Postgres,
+	// "app.outbox") or its database (MySQL, "shop.outbox"). It is quoted as written, so case
+	// matters. Default: outbox.DefaultTable.
 	OutboxTable string `yaml:"outboxTable"`
 }
+
+// Database names the kind of database an outbox is in. Validate refuses any value but the
+// constants below.
+type Database string
+
+// The databases.
+const (
+	// DatabasePostgres is package driver/postgres, on pgx: the default, so a file written before
+	// database: existed keeps its meaning.
+	DatabasePostgres Database = "postgres"
+	// DatabaseMySQL is package driver/mysql, on go-sql-driver/mysql: MySQL 8.0 or MariaDB 10.6
+	// at least, InnoDB. It has no notifications, so the harvester polls (see
+	// DefaultMySQLMaxMarkBackoff).
+	DatabaseMySQL Database = "mysql"
+	// DefaultDatabase is database's default.
+	DefaultDatabase = DatabasePostgres
+)
+
+// DefaultMySQLMaxMarkBackoff is limits.maxMarkBackoff's default for a MySQL outbox, where no
+// notification ends the marker's wait: a record written to an idle outbox waits at most this
+// long to be noticed, rather than goharvest.DefaultMaxMarkBackoff's second, for ten reads a
+// second of the head of an empty table (per shard led). A notified Postgres outbox keeps the
+// engine's default.
+const DefaultMySQLMaxMarkBackoff = 100 * time.Millisecond
 
 // KafkaConfigMap holds Kafka client properties, as librdkafka names them, such as
 // "bootstrap.servers" or "compression.type". Values are strings, booleans or numbers, as YAML
@@ -90,7 +129,10 @@ const DefaultBootstrapServers = "localhost:9092"
 // (goharvest.Config.WithDefaults, which logs what it defaults) and the drivers'. The Kafka maps
 // are copied, so the result shares nothing mutable with s.
 func (s Settings) WithDefaults() Settings {
-	s.Config = s.Config.WithDefaults()
+	if s.Database == "" {
+		s.Database = DefaultDatabase
+	}
+	s.Config = s.ownConfig().WithDefaults()
 	if s.KafkaClient == "" {
 		s.KafkaClient = DefaultKafkaClient
 	}
@@ -105,11 +147,13 @@ func (s Settings) WithDefaults() Settings {
 	if s.ProducerKafkaConfig == nil {
 		s.ProducerKafkaConfig = KafkaConfigMap{}
 	}
-	if s.DataSource == "" {
-		s.DataSource = postgres.DefaultDataSource
-	}
-	if s.ListenDataSource == "" {
-		s.ListenDataSource = s.DataSource
+	if s.Database == DatabasePostgres {
+		if s.DataSource == "" {
+			s.DataSource = postgres.DefaultDataSource
+		}
+		if s.ListenDataSource == "" {
+			s.ListenDataSource = s.DataSource
+		}
 	}
 	if s.OutboxTable == "" {
 		s.OutboxTable = outbox.DefaultTable
@@ -137,14 +181,21 @@ func (s Settings) check() (driver.Kafka, error) {
 	bad := func(field, yamlKey string, err error) {
 		errs = append(errs, fmt.Errorf("%s (%s): %w", field, yamlKey, err))
 	}
-	if _, err := pgxpool.ParseConfig(s.DataSource); err != nil {
-		bad("DataSource", "dataSource", err)
-	}
-	if _, err := pgxpool.ParseConfig(s.ListenDataSource); err != nil {
-		bad("ListenDataSource", "listenDataSource", err)
-	}
-	if _, err := outbox.QuoteTable(s.OutboxTable); err != nil {
-		bad("OutboxTable", "outboxTable", err)
+	switch s.Database {
+	case DatabasePostgres:
+		if _, err := pgxpool.ParseConfig(s.DataSource); err != nil {
+			bad("DataSource", "dataSource", err)
+		}
+		if _, err := pgxpool.ParseConfig(s.ListenDataSource); err != nil {
+			bad("ListenDataSource", "listenDataSource", err)
+		}
+		if _, err := outbox.QuoteTable(s.OutboxTable); err != nil {
+			bad("OutboxTable", "outboxTable", err)
+		}
+	case DatabaseMySQL:
+		s.checkMySQL(bad)
+	default:
+		bad("Database", "database", fmt.Errorf("%q: must be %q or %q", s.Database, DatabasePostgres, DatabaseMySQL))
 	}
 	if len(errs) > 0 {
 		return nil, fmt.Errorf("invalid harvest config: %w", errors.Join(errs...))
@@ -165,20 +216,130 @@ func (s Settings) HarvestConfig() (goharvest.Config, error) {
 	if err != nil {
 		return goharvest.Config{}, err
 	}
-	var opts []postgres.Option
-	if d.ListenDataSource != d.DataSource {
-		// Only a listening connection that goes another way is set apart: one that goes the
-		// pool's way answers the readiness probes of an idle outbox, which then holds one
-		// connection rather than two (see postgres.Store.Ping).
-		opts = append(opts, postgres.WithListenDataSource(d.ListenDataSource))
-	}
-	store, err := postgres.New(d.DataSource, d.OutboxTable, opts...)
+	store, err := d.store()
 	if err != nil {
 		return goharvest.Config{}, fmt.Errorf("outbox %s: %w", d.OutboxTable, err)
 	}
-	c := s.Config
+	c := s.ownConfig()
 	c.Store, c.Kafka = store, kafka
 	return c, nil
+}
+
+// ownConfig is the harvester's settings as written, but for the defaults that depend on the
+// database: an outbox without notifications (MySQL) is polled every
+// DefaultMySQLMaxMarkBackoff at most unless limits.maxMarkBackoff says otherwise, and never
+// more often than limits.markBackoff allows.
+func (s Settings) ownConfig() goharvest.Config {
+	c := s.Config
+	if s.Database == DatabaseMySQL && c.Limits.MaxMarkBackoff == 0 {
+		c.Limits.MaxMarkBackoff = max(DefaultMySQLMaxMarkBackoff, c.Limits.MarkBackoff)
+	}
+	return c
+}
+
+// store makes the store Database names, from settings whose defaults have been applied and
+// that Validate accepts. It connects lazily.
+func (s Settings) store() (driver.Store, error) {
+	if s.Database == DatabaseMySQL {
+		return mysql.New(s.DataSource, s.OutboxTable)
+	}
+	var opts []postgres.Option
+	if s.ListenDataSource != s.DataSource {
+		// Only a listening connection that goes another way is set apart: one that goes the
+		// pool's way answers the readiness probes of an idle outbox, which then holds one
+		// connection rather than two (see postgres.Store.Ping).
+		opts = append(opts, postgres.WithListenDataSource(s.ListenDataSource))
+	}
+	return postgres.New(s.DataSource, s.OutboxTable, opts...)
+}
+
+// mysqlDataSourceForm is what a MySQL outbox's dataSource looks like, for errors.
+const mysqlDataSourceForm = "a go-sql-driver data source, user:password@tcp(host:3306)/database"
+
+// checkMySQL reports through bad what a MySQL outbox's settings have wrong.
+func (s Settings) checkMySQL(bad func(field, yamlKey string, err error)) {
+	if s.ListenDataSource != "" {
+		bad("ListenDataSource", "listenDataSource", errors.New("MySQL has no LISTEN, so a MySQL outbox has no listening connection: "+
+			"remove it (from harvest: too, or set it to \"\" in this outbox); the harvester polls, every limits.maxMarkBackoff at most"))
+	}
+	if s.DataSource == "" {
+		bad("DataSource", "dataSource", errors.New("required for database: mysql: "+mysqlDataSourceForm))
+	} else if cfg, err := gomysql.ParseDSN(s.DataSource); err != nil {
+		bad("DataSource", "dataSource", fmt.Errorf("%w; want %s", err, mysqlDataSourceForm))
+	} else {
+		if _, table := mysqlTable(cfg, s.OutboxTable); cfg.DBName == "" && table == s.OutboxTable {
+			bad("DataSource", "dataSource", fmt.Errorf("names no database, and outboxTable %q is not qualified by one: "+
+				"end the data source with /database, or write outboxTable as database.table", s.OutboxTable))
+		}
+		if v, ok := cfg.Params["autocommit"]; ok && !isOn(v) {
+			bad("DataSource", "dataSource", fmt.Errorf("autocommit=%s: autocommit must stay on, or a session keeps the snapshot of its "+
+				"first read and never sees a newer row; remove the parameter", v))
+		}
+	}
+	if _, err := outbox.QuoteTableMySQL(s.OutboxTable); err != nil {
+		bad("OutboxTable", "outboxTable", err)
+	}
+}
+
+// isOn says whether a MySQL system variable's value in a data source turns it on.
+func isOn(v string) bool {
+	switch strings.ToLower(strings.Trim(v, "'\"")) {
+	case "1", "on", "true":
+		return true
+	}
+	return false
+}
+
+// mysqlTable returns the database and table a MySQL outbox's table name means on connections
+// of cfg.
+func mysqlTable(cfg *gomysql.Config, outboxTable string) (database, table string) {
+	if db, t, ok := strings.Cut(outboxTable, "."); ok {
+		return db, t
+	}
+	return cfg.DBName, outboxTable
+}
+
+// tableIdentity names the outbox table as its server sees it (settings whose defaults have been
+// applied), so that two data sources written differently for one database still count as one:
+// the kind of database, its server, the database and the table, whose Postgres schema is
+// public unless it says otherwise (the default search_path's).
+func (s Settings) tableIdentity() string {
+	if s.Database == DatabaseMySQL {
+		cfg, err := gomysql.ParseDSN(s.DataSource)
+		if err != nil {
+			// Validate reports the data source; compare it as written meanwhile.
+			return fmt.Sprintf("%s in MySQL database %q", s.OutboxTable, s.DataSource)
+		}
+		db, table := mysqlTable(cfg, s.OutboxTable)
+		return fmt.Sprintf("%s.%s in MySQL on %s", db, table, cfg.Addr)
+	}
+	table := s.OutboxTable
+	if !strings.Contains(table, ".") {
+		table = "public." + table
+	}
+	cfg, err := pgconn.ParseConfig(s.DataSource)
+	if err != nil {
+		return fmt.Sprintf("%s in database %q", table, s.DataSource)
+	}
+	return fmt.Sprintf("%s in database %s on %s:%d", table, cfg.Database, cfg.Host, cfg.Port)
+}
+
+// describeDataSource says where a data source of the outbox's database points (user, server,
+// database), leaving out its password and every other parameter.
+func (s Settings) describeDataSource(dataSource string) string {
+	const unparsed = "(set; not shown, as it does not parse)"
+	if s.Database == DatabaseMySQL {
+		cfg, err := gomysql.ParseDSN(dataSource)
+		if err != nil {
+			return unparsed
+		}
+		return fmt.Sprintf("MySQL: user %s, address %s, database %s", cfg.User, cfg.Addr, cfg.DBName)
+	}
+	cfg, err := pgconn.ParseConfig(dataSource)
+	if err != nil {
+		return unparsed
+	}
+	return fmt.Sprintf("user %s, host %s, port %d, database %s", cfg.User, cfg.Host, cfg.Port, cfg.Database)
 }
 
 // kafka makes the Kafka client KafkaClient names from the property maps, read once, and returns

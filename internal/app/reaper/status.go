@@ -10,8 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // StatusRefresh is how often the status page reloads itself.
@@ -241,10 +239,11 @@ func (w *watch) configSummary() [][2]string {
 		{"leaderTopic", c.LeaderTopic},
 		{"outboxTable", c.OutboxTable},
 		{"shards", strconv.Itoa(c.Shards)},
-		{"dataSource", describeDataSource(c.DataSource)},
+		{"database", string(c.Database)},
+		{"dataSource", c.describeDataSource(c.DataSource)},
 	}
-	if c.ListenDataSource != c.DataSource {
-		rows = append(rows, [2]string{"listenDataSource", describeDataSource(c.ListenDataSource)})
+	if c.ListenDataSource != "" && c.ListenDataSource != c.DataSource {
+		rows = append(rows, [2]string{"listenDataSource", c.describeDataSource(c.ListenDataSource)})
 	}
 	for _, m := range []struct {
 		name  string
@@ -276,16 +275,6 @@ func (w *watch) configSummary() [][2]string {
 	)
 }
 
-// describeDataSource says where a connection string points (user, host, port, database),
-// leaving out its password and every other parameter.
-func describeDataSource(dsn string) string {
-	cfg, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		return "(set; not shown, as it does not parse)"
-	}
-	return fmt.Sprintf("user %s, host %s, port %d, database %s", cfg.User, cfg.Host, cfg.Port, cfg.Database)
-}
-
 // pageStyle is what the status page and the overview of several outboxes share: their style,
 // and clock, which shows a time of day in UTC.
 var pageStyle = template.Must(template.New("style").Funcs(template.FuncMap{
@@ -311,7 +300,7 @@ var statusTemplate = template.Must(template.Must(pageStyle.Clone()).New("status"
 <h1>reaper <span class="id">{{.Name}}</span></h1>
 {{if .Outbox}}<div id="outbox">outbox <b class="id">{{.Outbox}}</b> · <a href="/">all outboxes</a></div>{{end}}
 <div class="muted">goharvest {{.Version}} · group <span class="id">{{.Group}}</span> · {{.State}} for {{.Uptime}} · page read at {{clock .Now}} UTC, reloads every {{.Refresh}}s</div>
-<p id="readiness">{{if not .Checked}}<span class="muted">readiness not checked yet</span>{{else if .Ready}}<span class="bad">not ready:</span> {{.Ready}}{{else}}<span class="ok">ready</span>: Postgres and Kafka answer{{end}}</p>
+<p id="readiness">{{if not .Checked}}<span class="muted">readiness not checked yet</span>{{else if .Ready}}<span class="bad">not ready:</span> {{.Ready}}{{else}}<span class="ok">ready</span>: the database and Kafka answer{{end}}</p>
 
 <div class="cards">
 <div class="card">leads<b id="leads">{{.Leads}} of {{len .Shards}}</b>shards</div>

@@ -44,9 +44,38 @@ type Server struct {
 	adminDSN string // a go-sql-driver data source with no database
 
 	// Set only for a throwaway server.
-	dir  string    // the temporary directory: data, socket, log
-	cmd  *exec.Cmd // mariadbd, a child of this process
-	done chan struct{}
+	dir    string    // the temporary directory: data, socket, log
+	binary string    // mariadbd
+	port   int       // kept across restarts, so that clients reconnect to the same address
+	flags  []string  // the Options' server flags
+	cmd    *exec.Cmd // mariadbd, a child of this process
+	done   chan struct{}
+}
+
+// Option changes how Start runs a throwaway server.
+type Option func(*[]string)
+
+// Durable makes the server keep every commit through a crash, as production servers run: the redo
+// log flushed at each commit. With binaryLog, the binary log is on too (log_bin, the row format a
+// replica or a change-data-capture reader needs) and synced at each commit, so that a commit
+// waits for both logs, as on a primary with replicas.
+func Durable(binaryLog bool) Option {
+	return func(flags *[]string) {
+		*flags = append(*flags, "--innodb-flush-log-at-trx-commit=1")
+		if binaryLog {
+			*flags = append(*flags, "--log-bin=mariadb-bin", "--binlog-format=ROW", "--sync-binlog=1", "--server-id=1")
+		} else {
+			*flags = append(*flags, "--skip-log-bin")
+		}
+	}
+}
+
+// LockWaitTimeout sets innodb_lock_wait_timeout: how long a statement waits for a row lock
+// before it fails with error 1205 (the server's default is 50s).
+func LockWaitTimeout(d time.Duration) Option {
+	return func(flags *[]string) {
+		*flags = append(*flags, fmt.Sprintf("--innodb-lock-wait-timeout=%d", max(1, int(d/time.Second))))
+	}
 }
 
 var dbCounter atomic.Int64
@@ -97,10 +126,10 @@ func (s *Server) exec(statement string) error {
 	return err
 }
 
-// Start installs and starts a throwaway server in a new temporary directory. Durability is off
-// (the redo log is not flushed at each commit, no binary log), as tests want: the server is
-// thrown away.
-func Start() (*Server, error) {
+// Start installs and starts a throwaway server in a new temporary directory. Unless an Option says
+// otherwise (Durable), durability is off (the redo log is not flushed at each commit, no binary
+// log), as most tests want: the server is thrown away.
+func Start(opts ...Option) (*Server, error) {
 	install, server, err := findBinaries()
 	if err != nil {
 		return nil, err
@@ -109,7 +138,10 @@ func Start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{dir: dir}
+	s := &Server{dir: dir, binary: server, flags: []string{"--skip-log-bin", "--innodb-flush-log-at-trx-commit=0"}}
+	for _, opt := range opts {
+		opt(&s.flags) // later flags override earlier ones
+	}
 	data := filepath.Join(dir, "data")
 	// root@127.0.0.1 is created without a password (normal authentication, not the socket's),
 	// so that a test connects over TCP as it would to any server. As root, the server must be
@@ -122,7 +154,12 @@ func Start() (*Server, error) {
 	// The port is free when picked, but another process may take it before the server binds it;
 	// then the server exits at once and another port is tried.
 	for attempt := 0; ; attempt++ {
-		err := s.start(server, data)
+		s.port, err = freePort()
+		if err != nil {
+			s.Stop()
+			return nil, err
+		}
+		err := s.start()
 		if err == nil {
 			return s, nil
 		}
@@ -136,25 +173,21 @@ func Start() (*Server, error) {
 
 var errExited = errors.New("mariadbd exited")
 
-func (s *Server) start(server, data string) error {
-	port, err := freePort()
-	if err != nil {
-		return err
-	}
+// start starts the server on s.port and waits until it answers.
+func (s *Server) start() error {
+	port := s.port
 	logFile := filepath.Join(s.dir, "mariadbd.log")
-	s.cmd = exec.Command(server, "--no-defaults", "--user="+currentUser(),
-		"--datadir="+data,
-		"--socket="+filepath.Join(s.dir, "mariadbd.sock"),
-		"--pid-file="+filepath.Join(s.dir, "mariadbd.pid"),
-		"--log-error="+logFile,
-		"--bind-address=127.0.0.1", "--port="+strconv.Itoa(port),
+	s.cmd = exec.Command(s.binary, append([]string{"--no-defaults", "--user=" + currentUser(),
+		"--datadir=" + filepath.Join(s.dir, "data"),
+		"--socket=" + filepath.Join(s.dir, "mariadbd.sock"),
+		"--pid-file=" + filepath.Join(s.dir, "mariadbd.pid"),
+		"--log-error=" + logFile,
+		"--bind-address=127.0.0.1", "--port=" + strconv.Itoa(port),
 		"--skip-name-resolve", // root@127.0.0.1, with no DNS lookups
-		"--skip-log-bin",
-		"--innodb-flush-log-at-trx-commit=0", // the tests need no durability
 		"--innodb-buffer-pool-size=64M",
 		"--innodb-log-file-size=32M",
 		"--max-connections=300",
-	)
+	}, s.flags...)...)
 	// Killed with this process if the tests crash, rather than left listening.
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := s.cmd.Start(); err != nil {
@@ -195,6 +228,27 @@ func (s *Server) Stop() error {
 	}
 	s.dir = ""
 	return err
+}
+
+// Restart stops a throwaway server and starts it again on the same port and data, as a server
+// restarted by its operator or its supervisor: crash kills it (SIGKILL, as a crash or an OOM kill
+// would, so recovery replays the redo log) where a clean restart shuts it down (SIGTERM) first.
+// Clients see their connections fail until it answers again.
+func (s *Server) Restart(crash bool) error {
+	if s.dir == "" || s.cmd == nil {
+		return errors.New("mariadbtest: only a running throwaway server can be restarted")
+	}
+	if crash {
+		if err := s.kill(); err != nil {
+			return err
+		}
+	} else {
+		if err := s.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+			return fmt.Errorf("stop mariadbd: %w", err)
+		}
+		<-s.done
+	}
+	return s.start()
 }
 
 // kill kills the server's process, by its PID, and waits for it to exit.
