@@ -2,6 +2,7 @@ package bench_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -26,6 +27,7 @@ import (
 	"github.com/goharvest/goharvest/internal/app/reaper"
 	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
 	"github.com/goharvest/goharvest/internal/testkit/kafkatest"
+	"github.com/goharvest/goharvest/internal/testkit/mariadbtest"
 	"github.com/goharvest/goharvest/internal/testkit/pgbouncer"
 	"github.com/goharvest/goharvest/internal/testkit/pgcluster"
 	"github.com/goharvest/goharvest/internal/testkit/testlog"
@@ -516,6 +518,25 @@ type benchRig struct {
 	lingerMs      int
 	// Set by BenchmarkCycleStatements only: each measurement logs the statements that ran.
 	logStatements bool
+	// Set by the MySQL benchmarks only (mysql_test.go): the server that holds their outboxes
+	// instead of server, which is nil then; its CPU is reported as mysql-µs/rec.
+	mysql *mariadbtest.Server
+}
+
+// dbCPU is the CPU time the outbox's database server has used: Postgres's, or MySQL's.
+func (rig *benchRig) dbCPU() time.Duration {
+	if rig.mysql != nil {
+		return pidCPU(rig.b, rig.mysql.PID())
+	}
+	return mustCPU(rig.b, rig.server)
+}
+
+// dbUnit is the unit of the database's CPU per record.
+func (rig *benchRig) dbUnit() string {
+	if rig.mysql != nil {
+		return "mysql-µs/rec"
+	}
+	return "pg-µs/rec"
 }
 
 // benchBroker is the Kafka a benchmark runs against, in processes of its own so that its CPU is
@@ -597,6 +618,12 @@ type benchRun struct {
 	claim     goharvest.ClaimStrategy // Config.ClaimStrategy of the harvester; "" is the default
 	shards    int                     // Config.Shards of the harvester; 0 is the default
 	group     string                  // the election group of the run's harvesters, set by startHarvester
+	// database is the outbox's database (reaper's database:); "" is Postgres.
+	database reaper.Database
+	// stash writes records to the run's outbox in one transaction of their own.
+	stash func(ctx context.Context, records []goharvest.OutboxRecord) error
+	// mysqlDB is the MySQL outbox's database, for a MySQL run (mysql_test.go); pool is nil then.
+	mysqlDB *sql.DB
 }
 
 func (rig *benchRig) newRun() *benchRun {
@@ -618,7 +645,11 @@ func (rig *benchRig) newRun() *benchRun {
 	if _, err := pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"); err != nil {
 		b.Fatal(err)
 	}
-	return &benchRun{rig: rig, b: b, dsn: dsn, drop: drop, pool: pool, run: uuid.NewString()}
+	st, _ := stasher.New("outbox")
+	stash := func(ctx context.Context, records []goharvest.OutboxRecord) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return st.StashPgx(ctx, tx, records...) })
+	}
+	return &benchRun{rig: rig, b: b, dsn: dsn, drop: drop, pool: pool, run: uuid.NewString(), stash: stash}
 }
 
 func (r *benchRun) startHarvester() {
@@ -648,13 +679,14 @@ type benchHarvesterConfig struct {
 	Shards, MaxKeyRun, AwaitStandbys int
 	Claim                            goharvest.ClaimStrategy
 	CommitCadence                    time.Duration
+	Database                         reaper.Database
 	LingerMs                         int
 }
 
 func (r *benchRun) harvesterConfig() benchHarvesterConfig {
 	return benchHarvesterConfig{Broker: r.rig.broker.Addr, DSN: r.dsn, Group: r.group, Client: os.Getenv(EnvBenchClient),
 		Shards: r.shards, MaxKeyRun: r.maxKeyRun, AwaitStandbys: r.rig.awaitStandbys, Claim: r.claim,
-		CommitCadence: r.rig.commitCadence, LingerMs: r.rig.lingerMs}
+		CommitCadence: r.rig.commitCadence, LingerMs: r.rig.lingerMs, Database: r.database}
 }
 
 // config returns the harvester's Config, with the drivers the reaper would make of the same
@@ -682,7 +714,8 @@ func (c benchHarvesterConfig) config() (goharvest.Config, error) {
 		KafkaClient:         reaper.KafkaClient(c.Client),
 		BaseKafkaConfig:     reaper.KafkaConfigMap{"bootstrap.servers": c.Broker},
 		ProducerKafkaConfig: producer,
-		DataSource:          withAppName(c.DSN),
+		Database:            c.Database,
+		DataSource:          withAppName(c.Database, c.DSN),
 	}.HarvestConfig()
 }
 
@@ -846,8 +879,10 @@ func (rig *benchRig) measure() *measurement {
 	if rig.logStatements {
 		resetStatements(rig.b, rig.server)
 	}
-	m := &measurement{rig: rig, start: time.Now(), relay: processCPU(), pg: mustCPU(rig.b, rig.server), broker: rig.broker.cpu(rig.b),
-		harvesterPG: startBackendCPU(rig.b, rig.server)}
+	m := &measurement{rig: rig, start: time.Now(), relay: processCPU(), pg: rig.dbCPU(), broker: rig.broker.cpu(rig.b)}
+	if rig.server != nil {
+		m.harvesterPG = startBackendCPU(rig.b, rig.server)
+	}
 	if rig.commits != nil {
 		m.commits = rig.commits()
 	}
@@ -872,10 +907,10 @@ func (m *measurement) stopIdle(b *testing.B, statements int64) {
 
 func (m *measurement) stop(b *testing.B, records int) {
 	elapsed := time.Since(m.start)
-	relay, pg := processCPU()-m.relay, mustCPU(b, m.rig.server)-m.pg
+	relay, pg := processCPU()-m.relay, m.rig.dbCPU()-m.pg
 	b.ReportMetric(float64(records)/elapsed.Seconds(), "records/s")
 	b.ReportMetric(float64(relay.Microseconds())/float64(records), "relay-µs/rec")
-	b.ReportMetric(float64(pg.Microseconds())/float64(records), "pg-µs/rec")
+	b.ReportMetric(float64(pg.Microseconds())/float64(records), m.rig.dbUnit())
 	if m.harvesterPG != nil {
 		if harvester, ok := m.harvesterPG.total(); ok {
 			b.ReportMetric(float64(harvester.Microseconds())/float64(records), "pg-harv-µs/rec")
@@ -1013,7 +1048,7 @@ func (w *benchWriters) writeOne(i int) {
 		w.mu.Unlock()
 		return
 	}
-	if err := pgx.BeginFunc(ctx, w.r.pool, func(tx pgx.Tx) error { return w.st.StashPgx(ctx, tx, batch...) }); err != nil {
+	if err := w.r.stash(ctx, batch); err != nil {
 		w.r.b.Error(err)
 		return
 	}

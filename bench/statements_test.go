@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/goharvest/goharvest"
+	"github.com/goharvest/goharvest/internal/app/reaper"
 	"github.com/goharvest/goharvest/internal/testkit/pgcluster"
 )
 
@@ -227,8 +228,12 @@ func logStatements(b *testing.B, server *pgcluster.Server, elapsed time.Duration
 	b.ReportMetric(1000*harvesterMs/txns, "pg-exec-µs/txn")
 }
 
-// withAppName gives a data source, in key=value or URL form, harvesterAppName.
-func withAppName(dsn string) string {
+// withAppName gives a Postgres data source, in key=value or URL form, harvesterAppName; a MySQL
+// one it leaves as it is.
+func withAppName(database reaper.Database, dsn string) string {
+	if database == reaper.DatabaseMySQL {
+		return dsn
+	}
 	if u, err := url.Parse(dsn); err == nil && (u.Scheme == "postgres" || u.Scheme == "postgresql") {
 		q := u.Query()
 		q.Set("application_name", harvesterAppName)

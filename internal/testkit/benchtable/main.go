@@ -18,6 +18,7 @@ var columns = []struct{ unit, heading string }{
 	{"relay-µs/rec", "relay CPU µs/rec"},
 	{"pg-µs/rec", "Postgres CPU µs/rec"},
 	{"pg-harv-µs/rec", "harvester's Postgres CPU µs/rec"},
+	{"mysql-µs/rec", "MySQL CPU µs/rec"},
 	{"broker-µs/rec", "broker CPU µs/rec"},
 	{"txn/s", "Kafka txn/s"},
 	{"p50-ms", "p50 ms"},

@@ -230,6 +230,9 @@ func (s *Server) Stop() error {
 	return err
 }
 
+// PID is the process id of a running throwaway server, for reading its CPU time.
+func (s *Server) PID() int { return s.cmd.Process.Pid }
+
 // Restart stops a throwaway server and starts it again on the same port and data, as a server
 // restarted by its operator or its supervisor: crash kills it (SIGKILL, as a crash or an OOM kill
 // would, so recovery replays the redo log) where a clean restart shuts it down (SIGTERM) first.
