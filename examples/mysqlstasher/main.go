@@ -7,7 +7,9 @@
 //	curl -X POST localhost:8080/orders/42
 //
 // It creates the orders table and the outbox where they are missing, and serves until SIGINT or
-// SIGTERM. A reaper publishes the rows, with this reaper.yaml (docs/mysql.md says more):
+// SIGTERM; -table names another outbox table. The flags, the HTTP side and the signals are
+// examples/internal/orders', which examples/stasher shares. A reaper publishes the rows, with
+// this reaper.yaml (docs/mysql.md says more):
 //
 //	harvest:
 //	  baseKafkaConfig:
@@ -29,12 +31,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"flag"
 	"fmt"
-	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 
 	gomysql "github.com/go-sql-driver/mysql" // also registers the "mysql" database/sql driver
 
@@ -44,36 +42,10 @@ import (
 	"github.com/goharvest/goharvest/stasher/mysqlstasher"
 )
 
+// main runs the service (orders.Main): it opens the database the flags name, calls createTables,
+// makes the stasher, and places each order it is sent with placeOrder.
 func main() {
-	dsn := flag.String("dsn", "root@tcp(localhost:3306)/shop", "go-sql-driver data source of the service's database (user:password@tcp(host:3306)/database)")
-	addr := flag.String("addr", "localhost:8080", "address to serve HTTP on")
-	table := flag.String("table", outbox.DefaultTable, "outbox table")
-	flag.Parse()
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, *dsn, *addr, *table); err != nil {
-		fmt.Fprintln(os.Stderr, "mysqlstasher:", err)
-		os.Exit(1)
-	}
-}
-
-func run(ctx context.Context, dsn, addr, table string) error {
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	if err := createTables(ctx, db, table); err != nil {
-		return err
-	}
-	st, err := mysqlstasher.New(table)
-	if err != nil {
-		return err
-	}
-	return orders.Serve(ctx, addr, table, func(ctx context.Context, id int) error {
-		return placeOrder(ctx, db, st, id)
-	})
+	orders.Main("mysqlstasher", "mysql", "root@tcp(localhost:3306)/shop", createTables, mysqlstasher.New, placeOrder)
 }
 
 // erDupEntry is the error number MySQL and MariaDB give an INSERT of a primary key that exists.

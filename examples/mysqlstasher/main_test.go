@@ -21,21 +21,8 @@ func TestMain(m *testing.M) { os.Exit(leakcheck.After(mariadbtest.Run(m))) }
 // cannot be written leaves no order either, and SIGINT stops it with status 0.
 func TestMySQLStasherPlacesOrders(t *testing.T) {
 	dsn := mariadbtest.NewDatabase(t)
-	p := program.Start(t, program.Build(t, "github.com/goharvest/goharvest/examples/mysqlstasher"), "-dsn", dsn, "-addr", "127.0.0.1:0")
-	addr := p.Await(t, time.Minute, program.TakingOrders)[1]
-
-	for _, c := range []struct {
-		path string
-		want int
-	}{
-		{"/orders/42", http.StatusCreated},
-		{"/orders/42", http.StatusConflict},
-		{"/orders/forty-three", http.StatusBadRequest},
-	} {
-		if got, body := program.Post(t, "http://"+addr+c.path); got != c.want {
-			t.Errorf("POST %s: %d %s, want %d", c.path, got, body, c.want)
-		}
-	}
+	p, addr := program.StartOrderService(t, "github.com/goharvest/goharvest/examples/mysqlstasher", dsn)
+	program.PlaceOrders(t, addr)
 
 	db := mariadbtest.Open(t, dsn)
 	wantOrders := []string{"42 placed"}

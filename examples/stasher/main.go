@@ -7,19 +7,17 @@
 //	curl -X POST localhost:8080/orders/42
 //
 // It creates the orders table and the outbox where they are missing, and serves until SIGINT or
-// SIGTERM. It links pgx's database/sql driver and the stasher, and neither the harvester nor a
-// Kafka client: it builds with CGO_ENABLED=0.
+// SIGTERM; -table names another outbox table. The flags, the HTTP side and the signals are
+// examples/internal/orders', which examples/mysqlstasher shares. It links pgx's database/sql
+// driver and the stasher, and neither the harvester nor a Kafka client: it builds with
+// CGO_ENABLED=0.
 package main
 
 import (
 	"context"
 	"database/sql"
-	"flag"
 	"fmt"
-	"os"
-	"os/signal"
 	"strconv"
-	"syscall"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 
@@ -28,36 +26,11 @@ import (
 	"github.com/goharvest/goharvest/stasher"
 )
 
+// main runs the service (orders.Main): it opens the database the flags name, calls createTables,
+// makes the stasher, and places each order it is sent with placeOrder.
 func main() {
-	dsn := flag.String("dsn", "host=localhost port=5432 user=postgres dbname=postgres sslmode=disable", "Postgres data source of the service's database")
-	addr := flag.String("addr", "localhost:8080", "address to serve HTTP on")
-	table := flag.String("table", outbox.DefaultTable, "outbox table")
-	flag.Parse()
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, *dsn, *addr, *table); err != nil {
-		fmt.Fprintln(os.Stderr, "stasher:", err)
-		os.Exit(1)
-	}
-}
-
-func run(ctx context.Context, dsn, addr, table string) error {
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	if err := createTables(ctx, db, table); err != nil {
-		return err
-	}
-	st, err := stasher.New(table)
-	if err != nil {
-		return err
-	}
-	return orders.Serve(ctx, addr, table, func(ctx context.Context, id int) error {
-		return placeOrder(ctx, db, st, id)
-	})
+	orders.Main("stasher", "pgx", "host=localhost port=5432 user=postgres dbname=postgres sslmode=disable",
+		createTables, func(table string) (*stasher.Stasher, error) { return stasher.New(table) }, placeOrder)
 }
 
 // placeOrder writes order id and the message that announces it in one transaction: both commit or
