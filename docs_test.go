@@ -21,14 +21,17 @@ func docPages(t *testing.T) []string {
 }
 
 // quotedExamples are functions of the example programs, which their tests run against a real
-// Postgres and Apache Kafka (examples/embed/main_test.go, examples/stasher/main_test.go), and the
-// pages that show them: a reader who copies one copies code that works.
+// Postgres, MariaDB and Apache Kafka (examples/embed/main_test.go, examples/stasher/main_test.go,
+// examples/mysqlstasher/main_test.go), and the pages that show them: a reader who copies one
+// copies code that works. Where two examples share a function's name, its declaration is given up
+// to the parameter that tells them apart.
 var quotedExamples = []struct {
 	file, decl string
 	pages      []string
 }{
 	{filepath.Join("examples", "embed", "main.go"), "func publishOutbox(", []string{"README.md", "docs/getting-started.md"}},
-	{filepath.Join("examples", "stasher", "main.go"), "func placeOrder(", []string{"docs/getting-started.md"}},
+	{filepath.Join("examples", "stasher", "main.go"), "func placeOrder(ctx context.Context, db *sql.DB, st *stasher.Stasher,", []string{"docs/getting-started.md"}},
+	{filepath.Join("examples", "mysqlstasher", "main.go"), "func placeOrder(ctx context.Context, db *sql.DB, st *mysqlstasher.Stasher,", []string{"docs/mysql.md"}},
 }
 
 // Every page that shows an example shows it word for word, and the pages listed show it.

@@ -37,15 +37,17 @@ func TestEmbeddingBuildsAndRunsWithoutCgo(t *testing.T) {
 }
 
 // An embedder links only the drivers it names, with cgo on as well as off: the root package and
-// the in-memory example link no Postgres or Kafka client, and a program that names the Postgres
-// store and the franz client links no librdkafka.
+// the in-memory example link no Postgres or Kafka client, a program that names the Postgres
+// store and the franz client links no librdkafka, and the order services link no Kafka client
+// (nor, on MySQL, Postgres's).
 func TestEmbedderLinksOnlyTheDriversItNames(t *testing.T) {
 	const pgx, kgo, librdkafka = "github.com/jackc/pgx/v5", "github.com/twmb/franz-go/pkg/kgo", "github.com/confluentinc/confluent-kafka-go/v2/kafka"
 	for pkg, refused := range map[string][]string{
-		".":                  {pgx, kgo, librdkafka},
-		"./examples/memory":  {pgx, kgo, librdkafka},
-		"./examples/embed":   {librdkafka},
-		"./examples/stasher": {kgo, librdkafka},
+		".":                       {pgx, kgo, librdkafka},
+		"./examples/memory":       {pgx, kgo, librdkafka},
+		"./examples/embed":        {librdkafka},
+		"./examples/stasher":      {kgo, librdkafka},
+		"./examples/mysqlstasher": {pgx, kgo, librdkafka},
 	} {
 		list := exec.Command("go", "list", "-deps", pkg)
 		list.Env = append(os.Environ(), "CGO_ENABLED=1")

@@ -35,8 +35,7 @@ func TestEmbedPublishesAnOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	orders := program.Start(t, program.Build(t, "github.com/goharvest/goharvest/examples/stasher"), "-dsn", dsn, "-addr", "127.0.0.1:0")
-	addr := orders.Await(t, time.Minute, program.TakingOrders)[1]
+	orders, addr := program.StartOrderService(t, "github.com/goharvest/goharvest/examples/stasher", dsn)
 	// Started once the stasher has made the tables, so that the two do not create them at once.
 	embed := program.Start(t, program.Build(t, "github.com/goharvest/goharvest/examples/embed"), "-dsn", dsn, "-brokers", cluster.Addr())
 	if status, body := program.Post(t, "http://"+addr+"/orders/42"); status != http.StatusCreated {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net/http"
 	"os"
 	"testing"
 	"time"
@@ -21,21 +20,8 @@ func TestMain(m *testing.M) { os.Exit(leakcheck.After(pgtest.Run(m))) }
 // an order placed again or a malformed one writes nothing, and SIGINT stops it with status 0.
 func TestStasherPlacesOrders(t *testing.T) {
 	dsn := pgtest.NewDatabase(t)
-	p := program.Start(t, program.Build(t, "github.com/goharvest/goharvest/examples/stasher"), "-dsn", dsn, "-addr", "127.0.0.1:0")
-	addr := p.Await(t, time.Minute, program.TakingOrders)[1]
-
-	for _, c := range []struct {
-		path string
-		want int
-	}{
-		{"/orders/42", http.StatusCreated},
-		{"/orders/42", http.StatusConflict},
-		{"/orders/forty-three", http.StatusBadRequest},
-	} {
-		if got, body := program.Post(t, "http://"+addr+c.path); got != c.want {
-			t.Errorf("POST %s: %d %s, want %d", c.path, got, body, c.want)
-		}
-	}
+	p, addr := program.StartOrderService(t, "github.com/goharvest/goharvest/examples/stasher", dsn)
+	program.PlaceOrders(t, addr)
 
 	ctx := context.Background()
 	conn, err := pgx.Connect(ctx, dsn)

@@ -108,8 +108,36 @@ func (p *Process) Interrupt(tb testing.TB, within time.Duration) {
 	}
 }
 
-// TakingOrders is what examples/stasher prints once it takes orders; its submatch is the address.
+// TakingOrders is what an order service (examples/stasher, examples/mysqlstasher) prints once it
+// takes orders; its submatch is the address.
 var TakingOrders = regexp.MustCompile(`taking orders.* address=(\S+)`)
+
+// StartOrderService builds the order service pkg, starts it on the database dsn and a loopback
+// port of its choosing, waits until it takes orders, and returns it and the address it serves on.
+func StartOrderService(tb testing.TB, pkg, dsn string) (*Process, string) {
+	tb.Helper()
+	p := Start(tb, Build(tb, pkg), "-dsn", dsn, "-addr", "127.0.0.1:0")
+	return p, p.Await(tb, time.Minute, TakingOrders)[1]
+}
+
+// PlaceOrders places order 42, then order 42 again, then order "forty-three", with the order
+// service at addr, and fails the test unless it answers 201 Created, 409 Conflict and 400 Bad
+// Request. The service's tables should then hold order 42 and the one message announcing it.
+func PlaceOrders(tb testing.TB, addr string) {
+	tb.Helper()
+	for _, c := range []struct {
+		path string
+		want int
+	}{
+		{"/orders/42", http.StatusCreated},
+		{"/orders/42", http.StatusConflict},
+		{"/orders/forty-three", http.StatusBadRequest},
+	} {
+		if got, body := Post(tb, "http://"+addr+c.path); got != c.want {
+			tb.Errorf("POST %s: %d %s, want %d", c.path, got, body, c.want)
+		}
+	}
+}
 
 // Post sends an empty POST request to url and returns the response's status and body. It keeps no
 // connection open afterwards.
