@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
@@ -34,15 +35,27 @@ import (
 // coordinator.
 
 // A broker that leads no partition of the leader topic and coordinates neither of goharvest's
-// groups crashes (SIGKILL): no leader may change.
+// groups crashes (SIGKILL): no leader may change, and every shard must commit again within
+// backAfterFence of the moment the surviving brokers' metadata shows the crashed one fenced.
 func TestBrokerCrashChangesNoLeader(t *testing.T) {
 	var bystander *kafkacluster.Node
 	p := startProduction(t, func(ro roles) *kafkacluster.Node { bystander = ro.bystander(); return bystander })
+	commits := watchCommits(t, p.r, productionShards)
+	fence := watchFence(t, p.r, bystander.ID)
 	res := p.event(fmt.Sprintf("SIGKILL of node %d, which coordinates nothing (%s)", bystander.ID, p.roles.describe(bystander.ID)),
 		bystander, bystander.Kill)
 	if res.lost > 0 {
 		t.Errorf("the crash of node %d, which led no partition of the leader topic and coordinated neither group, cost %d shard leaderships (%d self-fences): %s",
 			bystander.ID, res.lost, res.fenced, res.changes)
+	}
+	fencedAt := fence.wait(t)
+	back := commits.firstAfter(t, fencedAt, fence.partitions)
+	t.Logf("node %d fenced (gone from the metadata, leading nothing) at %s (the poll before at %s); each shard's first commit after it %v; the controller logged the fence at %s",
+		bystander.ID, fencedAt.Format("15:04:05.000"), fence.before.Format("15:04:05.000"), back, controllerFence(p, bystander.ID, res.at))
+	for s, d := range back {
+		if d > backAfterFence {
+			t.Errorf("shard %d first committed %v after Kafka fenced node %d, want within %v", s, d, bystander.ID, backAfterFence)
+		}
 	}
 	p.finish("broker crash (coordinates nothing)")
 }
@@ -568,4 +581,208 @@ func TestProductionSettingsNameWhatTheRigRanAt(t *testing.T) {
 	if got, want := p.settings(), "3 nodes at Kafka's default timings, 3 reapers, 8 shards, heartbeatTimeout 5s, 800 records/s"; got != want {
 		t.Errorf("settings() unset = %q, want %q", got, want)
 	}
+}
+
+// backAfterFence is how soon after Kafka fences a crashed broker every shard commits again: the
+// producers learn of the partitions' new leaders from the metadata and retry (see the Kafka
+// drivers' retry backoffs).
+const backAfterFence = time.Second
+
+// fenceWatch polls every surviving node's metadata for the moment the controller's fence of a
+// crashed node reached it: the node gone from the brokers Kafka lists and leading no partition of
+// the rig's topic, which is what clients see.
+type fenceWatch struct {
+	done chan struct{}
+	// at is when the first poll that found the node fenced was sent, and before when the last
+	// that found it not was; zero if none did.
+	at, before time.Time
+	partitions int // the rig's topic's, as the metadata lists them
+	err        error
+}
+
+// fencePoll is how often fenceWatch asks: the fence's instant is known to within it.
+const fencePoll = 10 * time.Millisecond
+
+func watchFence(t *testing.T, r *rig, dead int) *fenceWatch {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(r.addr, ",")...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var others []int
+	for _, n := range r.kafka.Nodes() {
+		if n.ID != dead {
+			others = append(others, n.ID)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	// A metadata request through the client tells it the nodes' addresses, which asking each
+	// node by its ID needs.
+	if _, err := kmsg.NewPtrMetadataRequest().RequestWith(ctx, cl); err != nil {
+		cancel()
+		cl.Close()
+		t.Fatal(err)
+	}
+	f := &fenceWatch{done: make(chan struct{})}
+	go func() {
+		defer close(f.done)
+		defer cl.Close()
+		tick := time.NewTicker(fencePoll)
+		defer tick.Stop()
+		for {
+			for _, id := range others {
+				sent := time.Now()
+				req := kmsg.NewPtrMetadataRequest()
+				topic := kmsg.NewMetadataRequestTopic()
+				topic.Topic = kmsg.StringPtr(r.topic)
+				req.Topics = append(req.Topics, topic)
+				resp, err := req.RequestWith(ctx, cl.Broker(id))
+				if err != nil {
+					continue // that node is down too, or busy: ask the others
+				}
+				if !fencedIn(resp, int32(dead)) {
+					f.before = sent
+					continue
+				}
+				f.at = sent
+				for _, topic := range resp.Topics {
+					f.partitions += len(topic.Partitions)
+				}
+				return
+			}
+			select {
+			case <-ctx.Done():
+				f.err = fmt.Errorf("node %d still in the metadata: %w", dead, ctx.Err())
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-f.done })
+	return f
+}
+
+// fencedIn reports whether a metadata response lists the node neither as a broker nor as any
+// partition's leader.
+func fencedIn(resp *kmsg.MetadataResponse, node int32) bool {
+	for _, b := range resp.Brokers {
+		if b.NodeID == node {
+			return false
+		}
+	}
+	for _, topic := range resp.Topics {
+		if topic.ErrorCode != 0 {
+			return false
+		}
+		for _, part := range topic.Partitions {
+			if part.Leader == node {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// wait returns when the node was fenced.
+func (f *fenceWatch) wait(t *testing.T) time.Time {
+	t.Helper()
+	<-f.done
+	if f.err != nil {
+		t.Fatal(f.err)
+	}
+	return f.at
+}
+
+// controllerFence is when the controller's log says it fenced the node, for comparison.
+func controllerFence(p *production, id int, after time.Time) string {
+	if at, ok := p.r.kafka.FencedAt(id, after); ok {
+		return at.Format("15:04:05.000")
+	}
+	return "(not found)"
+}
+
+// commitWatch reads the rig's topic from its end with its transactions' markers, and keeps the
+// instants at which each shard's transactions committed: a commit marker's timestamp is when the
+// partition's leader wrote it, the moment the transaction's records became visible to readers of
+// committed records. A shard's producer is known by the producer ID of its records.
+type commitWatch struct {
+	shards int
+	mu     sync.Mutex
+	shard  map[int64]int         // producer ID -> shard
+	marks  map[int64][]time.Time // producer ID -> its commit markers' timestamps
+	read   map[int32]time.Time   // partition -> the newest timestamp read from it
+}
+
+func watchCommits(t *testing.T, r *rig, shards int) *commitWatch {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(strings.Split(r.addr, ",")...), kgo.ConsumeTopics(r.topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtEnd()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.KeepControlRecords(), kgo.MetadataMinAge(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &commitWatch{shards: shards, shard: map[int64]int{}, marks: map[int64][]time.Time{}, read: map[int32]time.Time{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer cl.Close()
+		for ctx.Err() == nil {
+			fetches := cl.PollFetches(ctx)
+			w.mu.Lock()
+			fetches.EachRecord(func(rec *kgo.Record) {
+				if rec.Timestamp.After(w.read[rec.Partition]) {
+					w.read[rec.Partition] = rec.Timestamp
+				}
+				if !rec.Attrs.IsControl() {
+					w.shard[rec.ProducerID] = outbox.Shard(rec.Key, shards)
+					return
+				}
+				var key kmsg.ControlRecordKey
+				if key.ReadFrom(rec.Key) == nil && key.Type == kmsg.ControlRecordKeyTypeCommit {
+					w.marks[rec.ProducerID] = append(w.marks[rec.ProducerID], rec.Timestamp)
+				}
+			})
+			w.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return w
+}
+
+// firstAfter returns, per shard, how long after at its first commit came. It waits for every
+// shard's, and until every partition has been read past the last of them: the watch reads a
+// partition whose leader moved only once it learns of the new one, and that partition may hold
+// a shard's first commit.
+func (w *commitWatch) firstAfter(t *testing.T, at time.Time, partitions int) []time.Duration {
+	t.Helper()
+	var back []time.Duration
+	if !testwait.Until(time.Minute, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		back = make([]time.Duration, w.shards)
+		for pid, marks := range w.marks {
+			s, ok := w.shard[pid]
+			if !ok {
+				continue
+			}
+			for _, m := range marks {
+				if m.After(at) && (back[s] == 0 || m.Sub(at) < back[s]) {
+					back[s] = m.Sub(at)
+				}
+			}
+		}
+		if slices.Contains(back, 0) || len(w.read) < partitions {
+			return false
+		}
+		for _, ts := range w.read {
+			if !ts.After(at.Add(slices.Max(back))) {
+				return false
+			}
+		}
+		return true
+	}) {
+		t.Fatalf("not every shard committed within a minute of %s: %v", at.Format("15:04:05.000"), back)
+	}
+	return back
 }
