@@ -36,7 +36,8 @@ import (
 
 // A broker that leads no partition of the leader topic and coordinates neither of goharvest's
 // groups crashes (SIGKILL): no leader may change, and every shard must commit again within
-// backAfterFence of the moment the surviving brokers' metadata shows the crashed one fenced.
+// backAfterFence of the moment the surviving brokers' metadata shows the crashed one fenced, on
+// a machine calm enough to tell (see below).
 func TestBrokerCrashChangesNoLeader(t *testing.T) {
 	var bystander *kafkacluster.Node
 	p := startProduction(t, func(ro roles) *kafkacluster.Node { bystander = ro.bystander(); return bystander })
@@ -52,9 +53,16 @@ func TestBrokerCrashChangesNoLeader(t *testing.T) {
 	back := commits.firstAfter(t, fencedAt, fence.partitions)
 	t.Logf("node %d fenced (gone from the metadata, leading nothing) at %s (the poll before at %s); each shard's first commit after it %v; the controller logged the fence at %s",
 		bystander.ID, fencedAt.Format("15:04:05.000"), fence.before.Format("15:04:05.000"), back, controllerFence(p, bystander.ID, res.at))
-	for s, d := range back {
-		if d > backAfterFence {
-			t.Errorf("shard %d first committed %v after Kafka fenced node %d, want within %v", s, d, bystander.ID, backAfterFence)
+	// A machine on which a shard goes longer than the bound without a commit with no fault at
+	// all cannot tell a slow recovery from its own load: there the bound is reported, not judged.
+	if res.quiet >= backAfterFence {
+		t.Logf("each shard back within %v of the fence NOT JUDGED: with no fault, a shard went %v without a commit on this machine",
+			backAfterFence, res.quiet.Round(100*time.Millisecond))
+	} else {
+		for s, d := range back {
+			if d > backAfterFence {
+				t.Errorf("shard %d first committed %v after Kafka fenced node %d, want within %v", s, d, bystander.ID, backAfterFence)
+			}
 		}
 	}
 	p.finish("broker crash (coordinates nothing)")

@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -55,22 +56,34 @@ const (
 	// failed request again (kgo.RetryBackoffFn): the first wait, doubled after each further
 	// failure up to the most, with a fifth either way of jitter. kgo's own starts at 250ms and
 	// doubles up to 5s. kgo has one backoff, which is also when it connects again to a broker it
-	// lost: librdkafka's retry.backoff.ms and reconnect.backoff.max.ms in one.
+	// lost and asks again for the metadata: librdkafka's retry.backoff.ms, retry.backoff.max.ms
+	// and reconnect.backoff.max.ms in one.
 	//
 	// The first wait is short because the commonest retriable answer in a harvester's life is
 	// not a broker in trouble but the ordinary wait for the previous transaction's markers:
 	// Kafka 4 answers the next transaction's note (TxnOffsetCommit) COORDINATOR_LOAD_IN_PROGRESS
 	// until they are written, milliseconds after the commit. At kgo's backoff a note took 250ms,
-	// and 3-5s when refused again while the backoff doubled. The most is 1s for the reason the
-	// librdkafka driver's DefaultReconnectBackoffMax is: a producer whose transaction coordinator
-	// crashed finds the new one only on a later try. Config.Opts can set another backoff.
+	// and 3-5s when refused again while the backoff doubled. The most is short because after a
+	// broker's crash a producer finds the partitions' new leaders and its transaction
+	// coordinator's successor only on its next try after Kafka fenced the broker, up to the most
+	// later: at 1s, shards published again seconds after the fence
+	// (int.TestBrokerCrashChangesNoLeader holds them to 1s). While a broker is down, each
+	// connection a client keeps to it is tried again up to four times a second, refused by its
+	// host, each try followed by a metadata request to another broker. Config.Opts can set
+	// another backoff.
+	//
+	// kgo gives up on a request (all but produce requests, which the delivery timeout bounds)
+	// after 20 tries whatever the time: at these waits after about 4s, less than Kafka takes to
+	// fence a crashed broker (broker.session.timeout.ms, 9s). The producers' requests are
+	// therefore tried for as long as kgo's RetryTimeout (30s) allows, however often.
 	DefaultRetryBackoff    = 10 * time.Millisecond
-	DefaultRetryBackoffMax = time.Second
-	// DefaultElectionRetryBackoffMax is the most of the election's backoff, which otherwise is
-	// the producers' (DefaultRetryBackoff, doubling). A group completes a rebalance only once its
-	// slowest member has joined, and after its coordinator's crash every member was refused
-	// since the crash: at a second, one would ask again up to a second after the new coordinator
-	// served, and hold back every shard of the group that long (int.TestGroupCoordinatorCrash).
+	DefaultRetryBackoffMax = 250 * time.Millisecond
+	// DefaultElectionRetryBackoffMax is the most of the election's backoff (from
+	// DefaultRetryBackoff, doubling), as short as the producers' for a reason of its own. A group
+	// completes a rebalance only once its slowest member has joined, and after its coordinator's
+	// crash every member was refused since the crash: at a second, one would ask again up to a
+	// second after the new coordinator served, and hold back every shard of the group that long
+	// (int.TestGroupCoordinatorCrash).
 	// The election has two clients per outbox, so asking four times a second while the
 	// coordinator is away costs the brokers little.
 	DefaultElectionRetryBackoffMax = 250 * time.Millisecond
@@ -156,8 +169,8 @@ func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, err
 	// goharvest's defaults first, so that the configured options can replace them.
 	// No compression unless configured, as librdkafka's default (kgo's is snappy): the same
 	// properties give the same records, and the clients compare on equal terms.
-	opts := []kgo.Opt{kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultRetryBackoffMax)), kgo.MetadataMinAge(DefaultMetadataMinAge),
-		kgo.ProducerBatchCompression(kgo.NoCompression())}
+	opts := []kgo.Opt{kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultRetryBackoffMax)), kgo.RequestRetries(math.MaxInt32),
+		kgo.MetadataMinAge(DefaultMetadataMinAge), kgo.ProducerBatchCompression(kgo.NoCompression())}
 	opts = append(opts, c.cfg.Opts...)
 	opts = append(opts, c.cfg.ProducerOpts...)
 	opts = append(opts,
@@ -194,7 +207,8 @@ func (c *Client) NewProducer(p driver.ProducerConfig) (driver.KafkaProducer, err
 	// brokers, security and client ID as the producer, no transactional ID of its own, and
 	// TxnOffsetCommit and EndTxn held to v4, which kgo offers no other way to pin on one request
 	// (v5 of each is KIP-890 part 2's).
-	notesOpts := []kgo.Opt{kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultRetryBackoffMax)), kgo.MetadataMinAge(DefaultMetadataMinAge)}
+	notesOpts := []kgo.Opt{kgo.RetryBackoffFn(backoff(DefaultRetryBackoff, DefaultRetryBackoffMax)), kgo.RequestRetries(math.MaxInt32),
+		kgo.MetadataMinAge(DefaultMetadataMinAge)}
 	notesOpts = append(notesOpts, c.cfg.Opts...)
 	notesOpts = append(notesOpts, c.cfg.ProducerOpts...)
 	versions := kversion.Stable()

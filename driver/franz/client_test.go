@@ -1,6 +1,7 @@
 package franz
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -51,6 +52,9 @@ func TestNewProducerAppliesConfig(t *testing.T) {
 			{"delivery timeout", kgo.RecordDeliveryTimeout, 30 * time.Second},
 			{"transaction timeout", kgo.TransactionTimeout, DefaultTransactionTimeout},
 			{"linger", kgo.ProducerLinger, DefaultLinger},
+			// Bounded by kgo's RetryTimeout rather than by a count the short backoff uses up
+			// before Kafka fences a crashed broker.
+			{"request retries", kgo.RequestRetries, int64(math.MaxInt32)},
 		})
 		if codecs := cl.OptValue(kgo.ProducerBatchCompression).([]kgo.CompressionCodec); len(codecs) != 1 || codecs[0] != kgo.NoCompression() {
 			t.Errorf("compression %v, want none, as librdkafka's default", codecs)

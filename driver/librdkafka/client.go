@@ -44,11 +44,22 @@ const (
 	// coordinator crashed asks for the new one only when a connection to the old one fails
 	// again, and librdkafka spaces those attempts out up to this: at 10s the shards of that
 	// coordinator published again 14-20s after the crash, at 1s with every other shard, about a
-	// second after Kafka fenced the broker (docs/operations.md, Cluster events). The cost is a connection
-	// attempt a second to a broker that stays down.
-	DefaultReconnectBackoffMax = time.Second
+	// second after Kafka fenced the broker (docs/operations.md, Cluster events); at 250ms a
+	// retry follows the fence as closely as DefaultRetryBackoffMax lets it. The cost is four
+	// connection attempts a second to a broker that stays down, refused by its host.
+	DefaultReconnectBackoffMax = 250 * time.Millisecond
+	// DefaultRetryBackoffMax is the producer's "retry.backoff.max.ms" unless the properties set
+	// it or "retry.backoff.ms"; librdkafka's own default is 1s. librdkafka doubles its wait
+	// before a request's next try, and before asking again for the metadata of a partition
+	// whose leader it lost, from retry.backoff.ms up to this: after a broker's crash, a
+	// producer learns of the partitions' new leaders only on its next try after Kafka fenced
+	// the broker, up to a second later at librdkafka's default, and
+	// int.TestBrokerCrashChangesNoLeader holds every shard to a second. librdkafka bounds a
+	// message's tries by its timeout (message.timeout.ms), not by their count, so shorter waits
+	// make it give up no sooner.
+	DefaultRetryBackoffMax = 250 * time.Millisecond
 	// DefaultRetryBackoff is the producer's "retry.backoff.ms" unless the properties set it;
-	// librdkafka's own default is 100ms (doubling up to retry.backoff.max.ms, 1s). librdkafka has
+	// librdkafka's own default is 100ms (doubling up to retry.backoff.max.ms). librdkafka has
 	// no part of KIP-890: a transaction's note asks for AddOffsetsToTxn, which Kafka answers
 	// CONCURRENT_TRANSACTIONS until the previous transaction's markers are written, milliseconds
 	// after its commit, and librdkafka asks again after retry.backoff.ms. Its eos debug log shows
@@ -178,6 +189,11 @@ func (c *Client) ProducerSettings(p driver.ProducerConfig) map[string]any {
 	}
 	if _, set := settings["retry.backoff.ms"]; !set {
 		settings["retry.backoff.ms"] = int(DefaultRetryBackoff.Milliseconds())
+		// Only beside goharvest's first wait: librdkafka would hold a longer first wait of the
+		// user's at this most.
+		if _, set := settings["retry.backoff.max.ms"]; !set {
+			settings["retry.backoff.max.ms"] = int(DefaultRetryBackoffMax.Milliseconds())
+		}
 	}
 	// The Go client makes its channels at full size at once, and defaults them to a million
 	// slots each (24 MB a producer, which a garbage collection can make resident): its delivery

@@ -98,20 +98,25 @@ func TestProducerPartitionerDefault(t *testing.T) {
 }
 
 // The producer looks for a moved transaction coordinator at least every DefaultReconnectBackoffMax,
-// and retries a request after DefaultRetryBackoff, unless the configuration says otherwise, in
-// either map.
+// and retries a request after DefaultRetryBackoff, doubling up to DefaultRetryBackoffMax, unless
+// the configuration says otherwise, in either map; a first wait of the user's keeps librdkafka's
+// most, which librdkafka would otherwise hold it to.
 func TestProducerBackoffDefaults(t *testing.T) {
 	for _, c := range []struct {
 		name, property string
 		base, producer map[string]any
 		want           any
 	}{
-		{"default", "reconnect.backoff.max.ms", nil, nil, 1000},
+		{"default", "reconnect.backoff.max.ms", nil, nil, 250},
 		{"producer", "reconnect.backoff.max.ms", nil, map[string]any{"reconnect.backoff.max.ms": 10000}, 10000},
 		{"base", "reconnect.backoff.max.ms", map[string]any{"reconnect.backoff.max.ms": 5000}, nil, 5000},
 		{"default", "retry.backoff.ms", nil, nil, 10},
 		{"producer", "retry.backoff.ms", nil, map[string]any{"retry.backoff.ms": 100}, 100},
 		{"base", "retry.backoff.ms", map[string]any{"retry.backoff.ms": 50}, nil, 50},
+		{"default", "retry.backoff.max.ms", nil, nil, 250},
+		{"producer", "retry.backoff.max.ms", nil, map[string]any{"retry.backoff.max.ms": 2000}, 2000},
+		{"base", "retry.backoff.max.ms", map[string]any{"retry.backoff.max.ms": 100}, nil, 100},
+		{"beside a first wait of the user's", "retry.backoff.max.ms", nil, map[string]any{"retry.backoff.ms": 500}, nil},
 	} {
 		t.Run(c.property+"/"+c.name, func(t *testing.T) {
 			if got := settings(c.base, c.producer, time.Minute)[c.property]; got != c.want {

@@ -22,6 +22,7 @@ func TestExampleConfigsKeepTheirKafkaSettings(t *testing.T) {
 	// goharvest's producer defaults that neither example sets.
 	defaults := map[string]any{"reconnect.backoff.max.ms": int(librdkafka.DefaultReconnectBackoffMax.Milliseconds()),
 		"retry.backoff.ms":       int(librdkafka.DefaultRetryBackoff.Milliseconds()),
+		"retry.backoff.max.ms":   int(librdkafka.DefaultRetryBackoffMax.Milliseconds()),
 		"go.events.channel.size": librdkafka.DefaultEventsChannelSize, "go.produce.channel.size": 0}
 	for name, want := range map[string]map[string]any{
 		"reaper.yaml": {

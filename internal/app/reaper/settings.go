@@ -47,10 +47,10 @@ type Settings struct {
 
 	// ProducerKafkaConfig holds the chosen client's properties for the producer only, such as
 	// "compression.type", "linger.ms" (default librdkafka.DefaultLinger, franz.DefaultLinger) or
-	// "reconnect.backoff.max.ms" and "retry.backoff.ms" (defaults
-	// librdkafka.DefaultReconnectBackoffMax and DefaultRetryBackoff, franz.DefaultRetryBackoff and
-	// DefaultRetryBackoffMax); they override BaseKafkaConfig. Idempotence is always on and cannot
-	// be disabled.
+	// "reconnect.backoff.max.ms", "retry.backoff.ms" and "retry.backoff.max.ms" (defaults
+	// librdkafka.DefaultReconnectBackoffMax, DefaultRetryBackoff and DefaultRetryBackoffMax,
+	// franz.DefaultRetryBackoff and DefaultRetryBackoffMax); they override BaseKafkaConfig.
+	// Idempotence is always on and cannot be disabled.
 	ProducerKafkaConfig KafkaConfigMap `yaml:"producerKafkaConfig"`
 
 	// DataSource is where the harvester's own connections go. For Postgres, a connection
