@@ -27,21 +27,25 @@ import (
 // pg-µs/rec; without notifications, the harvester polls the table (the reaper's default for a
 // MySQL outbox, limits.maxMarkBackoff 100ms).
 
-// BenchmarkMySQLDrain: a backlog of 200,000 records over 10,000 keys, drained by one harvester.
+// BenchmarkMySQLDrain: a backlog of 200,000 records over 10,000 keys, drained by one harvester,
+// with each claim strategy.
 func BenchmarkMySQLDrain(b *testing.B) {
-	const records, keys = 200_000, 10_000
-	rig := startMySQLRig(b)
-	for range b.N {
-		run := rig.newMySQLRun()
-		run.loadMySQLBacklog(records, keys)
-		b.ResetTimer()
-		m := rig.measure()
-		run.startHarvester()
-		testwait.For(b, 10*time.Minute, "the outbox to drain", run.mysqlEmpty)
-		m.stop(b, records)
-		b.StopTimer()
-		run.stopHarvester()
-	}
+	byClaim(b, func(b *testing.B, claim goharvest.ClaimStrategy) {
+		const records, keys = 200_000, 10_000
+		rig := startMySQLRig(b)
+		for range b.N {
+			run := rig.newMySQLRun()
+			run.claim = claim
+			run.loadMySQLBacklog(records, keys)
+			b.ResetTimer()
+			m := rig.measure()
+			run.startHarvester()
+			testwait.For(b, 10*time.Minute, "the outbox to drain", run.mysqlEmpty)
+			m.stop(b, records)
+			b.StopTimer()
+			run.stopHarvester()
+		}
+	})
 }
 
 // BenchmarkMySQLSustained: 8 writers commit batches of 10 records over 1,000 keys at 2,000 and
