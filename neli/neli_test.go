@@ -231,9 +231,10 @@ func waitForLeader(t *testing.T, within time.Duration, cs ...*contender) *conten
 	return leader
 }
 
-// waitForSteadyLeader waits until one of cs has led without a break for steady, longer than a
-// heartbeat timeout, and returns it. A contender counts as leader for a heartbeat timeout after
-// each assignment whether or not its heartbeats come back; leading for longer shows that they do.
+// waitForSteadyLeader waits until one of cs has led without a break for steady, and returns it.
+// A contender counts as leader for a heartbeat timeout after each assignment whether or not its
+// heartbeats come back: leading for longer than that shows that they do; for less, only that the
+// group has settled (no rebalance moved the leadership meanwhile).
 // It samples every two milliseconds, as the sampler does, so that it sees a contender that fences
 // itself and is assigned the partition again, which takes at least a pulse and a rejoin.
 func waitForSteadyLeader(t *testing.T, within, steady time.Duration, cs ...*contender) *contender {
