@@ -139,10 +139,9 @@ func TestHarvesterOnAStandbyJoinsOnceItIsPromoted(t *testing.T) {
 		err := h.Ready(context.Background())
 		return err != nil && strings.Contains(err.Error(), "standby")
 	})
-	time.Sleep(1500 * time.Millisecond) // more than a recheck: the harvester must still stay out
-	pulses := elector.Pulses()
-	if pulses != 0 {
-		t.Fatalf("a harvester on a standby pulsed the election %d times", pulses)
+	// More than a recheck: the harvester must still stay out.
+	if !testwait.Throughout(1500*time.Millisecond, 10*time.Millisecond, func() bool { return elector.Pulses() == 0 }) {
+		t.Fatalf("a harvester on a standby pulsed the election %d times", elector.Pulses())
 	}
 	if err := h.Healthy(); err != nil {
 		t.Fatalf("Healthy while kept out of the election: %v", err)

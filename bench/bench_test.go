@@ -364,22 +364,19 @@ func benchMarkLatency(b *testing.B, dsnSuffix, poolMode string) {
 		}
 		const target, writers, batch = 1_000_000, 4, 1000
 		var (
-			written, pausedWriters atomic.Int64
-			pause                  atomic.Bool
-			wg                     sync.WaitGroup
+			written atomic.Int64
+			// Each writer holds paused's read lock while it writes a batch; timed takes the write
+			// lock, which waits for the batches under way and holds the writers back until it is done.
+			paused sync.RWMutex
+			wg     sync.WaitGroup
 		)
 		w := run.writers(writers, batch, 10_000, 0)
 		for i := range writers {
 			wg.Go(func() {
 				for written.Load() < target {
-					for pause.Load() {
-						pausedWriters.Add(1)
-						for pause.Load() {
-							time.Sleep(time.Millisecond) // a writer's pause: its loop must not spin
-						}
-						pausedWriters.Add(-1)
-					}
+					paused.RLock()
 					w.writeOne(i)
+					paused.RUnlock()
 					written.Add(batch)
 				}
 			})
@@ -405,15 +402,12 @@ func benchMarkLatency(b *testing.B, dsnSuffix, poolMode string) {
 			return took
 		}
 		timed := func() float64 {
-			pause.Store(true)
-			for written.Load() < target && pausedWriters.Load() < writers {
-				time.Sleep(time.Millisecond) // until the writers pause; measured, so no deadline
-			}
+			paused.Lock() // the writers pause
 			var took []time.Duration
 			for range 50 {
 				took = append(took, mark())
 			}
-			pause.Store(false)
+			paused.Unlock()
 			return medianMillis(took)
 		}
 		var small float64

@@ -17,6 +17,7 @@ import (
 	"github.com/goharvest/goharvest/driver/franz"
 	"github.com/goharvest/goharvest/driver/librdkafka"
 	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 // A successor's InitTransactions while its predecessor's transaction is still open: the
@@ -71,9 +72,8 @@ func successorRetriesPromptly(t *testing.T, client string) {
 		t.Fatal(err)
 	}
 	for i := range 50 {
-		for predecessor.Produce(driver.Message{Topic: topic, Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v")}) != nil {
-			time.Sleep(10 * time.Millisecond) // the topic's metadata arriving
-		}
+		m := driver.Message{Topic: topic, Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v")}
+		testwait.For(t, 30*time.Second, "the topic's metadata, to queue a message", func() bool { return predecessor.Produce(m) == nil })
 	}
 	for range 50 {
 		if d := <-predecessor.Deliveries(); d.Err != nil {

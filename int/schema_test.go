@@ -43,9 +43,9 @@ func TestUnknownColumnType(t *testing.T) {
 	}) {
 		t.Fatalf("the unreadable column was not reported; log:\n%s", log)
 	}
-	time.Sleep(time.Second) // a stretch in which nothing may be published from the unreadable table
-	if n := r.rows(); n != records || r.distinct() != 0 {
-		t.Fatalf("%d rows left and %d published while the table could not be read", n, r.distinct())
+	// A stretch in which nothing may be published from the unreadable table.
+	if !testwait.Throughout(time.Second, 50*time.Millisecond, func() bool { return r.rows() == records && r.distinct() == 0 }) {
+		t.Fatalf("%d rows left and %d published while the table could not be read", r.rows(), r.distinct())
 	}
 
 	if _, err := r.pool.Exec(ctx, "ALTER TABLE outbox ALTER COLUMN kafka_value TYPE varchar(10000) USING kafka_value::text"); err != nil {

@@ -417,8 +417,17 @@ func TestShardsLossLoggedBetweenEpochs(t *testing.T) {
 	}
 	for range pick(1, 3) {
 		r.waitSpread(30*time.Second, 2, 3, reapers...)
+		remarks := func() (n int) {
+			for _, p := range reapers {
+				remarked, _ := p.counts()
+				n += remarked
+			}
+			return n
+		}
+		before := remarks()
 		failing := r.fake.FailProduce(2, kerr.UnknownServerError)
-		time.Sleep(time.Second)
+		// Until an epoch has ended for a remark, the case this test is about.
+		testwait.For(t, 30*time.Second, "an epoch ended by the failing produce requests", func() bool { return remarks() > before })
 		t0 := time.Now()
 		if err := r.fake.Restart(3 * time.Second); err != nil { // the restart also ends the failures
 			t.Fatal(err)

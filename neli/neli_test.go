@@ -76,14 +76,15 @@ func startContender(t *testing.T, addr, group, name string, modify ...func(*Conf
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	go func() {
-		for ctx.Err() == nil {
+		tick := time.NewTicker(testPollInterval) // paces the pulses, as Run's ticker does
+		defer tick.Stop()
+		for ; ctx.Err() == nil; <-tick.C {
 			if !c.paused.Load() {
 				if _, err := n.Pulse(ctx); err != nil {
 					c.done <- err
 					return
 				}
 			}
-			time.Sleep(testPollInterval) // paces the pulses, as Run's ticker does
 		}
 		closeCtx, cancelClose := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancelClose()
@@ -230,9 +231,10 @@ func waitForLeader(t *testing.T, within time.Duration, cs ...*contender) *conten
 	return leader
 }
 
-// waitForSteadyLeader waits until one of cs has led without a break for steady, longer than a
-// heartbeat timeout, and returns it. A contender counts as leader for a heartbeat timeout after
-// each assignment whether or not its heartbeats come back; leading for longer shows that they do.
+// waitForSteadyLeader waits until one of cs has led without a break for steady, and returns it.
+// A contender counts as leader for a heartbeat timeout after each assignment whether or not its
+// heartbeats come back: leading for longer than that shows that they do; for less, only that the
+// group has settled (no rebalance moved the leadership meanwhile).
 // It samples every two milliseconds, as the sampler does, so that it sees a contender that fences
 // itself and is assigned the partition again, which takes at least a pulse and a rejoin.
 func waitForSteadyLeader(t *testing.T, within, steady time.Duration, cs ...*contender) *contender {
@@ -285,11 +287,11 @@ func TestThreeContendersElectExactlyOneLeader(t *testing.T) {
 
 	// Members joining after the first election may move partition 0; once all have joined, the
 	// same leader must hold steady, its heartbeats keeping it unfenced.
-	// Nothing signals that the last member has joined, so the test gives them a heartbeat timeout.
-	time.Sleep(testHeartbeatTimeout)
-	leader := waitForLeader(t, 5*time.Second, cs...)
-	time.Sleep(3 * testHeartbeatTimeout) // a steady stretch in which leadership must hold
-	if !leader.n.IsLeader() {
+	// Nothing signals that the last member has joined, so the test waits for a leader that has
+	// held for a heartbeat timeout.
+	leader := waitForSteadyLeader(t, 15*time.Second, testHeartbeatTimeout, cs...)
+	// A steady stretch in which leadership must hold.
+	if !testwait.Throughout(3*testHeartbeatTimeout, 2*time.Millisecond, leader.n.IsLeader) {
 		t.Fatalf("%s lost leadership in a steady group; events %v", leader.name, leader.eventLog())
 	}
 	s.stop(t)
@@ -304,10 +306,8 @@ func TestCloseHandsOverWithinTwoSeconds(t *testing.T) {
 			cs := startContenders(t, kafkacluster.Shared(t).Addr(), newGroup("handover"), 3, func(c *Config) { c.HeartbeatTimeout = hb })
 			s := startSampler(t, cs...)
 			for round := range 2 {
-				waitForLeader(t, 15*time.Second, cs...)
-				// Let the group settle so the handover measured is the one Close causes.
-				time.Sleep(time.Second)
-				leader := waitForLeader(t, 5*time.Second, cs...)
+				// A group settled, so that the handover measured is the one Close causes.
+				leader := waitForSteadyLeader(t, 20*time.Second, time.Second, cs...)
 				start := time.Now()
 				leader.stop(t)
 				cs = others(cs, leader)
@@ -328,9 +328,7 @@ func TestCloseHandsOverWithinTwoSeconds(t *testing.T) {
 func TestStalledLeaderIsFencedBeforeAnotherIsElected(t *testing.T) {
 	cs := startContenders(t, kafkacluster.Shared(t).Addr(), newGroup("stall"), 3)
 	s := startSampler(t, cs...)
-	waitForLeader(t, 15*time.Second, cs...)
-	time.Sleep(testHeartbeatTimeout) // let the group settle (see TestThreeContendersElectExactlyOneLeader)
-	leader := waitForLeader(t, 5*time.Second, cs...)
+	leader := waitForSteadyLeader(t, 20*time.Second, testHeartbeatTimeout, cs...) // a settled group (see TestThreeContendersElectExactlyOneLeader)
 
 	leader.paused.Store(true)
 	stalledAt := time.Now()
@@ -338,10 +336,8 @@ func TestStalledLeaderIsFencedBeforeAnotherIsElected(t *testing.T) {
 	// one still does.
 	var fencedAt, electedAt time.Time
 	var next *contender
-	for deadline := time.Now().Add(10 * time.Second); next == nil; {
-		if time.Now().After(deadline) {
-			t.Fatal("no successor within 10s of the stall")
-		}
+	// Samples both sides each millisecond: the order is what is measured.
+	if !testwait.UntilEvery(10*time.Second, time.Millisecond, func() bool {
 		stalledLeads := leader.n.IsLeader()
 		now := time.Now()
 		if !stalledLeads && fencedAt.IsZero() {
@@ -355,7 +351,9 @@ func TestStalledLeaderIsFencedBeforeAnotherIsElected(t *testing.T) {
 				next, electedAt = c, now
 			}
 		}
-		time.Sleep(time.Millisecond) // samples both sides each millisecond: the order is what is measured
+		return next != nil
+	}) {
+		t.Fatal("no successor within 10s of the stall")
 	}
 	t.Logf("stalled %s fenced after %v; %s elected after %v", leader.name, fencedAt.Sub(stalledAt), next.name, electedAt.Sub(stalledAt))
 	if fencedAt.IsZero() || electedAt.Before(fencedAt) {
@@ -364,8 +362,8 @@ func TestStalledLeaderIsFencedBeforeAnotherIsElected(t *testing.T) {
 
 	// When the stalled loop resumes it learns it was revoked, and never leads alongside.
 	leader.paused.Store(false)
-	time.Sleep(2 * testHeartbeatTimeout) // the resumed loop gets every chance to lead alongside
-	if leader.n.IsLeader() && next.n.IsLeader() {
+	// The resumed loop gets every chance to lead alongside.
+	if !testwait.Throughout(2*testHeartbeatTimeout, time.Millisecond, func() bool { return !leader.n.IsLeader() || !next.n.IsLeader() }) {
 		t.Fatal("both lead after the stalled loop resumed")
 	}
 	waitForLeader(t, 10*time.Second, cs...)
@@ -391,19 +389,15 @@ func TestBrokerRestartFencesLeaderAndLeadershipResumes(t *testing.T) {
 	b := kafkacluster.Start(t)
 	cs := []*contender{startContender(t, b.Addr(), "restart", "c0"), startContender(t, b.Addr(), "restart", "c1")}
 	s := startSampler(t, cs...)
-	waitForLeader(t, 15*time.Second, cs...)
-	time.Sleep(testHeartbeatTimeout) // let the group settle (see TestThreeContendersElectExactlyOneLeader)
-	leader := waitForLeader(t, 5*time.Second, cs...)
+	leader := waitForSteadyLeader(t, 20*time.Second, testHeartbeatTimeout, cs...) // a settled group (see TestThreeContendersElectExactlyOneLeader)
 
 	node := b.Nodes()[0]
 	node.Kill()
 	killedAt := time.Now()
 
-	// Every heartbeat Kafka can still acknowledge was sent before the kill, so a heartbeat
-	// timeout later it counts itself fenced, however late its loop runs: the sleep reaches the
-	// moment the claim is about, it waits for nothing.
-	time.Sleep(time.Until(killedAt.Add(testHeartbeatTimeout)))
-	if state := leader.n.State(); state == Leader {
+	// Every heartbeat Kafka can still acknowledge was sent before the kill, so by a heartbeat
+	// timeout later it counts itself fenced, however late its loop runs.
+	if !testwait.UntilEvery(time.Until(killedAt.Add(testHeartbeatTimeout)), 2*time.Millisecond, func() bool { return leader.n.State() != Leader }) {
 		t.Fatalf("%s still counts itself leader %v after the broker died", leader.name, time.Since(killedAt))
 	}
 	// The loop notices on its own and steps down; the broker stays down until it has.
@@ -470,8 +464,8 @@ func TestBlockingEventHandlerDoesNotBlockTheLoop(t *testing.T) {
 		t.Fatal("no event")
 	}
 	// The handler is stuck in Acquired; the loop must go on heartbeating regardless.
-	time.Sleep(3 * testHeartbeatTimeout) // long enough that a stalled loop would have been fenced
-	if !n.IsLeader() {
+	// Long enough that a stalled loop would have been fenced.
+	if !testwait.Throughout(3*testHeartbeatTimeout, 10*time.Millisecond, n.IsLeader) {
 		t.Fatalf("the leader lost leadership while its event handler blocked (state %v)", n.State())
 	}
 	cancel()
@@ -528,12 +522,15 @@ func TestJoiningBeforeTheTopicShowsInMetadataStillElects(t *testing.T) {
 	}
 	defer n.Close(context.Background())
 	pulseFor := func(d time.Duration, until func() bool) {
-		for deadline := time.Now().Add(d); time.Now().Before(deadline) && !until(); {
+		testwait.UntilEvery(d, testPollInterval, func() bool {
+			if until() {
+				return true
+			}
 			if _, err := n.Pulse(t.Context()); err != nil {
 				t.Fatal(err)
 			}
-			time.Sleep(testPollInterval)
-		}
+			return false
+		})
 	}
 	// The consumer's metadata says the topic does not exist, as a stale broker's answer would.
 	if _, err := n.consumer.GetMetadata(&topic, false, 5000); err != nil {
@@ -593,11 +590,10 @@ func TestMissingPermissionIsAClearError(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer n.Close(context.Background())
-			deadline := time.Now().Add(10 * time.Second)
-			for err == nil && time.Now().Before(deadline) {
+			testwait.UntilEvery(10*time.Second, testPollInterval, func() bool {
 				_, err = n.Pulse(context.Background())
-				time.Sleep(testPollInterval)
-			}
+				return err != nil
+			})
 			if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), missing.Name) {
 				t.Fatalf("got %v, want an error naming %s (%q)", err, missing, want)
 			}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 // led returns who leads each partition now.
@@ -26,9 +27,9 @@ func led(cs []*contender) map[int32]string {
 // between min and max of them, and returns who leads what.
 func waitForBalance(t *testing.T, within time.Duration, partitions, lo, hi int, cs ...*contender) map[int32]string {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		owners := led(cs)
+	var owners map[int32]string
+	if !testwait.UntilEvery(within, 10*time.Millisecond, func() bool {
+		owners = led(cs)
 		counts := map[string]int{}
 		for _, name := range owners {
 			counts[name]++
@@ -37,14 +38,11 @@ func waitForBalance(t *testing.T, within time.Duration, partitions, lo, hi int, 
 		for _, c := range cs {
 			balanced = balanced && counts[c.name] >= lo && counts[c.name] <= hi
 		}
-		if balanced {
-			return owners
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("partitions not spread over %d contenders within %v: %v", len(cs), within, owners)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return balanced
+	}) {
+		t.Fatalf("partitions not spread over %d contenders within %v: %v", len(cs), within, owners)
 	}
+	return owners
 }
 
 func moved(before, after map[int32]string) int {

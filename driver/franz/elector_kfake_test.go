@@ -238,12 +238,11 @@ func TestLeaderWhoseHeartbeatsGoUnansweredStepsDown(t *testing.T) {
 		}
 		return who[0]
 	}
+	// Polled every 5ms: leader fails the test the moment both lead.
 	waitFor := func(what string, within time.Duration, cond func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(within); !cond(); time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("not within %v: %s", within, what)
-			}
+		if !testwait.UntilEvery(within, 5*time.Millisecond, cond) {
+			t.Fatalf("not within %v: %s", within, what)
 		}
 	}
 	var first string
@@ -274,10 +273,9 @@ func TestLeaderWhoseHeartbeatsGoUnansweredStepsDown(t *testing.T) {
 
 	// Heard again, the first contender rejoins as a follower: the partition stays with the second.
 	silenced.Store("")
-	for end := time.Now().Add(2 * heartbeatTimeout); time.Now().Before(end); time.Sleep(interval) {
-		if who := leader(); who != second {
-			t.Fatalf("after the first contender was heard again, %q leads; want %s to keep leading", who, second)
-		}
+	var who string
+	if !testwait.Throughout(2*heartbeatTimeout, interval, func() bool { who = leader(); return who == second }) {
+		t.Fatalf("after the first contender was heard again, %q leads; want %s to keep leading", who, second)
 	}
 }
 
@@ -337,19 +335,12 @@ func TestFranzElectorRefusedSessionIsAnError(t *testing.T) {
 	cluster := startKfake(t)
 	e := joinKfake(t, cluster.ListenAddrs()[0], "short", "c0", 1, time.Second, nil)
 	defer e.Close(context.Background())
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		_, err := e.Pulse(t.Context())
-		if err != nil {
-			if !strings.Contains(err.Error(), "heartbeat timeout") || !strings.Contains(err.Error(), "group.min.session.timeout.ms") {
-				t.Errorf("Pulse: %v; want an error naming the heartbeat timeout and group.min.session.timeout.ms", err)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("Pulse returned no error within 30s for a session the broker refuses")
-		}
-		time.Sleep(50 * time.Millisecond)
+	var err error
+	if !testwait.UntilEvery(30*time.Second, 50*time.Millisecond, func() bool { _, err = e.Pulse(t.Context()); return err != nil }) {
+		t.Fatal("Pulse returned no error within 30s for a session the broker refuses")
+	}
+	if !strings.Contains(err.Error(), "heartbeat timeout") || !strings.Contains(err.Error(), "group.min.session.timeout.ms") {
+		t.Errorf("Pulse: %v; want an error naming the heartbeat timeout and group.min.session.timeout.ms", err)
 	}
 }
 
@@ -393,30 +384,29 @@ func TestFranzElectorWhoseLoopStallsLetsOthersLead(t *testing.T) {
 		t.Cleanup(func() { close(stop); <-done; c.Close(context.Background()) })
 	}
 	var stalled, other *contender
-	for deadline := time.Now().Add(30 * time.Second); stalled == nil; time.Sleep(interval) {
-		if time.Now().After(deadline) {
-			t.Fatal("no contender led within 30s")
-		}
+	if !testwait.UntilEvery(30*time.Second, interval, func() bool {
 		for i, c := range cs {
 			if c.Leading() {
 				stalled, other = c, cs[1-i]
 			}
 		}
+		return stalled != nil
+	}) {
+		t.Fatal("no contender led within 30s")
 	}
 	// A steady stretch, so that no rebalance is under way when the loop stalls.
-	time.Sleep(2 * heartbeatTimeout)
-	if !stalled.Leading() {
+	if !testwait.Throughout(2*heartbeatTimeout, interval, stalled.Leading) {
 		t.Fatal("the leader lost its leadership without a fault")
 	}
 	stalled.paused.Store(true)
 	stop := time.Now()
-	for deadline := stop.Add(2*heartbeatTimeout + 20*time.Second); !other.Leading(); time.Sleep(interval) {
+	if !testwait.UntilEvery(2*heartbeatTimeout+20*time.Second, interval, func() bool {
 		if stalled.Leading() && time.Since(stop) > heartbeatTimeout+interval {
 			t.Fatalf("a contender whose loop stalled reads as leading %v later, past the heartbeat timeout", time.Since(stop))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the other contender did not lead within %v of the first one's loop stalling", time.Since(stop))
-		}
+		return other.Leading()
+	}) {
+		t.Fatalf("the other contender did not lead within %v of the first one's loop stalling", time.Since(stop))
 	}
 	if stalled.Leading() {
 		t.Fatal("both contenders lead")
@@ -428,10 +418,8 @@ func TestFranzElectorWhoseLoopStallsLetsOthersLead(t *testing.T) {
 	}
 	// The loop resumes: the Barrier runs, and the partition stays with the other.
 	stalled.paused.Store(false)
-	for end := time.Now().Add(2 * heartbeatTimeout); time.Now().Before(end); time.Sleep(interval) {
-		if stalled.Leading() {
-			t.Fatal("the contender whose loop stalled leads again while the other does")
-		}
+	if !testwait.Throughout(2*heartbeatTimeout, interval, func() bool { return !stalled.Leading() }) {
+		t.Fatal("the contender whose loop stalled leads again while the other does")
 	}
 	if stalled.barriers.Load() == 0 {
 		t.Error("the contender whose loop stalled never ran its Barrier for the partition it lost")
@@ -482,7 +470,10 @@ func TestFranzElectorRestsBetweenHeartbeatsAndWakesForTheGroup(t *testing.T) {
 		if rest <= 0 || rest > heartbeatTimeout/10 {
 			t.Fatalf("Rest %v right after a Pulse while leading; want within (0, %v]", rest, heartbeatTimeout/10)
 		}
-		time.Sleep(rest)
+		select { // as the engine rests
+		case <-resting.Wake():
+		case <-time.After(rest):
+		}
 	}
 	if !first.Leading() {
 		t.Fatal("stopped leading while resting between heartbeats")
@@ -709,11 +700,9 @@ func TestFranzElectorHeartbeatRetriesForTheSession(t *testing.T) {
 	const refusing = 6 * time.Second
 	heartbeats.refuseUntil(time.Now().Add(refusing))
 	// Past the refusals and a few heartbeat intervals more, for the heartbeat to be heard again.
-	for end := time.Now().Add(refusing + heartbeatTimeout/2); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-		if barriers.Load() > 0 {
-			t.Fatalf("the contender lost its partition %d heartbeats into the coordinator's %v of refusals, within its session (%v)",
-				len(heartbeats.times()), refusing, 2*heartbeatTimeout)
-		}
+	if !testwait.Throughout(refusing+heartbeatTimeout/2, 50*time.Millisecond, func() bool { return barriers.Load() == 0 }) {
+		t.Fatalf("the contender lost its partition %d heartbeats into the coordinator's %v of refusals, within its session (%v)",
+			len(heartbeats.times()), refusing, 2*heartbeatTimeout)
 	}
 	refused := len(heartbeats.times())
 	if refused == 0 {
@@ -763,10 +752,14 @@ func TestFranzLeadersOfOneProcessHeartbeatTogether(t *testing.T) {
 		// clock of its own would keep it well off the first's rounds.
 		time.Sleep(round / 2)
 	}
-	time.Sleep(10 * round)
-	mu.Lock()
-	first, second := slices.Clone(arrived["cx0"]), slices.Clone(arrived["cx1"])
-	mu.Unlock()
+	// Ten rounds at most, for ten of the first's heartbeat rounds and eight of the second's.
+	var first, second []time.Time
+	testwait.Until(10*round, func() bool {
+		mu.Lock()
+		first, second = slices.Clone(arrived["cx0"]), slices.Clone(arrived["cx1"])
+		mu.Unlock()
+		return len(first) >= 10 && len(second) >= 8
+	})
 	if len(first) < 10 || len(second) < 8 {
 		t.Fatalf("%d and %d heartbeat rounds; want at least 10 and 8", len(first), len(second))
 	}
@@ -792,12 +785,13 @@ func TestFranzContenderStopsWhenAnotherGrowsTheTopic(t *testing.T) {
 	fewer := joinKfake(t, addr, group, "fewer", 2, heartbeatTimeout, func([]int32) {})
 	stopped := make(chan error, 1)
 	go func() {
-		for {
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for ; ; <-tick.C {
 			if _, err := fewer.Pulse(context.Background()); err != nil {
 				stopped <- err
 				return
 			}
-			time.Sleep(10 * time.Millisecond)
 		}
 	}()
 	t.Cleanup(func() { _ = fewer.Close(context.Background()) })
@@ -872,12 +866,12 @@ func TestFranzElectorRidesOutAnUnansweredSizeQuestion(t *testing.T) {
 		t.Fatalf("leading %v and %v 30s after the second joined with the size unanswered; want one partition each",
 			first.Partitions(), second.Partitions())
 	}
-	time.Sleep(3 * heartbeatTimeout) // Pulse asks again once a heartbeat timeout
+	// Pulse asks again once a heartbeat timeout; meanwhile the first keeps its partition.
+	if !testwait.Throughout(3*heartbeatTimeout, 10*time.Millisecond, func() bool { return first.Leading() && len(first.Partitions()) == 1 }) {
+		t.Fatalf("the first contender leads %v (leading %v) with the size unanswered; want its partition kept", first.Partitions(), first.Leading())
+	}
 	if n := held.Load(); n < 3 {
 		t.Fatalf("%d size questions held; want the callbacks' and Pulse's asking again", n)
-	}
-	if !first.Leading() || len(first.Partitions()) != 1 {
-		t.Fatalf("the first contender leads %v (leading %v) three heartbeat timeouts on; want its partition kept", first.Partitions(), first.Leading())
 	}
 	if err := first.(driver.Pinger).Ping(t.Context()); err != nil {
 		t.Fatalf("Ping while the size goes unanswered: %v", err)
@@ -927,20 +921,24 @@ func TestFranzMembersOfOneProcessHeartbeatTheirGroupsTogether(t *testing.T) {
 		time.Sleep(round / 2) // see TestFranzLeadersOfOneProcessHeartbeatTogether
 	}
 	start := time.Now()
-	time.Sleep(10 * round)
-	mu.Lock()
+	// Ten rounds at most, for nine group heartbeats of each.
 	var first, second []time.Time
-	for _, at := range arrived[groups[0]] {
-		if at.After(start) {
-			first = append(first, at)
+	testwait.Until(10*round, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		first, second = nil, nil
+		for _, at := range arrived[groups[0]] {
+			if at.After(start) {
+				first = append(first, at)
+			}
 		}
-	}
-	for _, at := range arrived[groups[1]] {
-		if at.After(start) {
-			second = append(second, at)
+		for _, at := range arrived[groups[1]] {
+			if at.After(start) {
+				second = append(second, at)
+			}
 		}
-	}
-	mu.Unlock()
+		return len(first) >= 9 && len(second) >= 9
+	})
 	// kgo's own heartbeats alone would be one at most in 10 rounds; the grid's are 10.
 	if len(first) < 9 || len(second) < 9 {
 		t.Fatalf("%d and %d group heartbeats in 10 rounds; want at least 9 each", len(first), len(second))
@@ -1025,9 +1023,8 @@ func TestFranzGridHeartbeatsStartNoRebalanceOfTheirOwn(t *testing.T) {
 	}
 	time.Sleep(heartbeatTimeout) // the last round's cooperative follow-up
 	before := joins.Load()
-	time.Sleep(3 * heartbeatTimeout / 2)
-	if n := joins.Load() - before; n > 0 {
-		t.Fatalf("%d JoinGroup requests in %v after the group settled; want none", n, 3*heartbeatTimeout/2)
+	if !testwait.Throughout(3*heartbeatTimeout/2, 10*time.Millisecond, func() bool { return joins.Load() == before }) {
+		t.Fatalf("%d JoinGroup requests within %v after the group settled; want none", joins.Load()-before, 3*heartbeatTimeout/2)
 	}
 }
 
@@ -1084,7 +1081,9 @@ func TestFranzElectionAnswersWhileGroupHeartbeatsHang(t *testing.T) {
 	}
 	hang.Store(true)
 	// Three heartbeat timeouts of hung group heartbeats: every Pulse returns within a second.
-	for stop := time.Now().Add(3 * heartbeatTimeout); time.Now().Before(stop); time.Sleep(20 * time.Millisecond) {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for stop := time.Now().Add(3 * heartbeatTimeout); time.Now().Before(stop); <-tick.C {
 		start := time.Now()
 		led()
 		if took := time.Since(start); took > time.Second {

@@ -106,15 +106,7 @@ func (s *session) publish(t *testing.T, note driver.NotePlace, text string, msgs
 
 // send produces m, asking again while the producer looks its topic up (ErrTopicPending).
 func (s *session) send(m driver.Message) error {
-	for {
-		err := s.Produce(m)
-		if !errors.Is(err, driver.ErrTopicPending) {
-			return err
-		}
-		// Both drivers look the topic up in the background and give no signal when they are
-		// done; ask again shortly, as the engine does.
-		time.Sleep(10 * time.Millisecond)
-	}
+	return kafkatest.Produce(s, m, time.Minute)
 }
 
 // await waits for n deliveries, which must succeed.

@@ -2,7 +2,6 @@ package franz_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync/atomic"
@@ -117,15 +116,8 @@ func TestAbandonReportsEveryMessageFailed(t *testing.T) {
 	}
 	const n = 3
 	for i := range n {
-		for {
-			err := p.Produce(driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("v"), Opaque: i})
-			if err == nil {
-				break
-			}
-			if !errors.Is(err, driver.ErrTopicPending) {
-				t.Fatal(err)
-			}
-			time.Sleep(10 * time.Millisecond) // the topic lookup gives no signal when it is done
+		if err := kafkatest.Produce(p, driver.Message{Topic: topic, Key: []byte("k"), Value: []byte("v"), Opaque: i}, 30*time.Second); err != nil {
+			t.Fatal(err)
 		}
 	}
 	p.Abandon()

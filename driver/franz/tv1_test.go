@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 	"github.com/goharvest/goharvest/driver/franz"
 	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
 	"github.com/goharvest/goharvest/internal/testkit/kafkatest"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 // On a cluster whose transaction.version is 1 (a Kafka 4.x cluster formatted so, as one upgraded
@@ -125,6 +127,8 @@ func TestFirstTransactionProtocol(t *testing.T) {
 			t.Errorf("a consumer received %d messages (%v), want only the one committed before the fencing", len(got), got)
 		}
 	})
+
+	t.Run("TransactionVersionRaisedWhileProducing", func(t *testing.T) { transactionVersionRaisedWhileProducing(t, c) })
 }
 
 // transactionVersion returns the transaction.version the cluster at addr has finalized.
@@ -208,9 +212,9 @@ var _ kgo.HookBrokerWrite = (*requestCounter)(nil)
 // new connection shows it the feature, while the producer writes its notes as it found at
 // InitTransactions (AddOffsetsToTxn, TxnOffsetCommit v4), which a transaction of the second
 // protocol accepts too. Its notes commit and abort with their transactions, and the next producer
-// of the ID, which finds the second protocol, reads the last committed one.
-func TestTransactionVersionRaisedWhileProducing(t *testing.T) {
-	c := kafkacluster.Start(t, kafkacluster.Feature("transaction.version", 1))
+// of the ID, which finds the second protocol, reads the last committed one. It runs on
+// TestFirstTransactionProtocol's cluster, last, as it raises the version.
+func transactionVersionRaisedWhileProducing(t *testing.T, c *kafkacluster.Cluster) {
 	run := time.Now().UnixNano()
 	topic := c.Topic(t, fmt.Sprintf("franz-tv-raised-%d", run), 1)
 	place := driver.NotePlace{Group: fmt.Sprintf("franz-tv-raised-%d", run), Topic: topic}
@@ -219,7 +223,8 @@ func TestTransactionVersionRaisedWhileProducing(t *testing.T) {
 	logs := &logRecorder{}
 	// kgo learns the cluster's features from ApiVersions, on each new connection: connections
 	// idle for a second are closed, so that it learns of the upgrade within the test.
-	cfg := franz.Config{SeedBrokers: []string{c.Addr()}, Opts: []kgo.Opt{kgo.ConnIdleTimeout(time.Second)}}
+	conns := &connCounter{}
+	cfg := franz.Config{SeedBrokers: []string{c.Addr()}, Opts: []kgo.Opt{kgo.ConnIdleTimeout(time.Second), kgo.WithHooks(conns)}}
 	prod, err := franz.New(cfg).NewProducer(driver.ProducerConfig{TransactionalID: txnID, ClientID: "franz-tv-raised",
 		DeliveryTimeout: 30 * time.Second, Logger: slog.New(logs)})
 	if err != nil {
@@ -231,7 +236,7 @@ func TestTransactionVersionRaisedWhileProducing(t *testing.T) {
 	if level := transactionVersion(t, c.Addr()); level != 2 {
 		t.Fatalf("the cluster's transaction.version is %d after the upgrade, want 2", level)
 	}
-	time.Sleep(3 * time.Second) // the producer's connections idle out
+	testwait.For(t, 30*time.Second, "the producer's connections to idle out", func() bool { return conns.open() == 0 })
 	for i := range 3 {
 		p.publish(t, place, fmt.Sprintf("goharvest/2:tv2-%d", i), msg)
 	}
@@ -311,3 +316,21 @@ func setTransactionVersion(t *testing.T, addr string, level int16) {
 		t.Fatalf("update transaction.version to %d: %v", level, err)
 	}
 }
+
+// connCounter is a kgo hook that counts its client's open connections.
+type connCounter struct{ n atomic.Int32 }
+
+func (c *connCounter) OnBrokerConnect(_ kgo.BrokerMetadata, _ time.Duration, _ net.Conn, err error) {
+	if err == nil {
+		c.n.Add(1)
+	}
+}
+
+func (c *connCounter) OnBrokerDisconnect(kgo.BrokerMetadata, net.Conn) { c.n.Add(-1) }
+
+func (c *connCounter) open() int32 { return c.n.Load() }
+
+var (
+	_ kgo.HookBrokerConnect    = (*connCounter)(nil)
+	_ kgo.HookBrokerDisconnect = (*connCounter)(nil)
+)

@@ -144,7 +144,9 @@ func TestLongTransactionDelaysOnlyItsOwnRows(t *testing.T) {
 	r.write("warm-up", "warm-up")
 	c.await(t, time.Minute, "the first record", hasValue("warm-up"))
 	began, n, slowest := time.Now(), 0, time.Duration(0)
-	for time.Since(began) < hold {
+	pace := time.NewTicker(500 * time.Millisecond)
+	defer pace.Stop()
+	for ; time.Since(began) < hold; <-pace.C {
 		v := fmt.Sprint("meanwhile ", n)
 		r.write(fmt.Sprint("k", n%10), v)
 		written := time.Now()
@@ -153,7 +155,6 @@ func TestLongTransactionDelaysOnlyItsOwnRows(t *testing.T) {
 		c.await(t, 30*time.Second, v+" while another transaction stayed open", hasValue(v))
 		slowest = max(slowest, time.Since(written))
 		n++
-		time.Sleep(500 * time.Millisecond)
 	}
 	if slices.Contains(values(c.await(t, time.Second, "", func([]*kgo.Record) bool { return true })), "long") {
 		t.Fatal("the open transaction's record was published before it committed")

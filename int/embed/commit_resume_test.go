@@ -88,15 +88,10 @@ func resumeCommitWithoutTime(addr string) error {
 	if err := p.BeginTransaction(); err != nil {
 		return fmt.Errorf("begin transaction: %w", err)
 	}
-	for {
-		err := p.Produce(driver.Message{Topic: "resume", Key: []byte("k"), Value: []byte("v")})
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, driver.ErrTopicPending) || ctx.Err() != nil {
-			return fmt.Errorf("produce: %w", err)
-		}
-		time.Sleep(10 * time.Millisecond) // the producer looks the topic up first
+	// The producer looks the topic up first.
+	deadline, _ := ctx.Deadline()
+	if err := kafkatest.Produce(p, driver.Message{Topic: "resume", Key: []byte("k"), Value: []byte("v")}, time.Until(deadline)); err != nil {
+		return fmt.Errorf("produce: %w", err)
 	}
 	if d := <-p.Deliveries(); d.Err != nil {
 		return fmt.Errorf("delivery: %w", d.Err)

@@ -572,9 +572,9 @@ func TestNotificationWakesIdleHarvester(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.load(1, 1)
-	time.Sleep(3 * time.Second) // a stretch in which, without a notification, the record must wait
-	if n := r.outboxRows(); n != 1 {
-		t.Fatalf("%d rows in the outbox without a notification; want the record still waiting", n)
+	// A stretch in which, without a notification, the record must wait.
+	if !testwait.Throughout(3*time.Second, 50*time.Millisecond, func() bool { return r.outboxRows() == 1 }) {
+		t.Fatalf("%d rows in the outbox without a notification; want the record still waiting", r.outboxRows())
 	}
 	if _, err := r.pool.Exec(ctx, "SELECT pg_notify($1, '')", outbox.NotifyChannel("outbox")); err != nil {
 		t.Fatal(err)

@@ -58,15 +58,8 @@ func producerFor(t *testing.T, txnID string) driver.KafkaProducer {
 // produceOne queues one message, retrying while the topic's metadata is looked up.
 func produceOne(t *testing.T, p driver.KafkaProducer, topic, value string) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		err := p.Produce(driver.Message{Topic: topic, Key: []byte("k"), Value: []byte(value)})
-		if err == nil {
-			return
-		}
-		if !errors.Is(err, driver.ErrTopicPending) || time.Now().After(deadline) {
-			t.Fatalf("produce: %v", err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := kafkatest.Produce(p, driver.Message{Topic: topic, Key: []byte("k"), Value: []byte(value)}, 30*time.Second); err != nil {
+		t.Fatalf("produce: %v", err)
 	}
 }
 
@@ -251,15 +244,8 @@ func benchTransactionCycle(b *testing.B, kafka driver.Kafka, id string) {
 		if err := p.BeginTransaction(); err != nil {
 			b.Fatal(err)
 		}
-		for {
-			err := p.Produce(driver.Message{Topic: id, Key: []byte("k"), Value: []byte("v")})
-			if err == nil {
-				break
-			}
-			if !errors.Is(err, driver.ErrTopicPending) {
-				b.Fatal(err)
-			}
-			time.Sleep(time.Millisecond)
+		if err := kafkatest.Produce(p, driver.Message{Topic: id, Key: []byte("k"), Value: []byte("v")}, 30*time.Second); err != nil {
+			b.Fatal(err)
 		}
 		if err := p.WriteNote(ctx, place, strconv.Itoa(i)); err != nil {
 			b.Fatal(err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/goharvest/goharvest"
 	"github.com/goharvest/goharvest/internal/app/reaper"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 	outboxpkg "github.com/goharvest/goharvest/outbox"
 )
 
@@ -108,9 +109,9 @@ func (sr *shardedRun) epochs() map[int]shardEpoch {
 // waitBalanced waits until every shard is published and each harvester publishes lo to hi.
 func (sr *shardedRun) waitBalanced(within time.Duration, lo, hi int) map[int]string {
 	sr.r.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		owners := sr.leaders()
+	var owners map[int]string
+	if !testwait.UntilEvery(within, 20*time.Millisecond, func() bool {
+		owners = sr.leaders()
 		counts := map[string]int{}
 		for _, name := range owners {
 			counts[name]++
@@ -121,14 +122,11 @@ func (sr *shardedRun) waitBalanced(within time.Duration, lo, hi int) map[int]str
 			ok = ok && counts[name] >= lo && counts[name] <= hi
 		}
 		sr.mu.Unlock()
-		if ok {
-			return owners
-		}
-		if time.Now().After(deadline) {
-			sr.r.t.Fatalf("shards not spread within %v: %v", within, owners)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return ok
+	}) {
+		sr.r.t.Fatalf("shards not spread within %v: %v", within, owners)
 	}
+	return owners
 }
 
 // Three harvesters publish eight shards at once, two or three each; while they drain a backlog,
@@ -194,12 +192,8 @@ func TestChangingTheShardCountLosesNothing(t *testing.T) {
 
 	one := &shardedRun{r: r, shards: 1, live: map[string]*runningHarvester{}}
 	one.start("h0")
-	deadline := time.Now().Add(time.Minute)
-	for r.outboxRows() > keys*perKey*2/3 {
-		if time.Now().After(deadline) {
-			t.Fatalf("one shard published too little in a minute: %d rows left", r.outboxRows())
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testwait.Until(time.Minute, func() bool { return r.outboxRows() <= keys*perKey*2/3 }) {
+		t.Fatalf("one shard published too little in a minute: %d rows left", r.outboxRows())
 	}
 	one.stop("h0")
 	left := r.outboxRows()

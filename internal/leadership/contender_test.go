@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -52,34 +53,37 @@ func (c *contender) pulse(err error) (bool, error) {
 // once, and leaves the group; the revoke that follows runs no second Barrier, and the heartbeats
 // of the leadership before are nothing to the next.
 func TestContenderFencesASilentLeaderOnce(t *testing.T) {
-	const timeout = 100 * time.Millisecond
-	c := newContender(2, timeout)
-	c.Acquire([]int32{1, 0})
-	if len(c.sent) != 2 || !slices.Equal(c.changes, []string{"acquired[1 0]"}) {
-		t.Fatalf("a beginning leadership sent %v and told of %v; want a round to both partitions and Acquired", c.sent, c.changes)
-	}
-	if leading, err := c.pulse(nil); !leading || err != nil {
-		t.Fatalf("EndPulse = %v, %v with its heartbeats acknowledged", leading, err)
-	}
-	old := c.Heartbeat(0, time.Now())
-	time.Sleep(timeout + timeout/2)
-	if leading, err := c.pulse(errors.New("timed out")); leading || err != nil || c.left != 1 {
-		t.Fatalf("a silent leader: EndPulse = %v, %v, left the group %d times", leading, err, c.left)
-	}
-	if fmt.Sprint(c.barriers) != "[[0 1]]" || c.changes[len(c.changes)-1] != "fenced[0 1]" {
-		t.Fatalf("fencing ran the Barrier %v and told of %v; want [[0 1]] and SelfFenced", c.barriers, c.changes)
-	}
-	c.RevokeAll()
-	if len(c.barriers) != 1 || c.changes[len(c.changes)-1] != "revoked[0 1]" {
-		t.Fatalf("the revoke after a fence ran the Barrier %v and told of %v", c.barriers, c.changes)
-	}
-	c.Acquire([]int32{0})
-	if err := c.Delivered(old, errors.New("refused")); err != nil {
-		t.Fatalf("the failure of an earlier leadership's heartbeat is handed back: %v", err)
-	}
-	if err := c.Delivered(c.sent[len(c.sent)-1], errors.New("refused")); err == nil {
-		t.Fatal("the failure of this leadership's heartbeat is not handed back")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = 100 * time.Millisecond
+		c := newContender(2, timeout)
+		c.Acquire([]int32{1, 0})
+		if len(c.sent) != 2 || !slices.Equal(c.changes, []string{"acquired[1 0]"}) {
+			t.Fatalf("a beginning leadership sent %v and told of %v; want a round to both partitions and Acquired", c.sent, c.changes)
+		}
+		if leading, err := c.pulse(nil); !leading || err != nil {
+			t.Fatalf("EndPulse = %v, %v with its heartbeats acknowledged", leading, err)
+		}
+		sent := time.Now()
+		old := c.Heartbeat(0, sent)
+		advanceTo(sent.Add(timeout + timeout/2))
+		if leading, err := c.pulse(errors.New("timed out")); leading || err != nil || c.left != 1 {
+			t.Fatalf("a silent leader: EndPulse = %v, %v, left the group %d times", leading, err, c.left)
+		}
+		if fmt.Sprint(c.barriers) != "[[0 1]]" || c.changes[len(c.changes)-1] != "fenced[0 1]" {
+			t.Fatalf("fencing ran the Barrier %v and told of %v; want [[0 1]] and SelfFenced", c.barriers, c.changes)
+		}
+		c.RevokeAll()
+		if len(c.barriers) != 1 || c.changes[len(c.changes)-1] != "revoked[0 1]" {
+			t.Fatalf("the revoke after a fence ran the Barrier %v and told of %v", c.barriers, c.changes)
+		}
+		c.Acquire([]int32{0})
+		if err := c.Delivered(old, errors.New("refused")); err != nil {
+			t.Fatalf("the failure of an earlier leadership's heartbeat is handed back: %v", err)
+		}
+		if err := c.Delivered(c.sent[len(c.sent)-1], errors.New("refused")); err == nil {
+			t.Fatal("the failure of this leadership's heartbeat is not handed back")
+		}
+	})
 }
 
 // A leader topic larger than configured, or a partition at or above the configured count, stops

@@ -3,62 +3,74 @@ package leadership
 import (
 	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 )
+
+// advanceTo moves the calling synctest bubble's clock to at, and returns at: the tests that
+// reckon with the heartbeat timeout run in bubbles, where its windows pass exactly and take no
+// time, and name the instants they look at.
+func advanceTo(at time.Time) time.Time {
+	time.Sleep(time.Until(at))
+	return at
+}
 
 // The view's rules: leading needs an assignment, no fence, and a heartbeat acknowledged within the
 // timeout; a fence holds until every partition is revoked and a fresh assignment comes.
 func TestLeadsOnlyWhileAssignedUnfencedAndHeard(t *testing.T) {
-	const timeout = 100 * time.Millisecond
-	v := newView(timeout)
-	if holds, leading := v.Read(); holds || leading {
-		t.Fatalf("an empty view holds %v, leads %v", holds, leading)
-	}
-	if !v.acquire([]int32{3, 1}) {
-		t.Fatal("the first assignment does not begin leadership")
-	}
-	if v.acquire([]int32{2, 3}) {
-		t.Fatal("a second assignment begins leadership again")
-	}
-	if got := v.Partitions(); !slices.Equal(got, []int32{1, 2, 3}) {
-		t.Fatalf("leads %v, want [1 2 3]", got)
-	}
-	// Heard: a heartbeat sent now and acknowledged keeps it leading past the first timeout.
-	time.Sleep(timeout / 2)
-	v.acknowledged(time.Now())
-	time.Sleep(timeout * 3 / 4)
-	if !v.Leading() {
-		t.Fatal("not leading within the timeout of an acknowledged heartbeat")
-	}
-	if _, silent := v.fenceIfSilent(); silent {
-		t.Fatal("fenced within the timeout of an acknowledged heartbeat")
-	}
-	// Silent: it reads as fenced once the timeout passes, before fenceIfSilent.
-	time.Sleep(timeout)
-	if v.Leading() || !v.Fenced() || v.Partitions() != nil {
-		t.Fatal("a silent leader still reads as leading")
-	}
-	led, silent := v.fenceIfSilent()
-	if !silent || !slices.Equal(led, []int32{1, 2, 3}) {
-		t.Fatalf("fenceIfSilent = %v, %v", led, silent)
-	}
-	// Fenced, an acknowledgement restores nothing, nor does an assignment while any is held.
-	v.acknowledged(time.Now())
-	v.acquire([]int32{4})
-	if v.Leading() {
-		t.Fatal("a fenced contender leads again without every partition revoked first")
-	}
-	lost, wasFenced := v.revoke([]int32{1, 9})
-	if !slices.Equal(lost, []int32{1}) || !wasFenced {
-		t.Fatalf("revoke = %v, %v; want [1], true", lost, wasFenced)
-	}
-	if lost, _ := v.revoke(v.Held()); !slices.Equal(lost, []int32{2, 3, 4}) {
-		t.Fatalf("revoke(Held()) = %v", lost)
-	}
-	// A fresh assignment after every revoke lifts the fence and counts as a heartbeat now.
-	if !v.acquire([]int32{0}) || !v.Leading() {
-		t.Fatal("a fresh assignment after the revokes does not lead")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = 100 * time.Millisecond
+		v := newView(timeout)
+		if holds, leading := v.Read(); holds || leading {
+			t.Fatalf("an empty view holds %v, leads %v", holds, leading)
+		}
+		acquired := time.Now()
+		if !v.acquire([]int32{3, 1}) {
+			t.Fatal("the first assignment does not begin leadership")
+		}
+		if v.acquire([]int32{2, 3}) {
+			t.Fatal("a second assignment begins leadership again")
+		}
+		if got := v.Partitions(); !slices.Equal(got, []int32{1, 2, 3}) {
+			t.Fatalf("leads %v, want [1 2 3]", got)
+		}
+		// Heard: a heartbeat sent now and acknowledged keeps it leading past the first timeout.
+		heard := advanceTo(acquired.Add(timeout / 2))
+		v.acknowledged(heard)
+		advanceTo(heard.Add(timeout * 3 / 4))
+		if !v.Leading() {
+			t.Fatal("not leading within the timeout of an acknowledged heartbeat")
+		}
+		if _, silent := v.fenceIfSilent(); silent {
+			t.Fatal("fenced within the timeout of an acknowledged heartbeat")
+		}
+		// Silent: it reads as fenced once the timeout passes, before fenceIfSilent.
+		advanceTo(heard.Add(timeout * 7 / 4))
+		if v.Leading() || !v.Fenced() || v.Partitions() != nil {
+			t.Fatal("a silent leader still reads as leading")
+		}
+		led, silent := v.fenceIfSilent()
+		if !silent || !slices.Equal(led, []int32{1, 2, 3}) {
+			t.Fatalf("fenceIfSilent = %v, %v", led, silent)
+		}
+		// Fenced, an acknowledgement restores nothing, nor does an assignment while any is held.
+		v.acknowledged(time.Now())
+		v.acquire([]int32{4})
+		if v.Leading() {
+			t.Fatal("a fenced contender leads again without every partition revoked first")
+		}
+		lost, wasFenced := v.revoke([]int32{1, 9})
+		if !slices.Equal(lost, []int32{1}) || !wasFenced {
+			t.Fatalf("revoke = %v, %v; want [1], true", lost, wasFenced)
+		}
+		if lost, _ := v.revoke(v.Held()); !slices.Equal(lost, []int32{2, 3, 4}) {
+			t.Fatalf("revoke(Held()) = %v", lost)
+		}
+		// A fresh assignment after every revoke lifts the fence and counts as a heartbeat now.
+		if !v.acquire([]int32{0}) || !v.Leading() {
+			t.Fatal("a fresh assignment after the revokes does not lead")
+		}
+	})
 }
 
 // Heartbeats go to up to HeartbeatFanout partitions a round, every one in turn.

@@ -30,11 +30,11 @@ func TestLogsPersistingOutageAgain(t *testing.T) {
 		if err := l.Err(); err != nil {
 			t.Errorf("one failure is already an outage: %v", err)
 		}
-		deadline := time.Now().Add(300 * time.Millisecond)
-		for time.Now().Before(deadline) {
+		// Paced, as a retry's backoff would, so that Repeat elapses several times.
+		pace := time.NewTicker(5 * time.Millisecond)
+		defer pace.Stop()
+		for deadline := time.Now().Add(300 * time.Millisecond); time.Now().Before(deadline); <-pace.C {
 			l.Fail(log, "purge", errors.New("boom"))
-			// Paces the failures, as a retry's backoff would, so that Repeat elapses several times.
-			time.Sleep(5 * time.Millisecond)
 		}
 		out := logs.String()
 		if n := strings.Count(out, "database unavailable; retrying"); n != 1 {

@@ -76,7 +76,7 @@ func TestPendingThenUsableAndNeverAskedAgain(t *testing.T) {
 		if err := settled(t, c, "t"); err != nil {
 			t.Fatalf("Check of a usable topic = %v, want nil", err)
 		}
-		time.Sleep(10 * c.recheck) // however long it has been, on the bubble's clock
+		advanceTo(time.Now().Add(10 * c.recheck)) // however long it has been
 		if err := c.Check("t"); err != nil {
 			t.Fatalf("Check of a topic found usable = %v, want nil", err)
 		}
@@ -106,8 +106,8 @@ func TestMissingIsRejectedThenAskedAgainAfterRecheck(t *testing.T) {
 			t.Fatalf("Kafka was asked %d times within recheck, want once", asked)
 		}
 
-		f.answer(nil)         // the topic has been created since
-		time.Sleep(c.recheck) // recheck passes, on the bubble's clock
+		f.answer(nil)                        // the topic has been created since
+		advanceTo(time.Now().Add(c.recheck)) // recheck passes
 		if err := settled(t, c, "t"); err != nil {
 			t.Fatalf("Check after recheck, the topic created = %v, want nil", err)
 		}
@@ -174,7 +174,7 @@ func TestCloseStopsALookup(t *testing.T) {
 			t.Fatal("Close still waiting for a lookup after 10s")
 		}
 		asked := f.questions()
-		time.Sleep(300 * time.Millisecond) // nothing must ask in this window, on the bubble's clock
+		advanceTo(time.Now().Add(300 * time.Millisecond)) // nothing must ask in this window
 		if n := f.questions(); n != asked {
 			t.Errorf("Kafka was asked %d times after Close, want none", n-asked)
 		}
@@ -185,4 +185,11 @@ func TestCloseStopsALookup(t *testing.T) {
 			t.Errorf("after Close the topic's state is %+v; want what was learnt kept, the rejection", st)
 		}
 	})
+}
+
+// advanceTo moves the calling synctest bubble's clock to at, letting the lookups due before it
+// run, and returns at.
+func advanceTo(at time.Time) time.Time {
+	time.Sleep(time.Until(at))
+	return at
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/goharvest/goharvest/internal/testkit/kafkacluster"
 	"github.com/goharvest/goharvest/internal/testkit/pgtest"
 	"github.com/goharvest/goharvest/internal/testkit/syncbuf"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 	"github.com/goharvest/goharvest/internal/testkit/verify"
 	"github.com/goharvest/goharvest/internal/testkit/verifytest"
 	"github.com/goharvest/goharvest/stasher"
@@ -317,12 +318,10 @@ outboxes:
 	}
 	// The pool's connections close once idle for 10s, looked for every 5s.
 	eventually(t, "one connection per idle outbox", 30*time.Second, oneEach)
-	for range 10 {
-		// And stay one: nothing polls.
-		if ok, say := oneEach(); !ok {
-			t.Fatalf("connections per outbox after they idled: %s, want 1 each", say)
-		}
-		time.Sleep(500 * time.Millisecond)
+	// And stay one: nothing polls.
+	var say string
+	if !testwait.Throughout(5*time.Second, 500*time.Millisecond, func() (ok bool) { ok, say = oneEach(); return ok }) {
+		t.Fatalf("connections per outbox after they idled: %s, want 1 each", say)
 	}
 	if code, body := get("http://" + addr + reaper.ReadyzPath); code != 200 {
 		t.Errorf("/readyz of idle outboxes: %d %q", code, body)

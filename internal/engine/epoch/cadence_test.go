@@ -144,9 +144,30 @@ func (r *cadenceRig) latencies() []time.Duration {
 	return out
 }
 
-// untilGridPoint sleeps until the next point of the cadence's grid.
-func untilGridPoint(cadence time.Duration) {
-	time.Sleep(time.Until(wakegrid.Next(time.Now(), cadence)))
+// advanceTo moves the bubble's virtual clock to at, letting every goroutine of the bubble run
+// whatever falls due before it, and returns at. The tests name each instant they look at.
+func advanceTo(at time.Time) time.Time {
+	time.Sleep(time.Until(at))
+	return at
+}
+
+// nextGridPoint advances the bubble's clock to the next point of the cadence's grid.
+func nextGridPoint(cadence time.Duration) time.Time {
+	return advanceTo(wakegrid.Next(time.Now(), cadence))
+}
+
+// writePaced writes records of the keys key(0)..key(n-1), one every interval, and returns when
+// the last was written.
+func (r *cadenceRig) writePaced(n int, interval time.Duration, key func(int) string) time.Time {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for i := range n {
+		if i > 0 {
+			<-tick.C
+		}
+		r.write(key(i))
+	}
+	return time.Now()
 }
 
 // A lone record, with nothing written after it, is committed at the next point of the cadence's
@@ -157,13 +178,11 @@ func TestCommitCadenceLoneRecord(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := startCadenceRig(t, cadenceLimits(cadence), func() bool { return true })
 		defer r.stop()
-		time.Sleep(10 * time.Millisecond) // the marker has found the outbox empty
+		synctest.Wait() // the marker has found the outbox empty and waits to look again
 		for i, offset := range []time.Duration{0, time.Millisecond, 17 * time.Millisecond, 48 * time.Millisecond} {
-			untilGridPoint(cadence)
-			time.Sleep(offset)
-			written := time.Now()
+			written := advanceTo(nextGridPoint(cadence).Add(offset))
 			r.write(fmt.Sprint("lone", i))
-			time.Sleep(3 * cadence) // nothing else arrives
+			advanceTo(written.Add(3 * cadence)) // nothing else arrives
 			commits := r.prod.list()
 			if len(commits) != i+1 || len(commits[i].keys) != 1 {
 				t.Fatalf("written %v after a point of the grid: commits %v, want one more, of the lone record", offset, commits)
@@ -189,13 +208,10 @@ func TestCommitCadenceSteadyStream(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := startCadenceRig(t, cadenceLimits(cadence), func() bool { return true })
 		defer r.stop()
-		time.Sleep(10 * time.Millisecond)
+		synctest.Wait()
 		const records = 500
-		for i := range records {
-			r.write(fmt.Sprint("k", i))
-			time.Sleep(2 * time.Millisecond)
-		}
-		time.Sleep(2 * cadence)
+		last := r.writePaced(records, 2*time.Millisecond, func(i int) string { return fmt.Sprint("k", i) })
+		advanceTo(last.Add(2 * cadence))
 		commits := r.prod.list()
 		lat := r.latencies()
 		if len(lat) != records {
@@ -222,13 +238,10 @@ func TestCommitCadenceHotKeyKeepsUp(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r := startCadenceRig(t, cadenceLimits(cadence), func() bool { return true })
 		defer r.stop()
-		time.Sleep(10 * time.Millisecond)
+		synctest.Wait()
 		const records = 200 // one every 5ms: 10 a cadence
-		for range records {
-			r.write("hot")
-			time.Sleep(5 * time.Millisecond)
-		}
-		time.Sleep(4 * cadence)
+		last := r.writePaced(records, 5*time.Millisecond, func(int) string { return "hot" })
+		advanceTo(last.Add(4 * cadence))
 		committed := r.committed()
 		t.Logf("%d transactions", len(r.prod.list()))
 		if committed != records {
@@ -253,7 +266,7 @@ func TestCommitCadenceAddsNoWaitUnderLoad(t *testing.T) {
 		for i := range records {
 			r.write(fmt.Sprint("k", i%500))
 		}
-		time.Sleep(cadence / 4)
+		advanceTo(began.Add(cadence / 4))
 		committed := r.committed()
 		t.Logf("%d of %d committed after %v, in %d transactions", committed, records, time.Since(began), len(r.prod.list()))
 		if committed < records-limits.MaxInFlightRecords {
@@ -273,17 +286,17 @@ func TestCommitCadenceStopEndsTheWait(t *testing.T) {
 				var leading atomic.Bool
 				leading.Store(true)
 				r := startCadenceRig(t, cadenceLimits(cadence), leading.Load)
-				time.Sleep(10 * time.Millisecond)
-				untilGridPoint(cadence)
+				synctest.Wait()
+				written := nextGridPoint(cadence)
 				r.write("waiting")
-				time.Sleep(100 * time.Millisecond)
+				advanceTo(written.Add(100 * time.Millisecond))
 				if n := len(r.prod.list()); n != 0 {
 					t.Errorf("%d commits before the cadence", n)
 				}
 				if revoked {
 					leading.Store(false)
 					r.write("after the revoke")
-					time.Sleep(10 * time.Millisecond)
+					advanceTo(written.Add(110 * time.Millisecond)) // the marker has looked ten times since
 				}
 				began := time.Now()
 				took := r.stop()

@@ -40,3 +40,11 @@ func inBubble(t *testing.T, f func(t *testing.T)) {
 	}()
 	synctest.Test(t, f)
 }
+
+// advanceTo moves the bubble's clock to at, once every goroutine in the bubble is blocked,
+// letting what falls due before it run, and returns at: the tests in a bubble name the instants
+// they look at. Outside a bubble it would be a sleep of real time; only bubbled tests call it.
+func advanceTo(at time.Time) time.Time {
+	time.Sleep(time.Until(at))
+	return at
+}

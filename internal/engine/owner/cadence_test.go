@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/goharvest/goharvest/driver"
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 	"github.com/goharvest/goharvest/internal/wakegrid"
 )
 
@@ -26,8 +27,7 @@ func TestCommitCadenceDoesNotDelayTheHandover(t *testing.T) {
 			time.Sleep(time.Until(wakegrid.Next(time.Now(), cadence)))
 			ids := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "k", KafkaValue: String("v")})
 			r.waitFor("the record to be claimed", time.Second, func() bool { return r.h.InFlightRecords() == 1 })
-			time.Sleep(50 * time.Millisecond)
-			if !r.db.exists(ids[0]) {
+			if !testwait.Throughout(50*time.Millisecond, time.Millisecond, func() bool { return r.db.exists(ids[0]) }) {
 				t.Fatal("the record was purged before the cadence; the test would show nothing")
 			}
 			began := time.Now()

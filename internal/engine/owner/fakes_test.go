@@ -9,12 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/driver/memory"
 	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/internal/engine/epoch"
 	"github.com/goharvest/goharvest/outbox"
-	"github.com/google/uuid"
 )
 
 // fakeDB is the in-memory outbox (memory.Store) with the faults the engine's tests inject.

@@ -463,7 +463,7 @@ func TestMalformedRecordIsHeldAndReported(t *testing.T) {
 		others := r.load(10, 10)
 		r.start()
 		r.waitFor("other keys to drain", 10*time.Second, func() bool { return r.db.len() == 2 })
-		time.Sleep(100 * time.Millisecond) // a gap in which the held key's records must not go out
+		advanceTo(time.Now().Add(100 * time.Millisecond)) // a gap in which the held key's records must not go out
 		r.stop()
 		r.checkOrder(others)
 		if !r.db.exists(bad) || !r.db.exists(after) {
@@ -515,7 +515,7 @@ func TestDatabaseOutage(t *testing.T) {
 		r.start()
 		r.waitFor("some progress", 10*time.Second, func() bool { return r.db.len() < len(ids) })
 		r.db.setDown(true)
-		time.Sleep(500 * time.Millisecond) // an outage several retries long
+		advanceTo(time.Now().Add(500 * time.Millisecond)) // an outage several retries long
 		r.db.setDown(false)
 		r.waitEmpty(20 * time.Second)
 		// The step that purges the last rows may log the recovery just after: a new epoch's start
@@ -571,9 +571,9 @@ func TestIdleOutboxBacksOff(t *testing.T) {
 		r := newRig(t, epoch.Limits{HeartbeatTimeout: time.Second, MinPollInterval: 10 * time.Millisecond})
 		r.start()
 		r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
-		time.Sleep(time.Second) // the backoff climbs to its bound
+		from := advanceTo(time.Now().Add(time.Second)) // the backoff climbs to its bound
 		before := r.db.markCount()
-		time.Sleep(3 * time.Second) // the window the marks are counted over
+		advanceTo(from.Add(3 * time.Second)) // the window the marks are counted over
 		perSecond := float64(r.db.markCount()-before) / 3
 		if perSecond > 1.4 {
 			t.Fatalf("an idle outbox was marked %.1f times a second; the bound (maxMarkBackoff 1s) allows 1", perSecond)
@@ -630,7 +630,7 @@ func TestCoveredIdleOutboxIsNotPolled(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
 		r, db := startCovered(t, fastLimits()) // maxMarkBackoff 20ms: uncovered, 50 marks a second
 		before := r.db.markCount()
-		time.Sleep(time.Second)
+		advanceTo(time.Now().Add(time.Second))
 		if marks := r.db.markCount() - before; marks != 0 {
 			t.Fatalf("a covered idle outbox was marked %d times in a second; want none", marks)
 		}
@@ -651,7 +651,7 @@ func TestCoveredIdleOutboxIsNotPolled(t *testing.T) {
 			t.Fatal("the listener did not take the end of its coverage")
 		}
 		before = r.db.markCount()
-		time.Sleep(500 * time.Millisecond)
+		advanceTo(time.Now().Add(500 * time.Millisecond))
 		if marks := r.db.markCount() - before; marks < 5 {
 			t.Fatalf("an uncovered idle outbox was marked %d times in half a second; want it polled every 20ms", marks)
 		}
@@ -704,6 +704,8 @@ func TestRecordsMarkedAgainMidEpochAreNotQueuedTwice(t *testing.T) {
 		// The deposed leader marks until this leader has taken back at least one record it held (it
 		// used to mark at least five times, which a fast machine drains the outbox before). A leader
 		// that reads takes nothing back: the deposed leader's marks change nothing it reads.
+		pace := time.NewTicker(20 * time.Millisecond) // paces the deposed leader's marks, as its loop would
+		defer pace.Stop()
 		for marks := 0; claimStrategy == ClaimByMarking && testutil.ToFloat64(r.h.metrics.MarkedAgain) == 0 ||
 			claimStrategy == ClaimByReading && marks < 5 && r.db.len() > 0; marks++ {
 			marked, err := r.db.Mark(context.Background(), uuid.New(), 200) // the deposed leader's mark
@@ -713,7 +715,7 @@ func TestRecordsMarkedAgainMidEpochAreNotQueuedTwice(t *testing.T) {
 			if len(marked) == 0 && claimStrategy == ClaimByMarking {
 				t.Fatal("nothing was left to mark again")
 			}
-			time.Sleep(20 * time.Millisecond) // paces the deposed leader's marks, as its loop would
+			<-pace.C
 		}
 		r.waitEmpty(20 * time.Second)
 		r.stop()

@@ -150,7 +150,7 @@ func TestHeldLoopTicksAgainForTheNextHeldRecord(t *testing.T) {
 		// Long before the backoff ends: only the held loop's re-read drops it.
 		r.waitFor("the first record to be dropped", 5*time.Second, func() bool { return len(r.h.HeldRecords()) == 0 })
 		// Several intervals with nothing held, so that the loop has seen the registry empty.
-		time.Sleep(5 * l.HeldCheckInterval)
+		advanceTo(time.Now().Add(5 * l.HeldCheckInterval))
 		next := first[0] + 1 // the store numbers rows in order
 		r.kafka.setReject(next, 1<<30)
 		second := r.add(driver.OutboxRecord{KafkaTopic: "t", KafkaKey: "b", KafkaValue: String("1")})

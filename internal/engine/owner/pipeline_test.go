@@ -10,13 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/goharvest/goharvest/driver"
 	"github.com/goharvest/goharvest/event"
 	"github.com/goharvest/goharvest/internal/engine/epoch"
 	"github.com/goharvest/goharvest/internal/outage"
 	"github.com/goharvest/goharvest/internal/testkit/testwait"
 	"github.com/goharvest/goharvest/metric"
-	"github.com/google/uuid"
 )
 
 // inFlightSampler reads the harvester's in-flight count and keys every 50µs (of a bubble's clock,
@@ -39,11 +40,13 @@ func sampleInFlight(t *testing.T, h *Owner) *inFlightSampler {
 	s := &inFlightSampler{h: h, done: make(chan struct{})}
 	t.Cleanup(func() { s.stop() })
 	s.finished.Go(func() {
+		tick := time.NewTicker(50 * time.Microsecond) // the sampling's period
+		defer tick.Stop()
 		for {
 			select {
 			case <-s.done:
 				return
-			default:
+			case <-tick.C:
 			}
 			n, keys := h.InFlightRecords(), h.InFlightRecordKeys()
 			s.mu.Lock()
@@ -54,7 +57,6 @@ func sampleInFlight(t *testing.T, h *Owner) *inFlightSampler {
 				s.mismatch = fmt.Sprintf("%d keys, %d records", len(keys), n)
 			}
 			s.mu.Unlock()
-			time.Sleep(50 * time.Microsecond) // the sampling's period
 		}
 	})
 	return s

@@ -5,8 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/goharvest/goharvest/driver"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/goharvest/goharvest/driver"
 )
 
 // A leader whose marks keep failing while its database still answers pings (as behind a pooler

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
 
 func TestWithDatabase(t *testing.T) {
@@ -105,12 +107,8 @@ func TestStandbyPromotedAfterCrash(t *testing.T) {
 		t.Fatal(err)
 	}
 	onStandby := WithDatabase(standby.AdminDSN(), db)
-	deadline := time.Now().Add(30 * time.Second)
-	for exec(onStandby, "SELECT 1/count(*) FROM t") != nil {
-		if time.Now().After(deadline) {
-			t.Fatal("the standby did not replay the primary's row within 30s")
-		}
-		time.Sleep(20 * time.Millisecond)
+	if !testwait.Until(30*time.Second, func() bool { return exec(onStandby, "SELECT 1/count(*) FROM t") == nil }) {
+		t.Fatal("the standby did not replay the primary's row within 30s")
 	}
 	if err := exec(onStandby, "INSERT INTO t VALUES (2)"); err == nil || !strings.Contains(err.Error(), "read-only") {
 		t.Fatalf("a write on the standby returned %v, want a read-only error", err)

@@ -45,3 +45,19 @@ func For(tb testing.TB, within time.Duration, what string, cond func() bool) {
 		tb.Fatalf("timed out after %v waiting for %s", within, what)
 	}
 }
+
+// Throughout polls cond every interval for the whole of d and reports whether it held at every
+// poll, returning false at the first that it did not: for a state that must last (a leader that
+// keeps leading, a count that must not grow), where Until would end at the first poll.
+func Throughout(d, interval time.Duration, cond func() bool) bool {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for end := time.Now().Add(d); ; <-tick.C {
+		if !cond() {
+			return false
+		}
+		if !time.Now().Before(end) {
+			return true
+		}
+	}
+}
