@@ -66,7 +66,7 @@ type producer struct {
 	// WriteNote sends AddOffsetsToTxn first, and TxnOffsetCommit on notes. It holds for the
 	// producer's life: on a cluster raised to transaction.version 2 meanwhile, kgo opts in at a
 	// transaction's end, and the first protocol's notes still commit and abort with the second's
-	// transactions (TestTransactionVersionRaisedWhileProducing).
+	// transactions (TestFirstTransactionProtocol/TransactionVersionRaisedWhileProducing).
 	kip890p2 bool
 	// notes is the client WriteNote sends TxnOffsetCommit on when kip890p2 is false, made by
 	// InitTransactions then: kgo negotiates the highest version both sides know, and offers no
