@@ -22,11 +22,13 @@ NESTED_MODULES := examples/kubernetes
 ENGINE_PACKAGES := ./driver ./driver/memory ./driver/drivertest ./event ./internal/engine/...
 
 # The fault suite's scenarios that make test also runs with the librdkafka client (the reapers'
-# default is franz): a failover, split brain, broker faults and the shard scenarios, and those
-# that exist for librdkafka's own ways (a commit resumed after its call ran out of time, a member
-# evicted when it stops polling, a reconnect backoff that kept a crashed coordinator's shards waiting).
-# make chaos runs every scenario with each client.
-LIBRDKAFKA_SCENARIOS := ^(TestFailover|TestSplitBrainFrozenLeaderResumes|TestBrokerFaults|TestShards.*|TestSlowTransactionCommits|TestDatabaseHangsDuringEpochStart|TestBrokerCrashChangesNoLeader)$$
+# default is franz): a failover, split brain, broker faults and the shard scenarios whose shards
+# move between reapers (the election's part), and those that exist for librdkafka's own ways (a
+# commit resumed after its call ran out of time, a member evicted when it stops polling, a
+# reconnect backoff that kept a crashed coordinator's shards waiting). The shard scenarios whose
+# faults are the whole cluster's or the database's run with franz here; make chaos runs every
+# scenario with each client.
+LIBRDKAFKA_SCENARIOS := ^(TestFailover|TestSplitBrainFrozenLeaderResumes|TestBrokerFaults|TestShardsReaper.*|TestSlowTransactionCommits|TestDatabaseHangsDuringEpochStart|TestBrokerCrashChangesNoLeader)$$
 
 # What the pure-Go Kafka driver's cgo-free run proves: the package and its tests build without
 # cgo, no dependency of it has cgo files, and a producer and an election keep their contracts (on
