@@ -66,8 +66,8 @@ const (
 	// and 3-5s when refused again while the backoff doubled. The most is short because after a
 	// broker's crash a producer finds the partitions' new leaders and its transaction
 	// coordinator's successor only on its next try after Kafka fenced the broker, up to the most
-	// later: at 1s, shards published again seconds after the fence
-	// (int.TestBrokerCrashChangesNoLeader holds them to 1s). While a broker is down, each
+	// later (int.TestBrokerCrashChangesNoLeader reports each shard's first commit after the
+	// fence). While a broker is down, each
 	// connection a client keeps to it is tried again up to four times a second, refused by its
 	// host, each try followed by a metadata request to another broker. Config.Opts can set
 	// another backoff.

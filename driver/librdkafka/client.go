@@ -53,8 +53,8 @@ const (
 	// before a request's next try, and before asking again for the metadata of a partition
 	// whose leader it lost, from retry.backoff.ms up to this: after a broker's crash, a
 	// producer learns of the partitions' new leaders only on its next try after Kafka fenced
-	// the broker, up to a second later at librdkafka's default, and
-	// int.TestBrokerCrashChangesNoLeader holds every shard to a second. librdkafka bounds a
+	// the broker, up to a second later at librdkafka's default (int.TestBrokerCrashChangesNoLeader
+	// reports each shard's first commit after the fence). librdkafka bounds a
 	// message's tries by its timeout (message.timeout.ms), not by their count, so shorter waits
 	// make it give up no sooner.
 	DefaultRetryBackoffMax = 250 * time.Millisecond
