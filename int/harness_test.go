@@ -46,13 +46,8 @@ import (
 // ends (rigOptions.kafka).
 func TestMain(m *testing.M) {
 	kafkacluster.SetShared(append(clusterOptions, kafkacluster.Proxied())...)
-	os.Exit(leakcheck.After(pgtest.Run(runner(func() int { return mariadbtest.Run(kafkacluster.Around(m)) }))))
+	os.Exit(leakcheck.After(pgtest.Run(mariadbtest.Around(kafkacluster.Around(m)))))
 }
-
-// runner is a function as a test runner, to nest the fixtures' Run.
-type runner func() int
-
-func (f runner) Run() int { return f() }
 
 // clusterOptions are those of every cluster the scenarios run on: 3 nodes, no topic created on
 // demand.

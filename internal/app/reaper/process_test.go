@@ -26,13 +26,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(leakcheck.After(mariadbtest.Run(runFunc(func() int { return pgtest.Run(kafkacluster.Around(m)) }))))
+	os.Exit(leakcheck.After(pgtest.Run(mariadbtest.Around(kafkacluster.Around(m)))))
 }
-
-// runFunc is a function that runs the tests, for the test servers' Run.
-type runFunc func() int
-
-func (f runFunc) Run() int { return f() }
 
 func buildReaper(t *testing.T) string {
 	return buildtest.Binary(t, "github.com/goharvest/goharvest/cmd/reaper")

@@ -358,15 +358,25 @@ type Runner interface{ Run() int }
 
 // Run runs the package's tests and then stops the throwaway server, if one was started. It
 // returns the exit code for os.Exit.
-func Run(m Runner) int {
-	code := m.Run()
-	if server != nil {
-		if err := server.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "mariadbtest:", err)
+func Run(m Runner) int { return Around(m).Run() }
+
+// Around returns a Runner that runs m and then stops the server as Run does, for a TestMain that
+// wraps m in other fixtures too: pgtest.Run(mariadbtest.Around(kafkacluster.Around(m))).
+func Around(m Runner) Runner {
+	return runnerFunc(func() int {
+		code := m.Run()
+		if server != nil {
+			if err := server.Stop(); err != nil {
+				fmt.Fprintln(os.Stderr, "mariadbtest:", err)
+			}
 		}
-	}
-	return code
+		return code
+	})
 }
+
+type runnerFunc func() int
+
+func (f runnerFunc) Run() int { return f() }
 
 // Shared returns the server the tests use, starting a throwaway one on first use. It fails the
 // test when no server can be had.
