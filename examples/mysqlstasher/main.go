@@ -7,9 +7,8 @@
 //	curl -X POST localhost:8080/orders/42
 //
 // It creates the orders table and the outbox where they are missing, and serves until SIGINT or
-// SIGTERM; -table names another outbox table. The flags, the HTTP side and the signals are
-// examples/internal/orders', which examples/stasher shares. A reaper publishes the rows, with
-// this reaper.yaml (docs/mysql.md says more):
+// SIGTERM; -table names another outbox table. A reaper publishes the rows, with this reaper.yaml
+// (docs/mysql.md says more):
 //
 //	harvest:
 //	  baseKafkaConfig:
@@ -31,22 +30,96 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"flag"
 	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
 	"strconv"
+	"syscall"
+	"time"
 
 	gomysql "github.com/go-sql-driver/mysql" // also registers the "mysql" database/sql driver
 
 	"github.com/goharvest/goharvest/driver/mysql"
-	"github.com/goharvest/goharvest/examples/internal/orders"
 	"github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher/mysqlstasher"
 )
 
-// main runs the service (orders.Main): it opens the database the flags name, calls createTables,
-// makes the stasher, and places each order it is sent with placeOrder.
 func main() {
-	orders.Main("mysqlstasher", "mysql", "root@tcp(localhost:3306)/shop", createTables, mysqlstasher.New, placeOrder)
+	dsn := flag.String("dsn", "root@tcp(localhost:3306)/shop", "MySQL data source (go-sql-driver's form) of the service's database")
+	addr := flag.String("addr", "localhost:8080", "address to serve HTTP on")
+	table := flag.String("table", outbox.DefaultTable, "outbox table")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *dsn, *addr, *table); err != nil {
+		fmt.Fprintln(os.Stderr, "mysqlstasher:", err)
+		os.Exit(1)
+	}
 }
+
+func run(ctx context.Context, dsn, addr, table string) error {
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if err := createTables(ctx, db, table); err != nil {
+		return err
+	}
+	st, err := mysqlstasher.New(table)
+	if err != nil {
+		return err
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /orders/{id}", func(w http.ResponseWriter, r *http.Request) {
+		id, err := strconv.Atoi(r.PathValue("id"))
+		if err != nil {
+			http.Error(w, "an order's id is a number", http.StatusBadRequest)
+			return
+		}
+		switch err := placeOrder(r.Context(), db, st, id); {
+		case errors.Is(err, errOrderExists):
+			http.Error(w, err.Error(), http.StatusConflict)
+		case err != nil:
+			slog.Error("an order was not placed", "id", id, "error", err)
+			http.Error(w, "the order was not placed", http.StatusInternalServerError)
+		default:
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, "order %d placed\n", id)
+		}
+	})
+
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	slog.Info("taking orders; SIGINT or SIGTERM stops", "address", ln.Addr().String(), "table", table)
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil {
+		return err
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+var errOrderExists = errors.New("the order exists")
 
 // erDupEntry is the error number MySQL and MariaDB give an INSERT of a primary key that exists.
 const erDupEntry = 1062
@@ -63,7 +136,7 @@ func placeOrder(ctx context.Context, db *sql.DB, st *mysqlstasher.Stasher, id in
 	_, err = tx.ExecContext(ctx, "INSERT INTO orders (id, status) VALUES (?, 'placed')", id)
 	var myErr *gomysql.MySQLError
 	if errors.As(err, &myErr) && myErr.Number == erDupEntry {
-		return fmt.Errorf("order %d: %w", id, orders.ErrExists)
+		return fmt.Errorf("order %d: %w", id, errOrderExists)
 	}
 	if err != nil {
 		return err

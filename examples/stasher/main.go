@@ -7,31 +7,103 @@
 //	curl -X POST localhost:8080/orders/42
 //
 // It creates the orders table and the outbox where they are missing, and serves until SIGINT or
-// SIGTERM; -table names another outbox table. The flags, the HTTP side and the signals are
-// examples/internal/orders', which examples/mysqlstasher shares. It links pgx's database/sql
-// driver and the stasher, and neither the harvester nor a Kafka client: it builds with
-// CGO_ENABLED=0.
+// SIGTERM. It links pgx's database/sql driver and the stasher, and neither the harvester nor a
+// Kafka client: it builds with CGO_ENABLED=0.
 package main
 
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"flag"
 	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
 	"strconv"
+	"syscall"
+	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 
-	"github.com/goharvest/goharvest/examples/internal/orders"
 	"github.com/goharvest/goharvest/outbox"
 	"github.com/goharvest/goharvest/stasher"
 )
 
-// main runs the service (orders.Main): it opens the database the flags name, calls createTables,
-// makes the stasher, and places each order it is sent with placeOrder.
 func main() {
-	orders.Main("stasher", "pgx", "host=localhost port=5432 user=postgres dbname=postgres sslmode=disable",
-		createTables, func(table string) (*stasher.Stasher, error) { return stasher.New(table) }, placeOrder)
+	dsn := flag.String("dsn", "host=localhost port=5432 user=postgres dbname=postgres sslmode=disable", "Postgres data source of the service's database")
+	addr := flag.String("addr", "localhost:8080", "address to serve HTTP on")
+	table := flag.String("table", outbox.DefaultTable, "outbox table")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *dsn, *addr, *table); err != nil {
+		fmt.Fprintln(os.Stderr, "stasher:", err)
+		os.Exit(1)
+	}
 }
+
+func run(ctx context.Context, dsn, addr, table string) error {
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if err := createTables(ctx, db, table); err != nil {
+		return err
+	}
+	st, err := stasher.New(table)
+	if err != nil {
+		return err
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /orders/{id}", func(w http.ResponseWriter, r *http.Request) {
+		id, err := strconv.Atoi(r.PathValue("id"))
+		if err != nil {
+			http.Error(w, "an order's id is a number", http.StatusBadRequest)
+			return
+		}
+		switch err := placeOrder(r.Context(), db, st, id); {
+		case errors.Is(err, errOrderExists):
+			http.Error(w, err.Error(), http.StatusConflict)
+		case err != nil:
+			slog.Error("an order was not placed", "id", id, "error", err)
+			http.Error(w, "the order was not placed", http.StatusInternalServerError)
+		default:
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, "order %d placed\n", id)
+		}
+	})
+
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	slog.Info("taking orders; SIGINT or SIGTERM stops", "address", ln.Addr().String(), "table", table)
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdown); err != nil {
+		return err
+	}
+	if err := <-served; !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+var errOrderExists = errors.New("the order exists")
 
 // placeOrder writes order id and the message that announces it in one transaction: both commit or
 // neither does. An order placed before is left as it is, and no message is written for it.
@@ -49,7 +121,7 @@ func placeOrder(ctx context.Context, db *sql.DB, st *stasher.Stasher, id int) er
 	if n, err := res.RowsAffected(); err != nil {
 		return err
 	} else if n == 0 {
-		return fmt.Errorf("order %d: %w", id, orders.ErrExists)
+		return fmt.Errorf("order %d: %w", id, errOrderExists)
 	}
 	err = st.Stash(ctx, tx, outbox.Record{
 		KafkaTopic:   "orders",
