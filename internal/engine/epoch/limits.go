@@ -60,7 +60,8 @@ type Limits struct {
 	// MarkBackoff is how long to wait after a mark query that found nothing, or fewer rows than it
 	// asked for (the outbox had no more ready), unless a notification ends the wait sooner. Each
 	// further empty mark doubles the wait, up to MaxMarkBackoff, so an idle outbox costs few
-	// queries.
+	// queries. After a mark that found fewer rows than it asked for, the marker also waits for
+	// the last quarter of the commit cadence (see CommitCadence) before it marks again.
 	// Default: DefaultMarkBackoff. Range: 1ms to MaxMarkBackoff.
 	MarkBackoff time.Duration `yaml:"markBackoff"`
 
@@ -104,9 +105,12 @@ type Limits struct {
 	// MaxInFlightRecords, is taken, so nothing more can join until it commits), when a record it
 	// carries was claimed twice this long ago (it waited for its key's previous run), and under a
 	// backlog (a claim that fills its room), where it commits as soon as it cannot grow, as it
-	// did before this setting. At light load a longer cadence puts more records in each
-	// transaction, so fewer commits for the broker and purges for Postgres, and adds up to this
-	// much latency; 1ms is no cadence: a transaction commits as soon as nothing more can join it.
+	// did before this setting. At light load the marker claims once a cadence too, in its last
+	// quarter, rather than on every writer's commit: a record is committed within a cadence and a
+	// quarter of its write (within a cadence when nothing was claimed just before it). A longer
+	// cadence puts more records in each transaction and each claim, so fewer commits for the
+	// broker and fewer reads and purges for Postgres, and adds up to this much latency; 1ms is no
+	// cadence: a transaction commits as soon as nothing more can join it.
 	// Stop, or the end of leadership, commits a waiting transaction at once.
 	// Default: DefaultCommitCadence. Range: 1ms to 1s.
 	CommitCadence time.Duration `yaml:"commitCadence"`
