@@ -348,6 +348,8 @@ type reaper struct {
 	cmd  *exec.Cmd
 	done chan struct{}
 	log  *os.File
+	// admin is the address of its status page, /readyz among it, from its log.
+	admin atomic.Pointer[string]
 
 	mu sync.Mutex
 	// led holds the shards the log says this reaper publishes now, each with when it acquired it.
@@ -463,9 +465,13 @@ func (p *reaper) scan(out io.Reader) {
 			Shard      *int      `json:"shard"`
 			Partitions string    `json:"partitions"`
 			Outbox     string    `json:"outbox"`
+			Address    string    `json:"address"`
 		}
 		if json.Unmarshal(s.Bytes(), &line) != nil {
 			continue
+		}
+		if strings.HasPrefix(line.Msg, "serving the status page") {
+			p.admin.Store(&line.Address)
 		}
 		p.mu.Lock()
 		p.scanOutbox(line.Msg, line.Outbox, line.Shard)

@@ -2,6 +2,7 @@ package int
 
 import (
 	"fmt"
+	"net/http"
 	"slices"
 	"syscall"
 	"testing"
@@ -89,4 +90,84 @@ func whyStoppedLeading(p *reaper, since time.Time) string {
 		}
 	}
 	return fmt.Sprintf("%s stopped leading after the standby started, and its log says neither that it fenced itself nor that it lost a shard", p.name)
+}
+
+// A leader cut off from every broker (Postgres reachable) is stopped as Kubernetes stops a pod,
+// with SIGTERM: once at once, while it still counts itself leader with records in flight, and once
+// after it has fenced itself, when its /readyz must answer within its 3s bound first. Though it can
+// reach no broker to commit, abort, leave its group or close its producer, it exits 0 within what
+// docs/operations.md promises for a clean stop: maxPollInterval + 2 × heartbeatTimeout. Its
+// standby, which reaches Kafka, takes over, and every record arrives in order.
+func TestReaperStopsWhileCutOffFromKafka(t *testing.T) {
+	const heartbeatTimeout = time.Second // the rig's; maxPollInterval is half of it
+	const promised = heartbeatTimeout/2 + 2*heartbeatTimeout
+	// admin is a top-level key: /readyz on a port of its own.
+	r := newRig(t, rigOptions{extraYAML: "admin:\n  address: 127.0.0.1:0"})
+	r.startWriters(4, 1000, 2000)
+	var previous *reaper
+	for _, afterFence := range []bool{false, true} {
+		name := fmt.Sprintf("cut-afterFence=%v", afterFence)
+		cut := r.startReaperThrough(name)
+		if previous != nil {
+			previous.end(t, syscall.SIGTERM)
+		}
+		waitLeader(t, 30*time.Second, cut)
+		standby := r.startReaper("standby-" + name)
+		r.waitProgress(1000, time.Minute)
+
+		if err := r.kafka.Partition(); err != nil {
+			t.Fatal(err)
+		}
+		cutAt := time.Now()
+		if afterFence {
+			testwait.For(t, 30*time.Second, name+" to fence itself", func() bool {
+				cut.mu.Lock()
+				defer cut.mu.Unlock()
+				return cut.fencedAt.After(cutAt)
+			})
+			// Fenced, it leads nothing; its readiness still asks Kafka, which does not answer.
+			cut.askReady(t)
+		}
+
+		stopped := time.Now()
+		cut.signal(syscall.SIGTERM)
+		code := cut.waitExit(t, time.Minute)
+		took := time.Since(stopped)
+		t.Logf("%s: exited %d %v after SIGTERM, cut off from Kafka", name, code, took.Round(time.Millisecond))
+		if code != 0 {
+			t.Errorf("%s exited %d after SIGTERM while cut off from Kafka", name, code)
+		}
+		if took > promised+time.Second {
+			t.Errorf("%s took %v to stop while cut off from Kafka; a clean stop takes at most maxPollInterval + 2 × heartbeatTimeout, %v", name, took, promised)
+		}
+		if !testwait.UntilEvery(time.Minute, 5*time.Millisecond, standby.isLeading) {
+			t.Fatalf("%s: the standby did not take over", name)
+		}
+		r.waitProgress(1000, time.Minute)
+		if err := r.kafka.Heal(); err != nil {
+			t.Fatal(err)
+		}
+		previous = standby
+	}
+	r.finish(2 * time.Minute)
+}
+
+// askReady asks p's /readyz and fails the test unless it answers within the 3s its checks may take.
+func (p *reaper) askReady(t *testing.T) {
+	t.Helper()
+	addr := p.admin.Load()
+	if addr == nil {
+		t.Fatalf("%s never logged its status page's address", p.name)
+	}
+	asked := time.Now()
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + *addr + "/readyz")
+	if err != nil {
+		t.Fatalf("%s: /readyz: %v", p.name, err)
+	}
+	resp.Body.Close()
+	took := time.Since(asked)
+	t.Logf("%s: /readyz answered %d after %v", p.name, resp.StatusCode, took.Round(time.Millisecond))
+	if took > 3*time.Second+500*time.Millisecond {
+		t.Errorf("%s: /readyz answered after %v; it waits at most 3s for its checks", p.name, took)
+	}
 }
