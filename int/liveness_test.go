@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/goharvest/goharvest/internal/testkit/mariadbtest"
 	"github.com/goharvest/goharvest/internal/testkit/pgtest"
 	"github.com/goharvest/goharvest/internal/testkit/testwait"
 )
@@ -65,23 +66,37 @@ func TestSlowTransactionCommits(t *testing.T) {
 // stopped with SIGTERM while its epoch start hangs: it must exit promptly, and the last reaper
 // standing takes over.
 func TestDatabaseHangsDuringEpochStart(t *testing.T) {
-	r := newRig(t, rigOptions{})
+	server := pgtest.Shared(t)
+	databaseHangs(t, "database hangs during epoch start", "Postgres", rigOptions{}, server.Freeze, server.Thaw)
+}
+
+// TestDatabaseHangsDuringEpochStart with the outbox in MariaDB, whose server process is
+// SIGSTOPped: a MySQL server that accepts connections and never answers.
+func TestMySQLServerHangsDuringEpochStart(t *testing.T) {
+	pid := mariadbtest.Shared(t).PID()
+	signal := func(sig syscall.Signal) func() error { return func() error { return syscall.Kill(pid, sig) } }
+	databaseHangs(t, "database hangs during epoch start, MySQL", "MariaDB", rigOptions{mysql: true}, signal(syscall.SIGSTOP), signal(syscall.SIGCONT))
+}
+
+// databaseHangs is TestDatabaseHangsDuringEpochStart on the rig o makes, with the database (the
+// server named serverName) frozen and thawed by freezeServer and thawServer.
+func databaseHangs(t *testing.T, scenario, serverName string, o rigOptions, freezeServer, thawServer func() error) {
+	r := newRig(t, o)
 	r.startWriters(4, 1000, 2000)
 	reapers := []*reaper{r.startReaper("a"), r.startReaper("b"), r.startReaper("c"), r.startReaper("d")}
 	waitLeader(t, 30*time.Second, reapers...)
 	r.waitProgress(1000, 30*time.Second)
-	server := pgtest.Shared(t)
 	rounds, hung := pick(1, 3), 3*time.Second
 	var stops []time.Duration
 
 	freeze := func() func() {
-		if err := server.Freeze(); err != nil {
+		if err := freezeServer(); err != nil {
 			t.Fatal(err)
 		}
 		var once sync.Once
 		thaw := func() {
 			once.Do(func() {
-				if err := server.Thaw(); err != nil {
+				if err := thawServer(); err != nil {
 					t.Fatal(err)
 				}
 			})
@@ -151,6 +166,6 @@ func TestDatabaseHangsDuringEpochStart(t *testing.T) {
 		}
 	}
 	report := r.finish(3 * time.Minute)
-	figure(t, "database hangs during epoch start", "%d rounds: Postgres frozen (SIGSTOP), the leader killed, its successor elected and kept leadership %v without a database; a reaper stopped (SIGTERM) while its epoch start hung, exit after max %v; records %d, duplicates %d, lost %d, reversals %d",
-		rounds, hung, slices.Max(stops).Round(time.Millisecond), report.Expected, report.Duplicates, report.LostCount, len(report.Reversals))
+	figure(t, scenario, "%d rounds: %s frozen (SIGSTOP), the leader killed, its successor elected and kept leadership %v without a database; a reaper stopped (SIGTERM) while its epoch start hung, exit after max %v; records %d, duplicates %d, lost %d, reversals %d",
+		rounds, serverName, hung, slices.Max(stops).Round(time.Millisecond), report.Expected, report.Duplicates, report.LostCount, len(report.Reversals))
 }
