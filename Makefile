@@ -9,11 +9,11 @@ GO ?= go
 # backstop against a hung test, not a budget.
 TEST_TIMEOUT ?= 30m
 
-# The packages whose tests time elections and Kafka's answers, each on clusters of its own, run one
-# at a time (-p 1): two busy cores would blur their timings. The rest, which mostly wait on
-# Postgres, builds and processes, run two at a time. The fault suite (int) runs alone.
+# The packages whose tests time elections and Kafka's answers run one at a time (-p 1): two busy
+# cores would blur their timings. The rest, which mostly wait on Postgres, Kafka nodes starting,
+# builds and processes, run two at a time. The fault suite (int) runs alone.
 MODULE := github.com/goharvest/goharvest
-TIMED_PACKAGES := ./driver/franz ./driver/librdkafka ./neli ./int/embed ./internal/app/reaper ./internal/testkit/kafkacluster
+TIMED_PACKAGES := ./driver/franz ./driver/librdkafka ./neli ./int/embed ./internal/app/reaper
 
 .PHONY: test lint bench demo dev chaos soak image image-binary kafka kafka-versions monitoring status-page-screenshot
 

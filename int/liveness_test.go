@@ -2,6 +2,7 @@ package int
 
 import (
 	"fmt"
+	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -81,6 +82,7 @@ func TestMySQLServerHangsDuringEpochStart(t *testing.T) {
 // databaseHangs is TestDatabaseHangsDuringEpochStart on the rig o makes, with the database (the
 // server named serverName) frozen and thawed by freezeServer and thawServer.
 func databaseHangs(t *testing.T, scenario, serverName string, o rigOptions, freezeServer, thawServer func() error) {
+	o.extraYAML = "admin:\n  address: 127.0.0.1:0" // /readyz, asked while the database hangs
 	r := newRig(t, o)
 	r.startWriters(4, 1000, 2000)
 	reapers := []*reaper{r.startReaper("a"), r.startReaper("b"), r.startReaper("c"), r.startReaper("d")}
@@ -133,7 +135,12 @@ func databaseHangs(t *testing.T, scenario, serverName string, o rigOptions, free
 		thaw := freeze()
 		successor := killLeader(round)
 		_, lostBefore := successor.counts()
-		time.Sleep(hung) // how long the database stays frozen
+		// Its readiness asks the database, which does not answer: it must say so within its bound.
+		asked := time.Now()
+		if code := successor.askReady(t); code != http.StatusServiceUnavailable {
+			t.Errorf("round %d: %s's /readyz answered %d while the database hung; want 503", round, successor.name, code)
+		}
+		time.Sleep(hung - time.Since(asked)) // how long the database stays frozen
 		thaw()
 		waitLeader(t, 30*time.Second, successor)
 		r.waitProgress(1000, time.Minute)

@@ -126,7 +126,9 @@ func TestReaperStopsWhileCutOffFromKafka(t *testing.T) {
 				return cut.fencedAt.After(cutAt)
 			})
 			// Fenced, it leads nothing; its readiness still asks Kafka, which does not answer.
-			cut.askReady(t)
+			if code := cut.askReady(t); code != http.StatusServiceUnavailable {
+				t.Errorf("%s: /readyz answered %d while cut off from Kafka; want 503", name, code)
+			}
 		}
 
 		stopped := time.Now()
@@ -152,8 +154,9 @@ func TestReaperStopsWhileCutOffFromKafka(t *testing.T) {
 	r.finish(2 * time.Minute)
 }
 
-// askReady asks p's /readyz and fails the test unless it answers within the 3s its checks may take.
-func (p *reaper) askReady(t *testing.T) {
+// askReady asks p's /readyz and returns its status; the test fails unless it answers within the
+// 3s its checks may take.
+func (p *reaper) askReady(t *testing.T) int {
 	t.Helper()
 	addr := p.admin.Load()
 	if addr == nil {
@@ -170,4 +173,5 @@ func (p *reaper) askReady(t *testing.T) {
 	if took > 3*time.Second+500*time.Millisecond {
 		t.Errorf("%s: /readyz answered after %v; it waits at most 3s for its checks", p.name, took)
 	}
+	return resp.StatusCode
 }
