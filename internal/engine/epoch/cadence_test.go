@@ -95,7 +95,16 @@ func cadenceLimits(cadence time.Duration) Limits {
 // startCadenceRig starts an epoch inside the calling synctest bubble; leading says whether it
 // may still publish.
 func startCadenceRig(t *testing.T, limits Limits, leading func() bool) *cadenceRig {
+	return startCadenceRigWith(t, limits, leading, nil)
+}
+
+// startCadenceRigWith is startCadenceRig with the outbox holding what preload writes before the
+// epoch starts.
+func startCadenceRigWith(t *testing.T, limits Limits, leading func() bool, preload func(*memory.Store)) *cadenceRig {
 	store := &claimCounter{Store: memory.NewStore()}
+	if preload != nil {
+		preload(store.Store)
+	}
 	broker := memory.NewBroker()
 	prod := &commitClock{Producer: broker.NewProducer("cadence"), broker: broker}
 	if err := prod.InitTransactions(t.Context()); err != nil {
@@ -278,13 +287,17 @@ func TestCommitCadenceAddsNoWaitUnderLoad(t *testing.T) {
 		limits := cadenceLimits(cadence)
 		limits.MarkQueryRecords = 100
 		limits.MaxInFlightRecords = 300
-		r := startCadenceRig(t, limits, func() bool { return true })
-		defer r.stop()
+		// Written before the epoch starts: written while it runs, a claim could catch the burst
+		// part written, and the next claim would then wait for the cadence's window (a trickle's).
 		const records = 2000
+		v := "v"
+		r := startCadenceRigWith(t, limits, func() bool { return true }, func(s *memory.Store) {
+			for i := range records {
+				s.Insert(driver.OutboxRecord{KafkaTopic: "topic", KafkaKey: fmt.Sprint("k", i%500), KafkaValue: &v})
+			}
+		})
+		defer r.stop()
 		began := time.Now()
-		for i := range records {
-			r.write(fmt.Sprint("k", i%500))
-		}
 		advanceTo(began.Add(cadence / 4))
 		committed := r.committed()
 		t.Logf("%d of %d committed after %v, in %d transactions", committed, records, time.Since(began), len(r.prod.list()))

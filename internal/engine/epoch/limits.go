@@ -107,7 +107,8 @@ type Limits struct {
 	// backlog (a claim that fills its room), where it commits as soon as it cannot grow, as it
 	// did before this setting. At light load the marker claims once a cadence too, in its last
 	// quarter, rather than on every writer's commit: a record is committed within a cadence and a
-	// quarter of its write (within a cadence when nothing was claimed just before it). A longer
+	// quarter of its write (within a cadence when nothing was claimed just before it); so is the
+	// start of a burst written just after such a claim, which the next claim finds a backlog. A longer
 	// cadence puts more records in each transaction and each claim, so fewer commits for the
 	// broker and fewer reads and purges for Postgres, and adds up to this much latency; 1ms is no
 	// cadence: a transaction commits as soon as nothing more can join it.
