@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -691,6 +692,28 @@ func (p *reaper) waitExit(t *testing.T, within time.Duration) int {
 		t.Fatalf("%s did not exit within %v", p.name, within)
 		return 0
 	}
+}
+
+// askReady asks p's /readyz and returns its status; the test fails unless it answers within the
+// 3s its checks may take.
+func (p *reaper) askReady(t *testing.T) int {
+	t.Helper()
+	addr := p.admin.Load()
+	if addr == nil {
+		t.Fatalf("%s never logged its status page's address", p.name)
+	}
+	asked := time.Now()
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + *addr + "/readyz")
+	if err != nil {
+		t.Fatalf("%s: /readyz: %v", p.name, err)
+	}
+	resp.Body.Close()
+	took := time.Since(asked)
+	t.Logf("%s: /readyz answered %d after %v", p.name, resp.StatusCode, took.Round(time.Millisecond))
+	if took > 3*time.Second+500*time.Millisecond {
+		t.Errorf("%s: /readyz answered after %v; it waits at most 3s for its checks", p.name, took)
+	}
+	return resp.StatusCode
 }
 
 // waitLeader waits until exactly one of ps leads and returns it.

@@ -153,25 +153,3 @@ func TestReaperStopsWhileCutOffFromKafka(t *testing.T) {
 	}
 	r.finish(2 * time.Minute)
 }
-
-// askReady asks p's /readyz and returns its status; the test fails unless it answers within the
-// 3s its checks may take.
-func (p *reaper) askReady(t *testing.T) int {
-	t.Helper()
-	addr := p.admin.Load()
-	if addr == nil {
-		t.Fatalf("%s never logged its status page's address", p.name)
-	}
-	asked := time.Now()
-	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + *addr + "/readyz")
-	if err != nil {
-		t.Fatalf("%s: /readyz: %v", p.name, err)
-	}
-	resp.Body.Close()
-	took := time.Since(asked)
-	t.Logf("%s: /readyz answered %d after %v", p.name, resp.StatusCode, took.Round(time.Millisecond))
-	if took > 3*time.Second+500*time.Millisecond {
-		t.Errorf("%s: /readyz answered after %v; it waits at most 3s for its checks", p.name, took)
-	}
-	return resp.StatusCode
-}
