@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -17,25 +18,122 @@ func (b *Store) Listen(ctx context.Context, wake func()) error {
 	return b.ListenCovering(ctx, wake, func(bool) {})
 }
 
-// ListenCovering implements CoveringListener on a connection of its own (to the listen data
-// source, see WithListenDataSource), outside the pool, which it closes on return. It returns nil
-// when ctx is done, and an error when the connection fails.
-//
-// A LISTEN can succeed and still hear nothing: through a pooler in transaction mode the session
-// that ran it goes back to the pool as soon as it ends, and the pooler drops what the server
-// sends it later. So once listening, Listen sends a notification on its channel from the pool,
-// another connection, and waits up to the probe timeout for any notification to arrive. If none
-// does, it returns an error wrapping ErrNotificationsLost. (Checking that the backend's process
-// ID stays the same across transactions would not do: a pooler with little to do often hands
-// the same server connection back, and the check would pass until it did not.)
-//
-// Heard, it reports its notifications covering when the table has a trigger that notifies on
-// insert (see coverSQL), and asks that again, on its own connection, once no notification has
-// come for about listenCheckInterval (at most that; on the process's wake grid): the answer is
-// also the proof that the connection still works, which a connection cut without a word (no
-// FIN, no RST) would otherwise hide for as long as TCP's keepalives take. Without such a trigger
-// (a writer that notifies by hand, say) the wake-ups still come, but the harvester polls too.
+// ListenCovering implements CoveringListener. A Store and its shards' views (see Shard) share one
+// listening connection: a notification says nothing of the shard its rows are in, so each view
+// would hear every one anyway, and a connection of each would have Postgres deliver every writer's
+// notification once per shard led. The connection opens for the first caller and closes when the
+// last one returns; each caller hears every notification, is told at once that the connection
+// listens (and whether it covers) if it joins one already heard, and returns the connection's
+// error when it fails. wake and covered are called under the connection's lock, so they must
+// return promptly (the harvester's only signal a goroutine).
 func (b *Store) ListenCovering(ctx context.Context, wake func(), covered func(bool)) error {
+	sub := &listenSub{wake: wake, covered: covered, end: make(chan error, 1)}
+	c := b.hub.join(b, sub)
+	defer b.hub.leave(c, sub)
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-sub.end:
+		return err
+	}
+}
+
+// listenHub is the listening connection that a Store and its views share (see ListenCovering).
+type listenHub struct {
+	mu  sync.Mutex
+	cur *hubConn // the connection serving callers, nil while none is
+}
+
+// hubConn is one listening connection and the callers it serves. Its fields are guarded by the
+// hub's mu.
+type hubConn struct {
+	cancel  context.CancelFunc
+	closed  chan struct{} // closed once the connection is closed
+	subs    map[*listenSub]struct{}
+	heard   bool // it has heard a notification, so that a caller that joins looks at once
+	covered bool // what it last reported
+}
+
+// listenSub is one caller of ListenCovering.
+type listenSub struct {
+	wake    func()
+	covered func(bool)
+	end     chan error // the connection's end, if it ends before the caller leaves
+}
+
+// join adds sub to the hub's connection, opening one if none serves.
+func (h *listenHub) join(b *Store, sub *listenSub) *hubConn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := h.cur
+	if c == nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		c = &hubConn{cancel: cancel, closed: make(chan struct{}), subs: map[*listenSub]struct{}{}}
+		h.cur = c
+		go h.serve(ctx, b, c)
+	}
+	c.subs[sub] = struct{}{}
+	if c.heard {
+		sub.covered(c.covered)
+		sub.wake()
+	}
+	return c
+}
+
+// leave takes sub off c, telling it that it no longer covers; the last caller to leave closes the
+// connection, and returns once it is closed.
+func (h *listenHub) leave(c *hubConn, sub *listenSub) {
+	h.mu.Lock()
+	_, was := c.subs[sub]
+	delete(c.subs, sub)
+	last := was && len(c.subs) == 0 && h.cur == c
+	if last {
+		h.cur = nil
+		c.cancel()
+	}
+	h.mu.Unlock()
+	sub.covered(false)
+	if last {
+		<-c.closed
+	}
+}
+
+// serve listens for c's callers until its context ends (its last caller left) or the connection
+// fails, when each caller still there is given the error.
+func (h *listenHub) serve(ctx context.Context, b *Store, c *hubConn) {
+	each := func(f func(*listenSub)) {
+		for sub := range c.subs {
+			f(sub)
+		}
+	}
+	err := b.listenConn(ctx, func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		c.heard = true
+		each(func(s *listenSub) { s.wake() })
+	}, func(covered bool) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		c.covered = covered
+		each(func(s *listenSub) { s.covered(covered) })
+	})
+	close(c.closed)
+	if ctx.Err() != nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.cur == c {
+		h.cur = nil
+	}
+	each(func(s *listenSub) { s.end <- err })
+	c.subs = nil
+}
+
+// listenConn is ListenCovering on a connection of its own (to the listen data source, see
+// WithListenDataSource), outside the pool, which it closes on return. It returns nil when ctx is
+// done, and an error when the connection fails.
+func (b *Store) listenConn(ctx context.Context, wake func(), covered func(bool)) error {
 	conn, err := pgx.ConnectConfig(ctx, b.listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: connect: %w", b.channel, err)
