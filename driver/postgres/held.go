@@ -58,8 +58,7 @@ func (b *Store) MarkExcept(ctx context.Context, leaderID uuid.UUID, limit int, h
 	for i, k := range heldKeys {
 		keys[i] = []byte(k)
 	}
-	rows, err := b.pool.Query(ctx, b.held.markExcept, leaderID, limit, keys)
-	return readMarked("mark outbox", rows, err, limit)
+	return b.claim(ctx, "mark outbox", b.held.markExcept, limit, leaderID, limit, keys)
 }
 
 // Reread implements HeldRowBinding.

@@ -189,3 +189,63 @@ func explain(t *testing.T, conn *pgx.Conn, sql string, args ...any) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// At light load a shard holds a few live rows and its index many entries of rows purged since the
+// last vacuum. Postgres, which counts only the live rows, would then find them with a bitmap scan
+// and sort them, visiting the heap page of every dead entry on every claim; a shard's claim must
+// walk the shard index in order instead, which stops at its limit and marks the dead entries it
+// passes so that the next claim skips them. The plans are those of the batch a shard's view sends.
+func TestShardClaimWalksTheIndexPastDeadRows(t *testing.T) {
+	const shards = 8
+	ctx := context.Background()
+	dsn := pgtest.NewDatabase(t)
+	if err := postgres.CreateOutboxTable(ctx, dsn, "outbox", goutbox.TableOptions{Shards: shards}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, sql := range []string{
+		"ALTER TABLE outbox SET (autovacuum_enabled = false)",
+		// 20,000 rows written and purged, 25 s at 800 records/s, and 40 left to claim.
+		`INSERT INTO outbox (create_time, kafka_topic, kafka_key, kafka_value, kafka_header_keys, kafka_header_values)
+			SELECT now(), 'events', 'key-' || i % 1000, repeat('v', 256), '{}', '{}' FROM generate_series(1, 20040) AS i`,
+		"DELETE FROM outbox WHERE id <= (SELECT max(id) - 40 FROM outbox)",
+		"ANALYZE outbox",
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	for shard := range shards {
+		_, mark := postgres.ShardMarkStatements("outbox", shards, shard)
+		read := postgres.ShardReadStatement("outbox", shards, shard)
+		for _, c := range []struct {
+			name, sql string
+			args      []any
+		}{
+			{"mark", mark, []any{uuid.New(), 100}},
+			{"read", read, []any{[]int64{1}, [][]byte{[]byte("held")}, 100}},
+		} {
+			br := conn.SendBatch(ctx, postgres.ShardClaimBatch("EXPLAIN "+c.sql, c.args...))
+			for range 2 {
+				if _, err := br.Exec(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rows, _ := br.Query()
+			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := br.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if plan := strings.Join(lines, "\n"); !strings.Contains(plan, "Index Scan using outbox_shards8 ") || strings.Contains(plan, "Bitmap") {
+				t.Errorf("shard %d's %s does not walk the shard index in order past the dead rows:\n%s", shard, c.name, plan)
+			}
+		}
+	}
+}

@@ -29,6 +29,7 @@ type Store struct {
 	// pool's way (WithListenDataSource), and so cannot answer for it. Shared by the shards'
 	// views. See Ping.
 	answered *atomic.Int64
+	hub      *listenHub // the listening connection, shared by the shards' views
 	channel  string
 	table    string // quoted
 	markSQL  string
@@ -85,8 +86,7 @@ func (b *Store) Read(ctx context.Context, limit int, heldKeys []string, exclude 
 	if exclude == nil {
 		exclude = []int64{} // an empty array, not NULL: <> ALL of NULL is never true
 	}
-	rows, err := b.pool.Query(ctx, b.readSQL, exclude, keys, limit)
-	return readMarked("read outbox", rows, err, limit)
+	return b.claim(ctx, "read outbox", b.readSQL, limit, exclude, keys, limit)
 }
 
 // Shard returns a view of the binding that marks only the rows of one shard of shards (see
@@ -290,6 +290,7 @@ func newStore(pool *pgxpool.Pool, table, outboxTable string, opts options) (*Sto
 		listen:   listen,
 		probe:    opts.probe,
 		answered: answered,
+		hub:      new(listenHub),
 		channel:  outbox.NotifyChannel(outboxTable),
 		table:    table,
 		markSQL:  markStatement(table, "", "id"),
@@ -302,8 +303,54 @@ func newStore(pool *pgxpool.Pool, table, outboxTable string, opts options) (*Sto
 
 // Mark implements DatabaseBinding.
 func (b *Store) Mark(ctx context.Context, leaderID uuid.UUID, limit int) ([]driver.MarkedRecord, error) {
-	rows, err := b.pool.Query(ctx, b.markSQL, leaderID, limit)
-	return readMarked("mark outbox", rows, err, limit)
+	return b.claim(ctx, "mark outbox", b.markSQL, limit, leaderID, limit)
+}
+
+// claim runs a claim, sql (a mark or a read), and returns its rows, sorted by id.
+//
+// A shard's view runs it with bitmap scans off, in a transaction of its own sent in one round
+// trip. Its rows are the oldest of the shard index, and at light load a shard holds few live
+// rows: Postgres, which counts only those, then finds them with a bitmap scan and sorts them,
+// and a bitmap scan visits the heap page of every entry the index still holds for a row purged
+// since the last vacuum (at most once a minute by default, while a busy outbox purges hundreds of
+// rows a second), every time. A walk of the index in order stops at the limit, and marks the
+// entries of dead rows it passes so that the next walk skips them. (The whole table's claim walks
+// the primary key in order without being told.)
+func (b *Store) claim(ctx context.Context, op, sql string, limit int, args ...any) ([]driver.MarkedRecord, error) {
+	if b.shard == "" {
+		rows, err := b.pool.Query(ctx, sql, args...)
+		return readMarked(op, rows, err, limit)
+	}
+	br := b.pool.SendBatch(ctx, shardClaimBatch(sql, args...))
+	defer br.Close()
+	for range 2 { // BEGIN and the setting
+		if _, err := br.Exec(); err != nil {
+			return nil, fmt.Errorf("%s: %w", op, err)
+		}
+	}
+	rows, err := br.Query()
+	records, err := readMarked(op, rows, err, limit)
+	if err != nil {
+		return nil, err
+	}
+	// A mark that did not commit marked nothing: its rows must not be published as marked.
+	if _, err := br.Exec(); err != nil {
+		return nil, fmt.Errorf("%s: commit: %w", op, err)
+	}
+	if err := br.Close(); err != nil {
+		return nil, fmt.Errorf("%s: %w", op, err)
+	}
+	return records, nil
+}
+
+// shardClaimBatch is what claim sends for a shard's view.
+func shardClaimBatch(sql string, args ...any) *pgx.Batch {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue("SET LOCAL enable_bitmapscan = off")
+	b.Queue(sql, args...)
+	b.Queue("COMMIT")
+	return b
 }
 
 // readMarked reads the rows of a mark, sorted by id.
