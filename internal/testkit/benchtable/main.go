@@ -20,6 +20,7 @@ var columns = []struct{ unit, heading string }{
 	{"pg-harv-µs/rec", "harvester's Postgres CPU µs/rec"},
 	{"mysql-µs/rec", "MySQL CPU µs/rec"},
 	{"broker-µs/rec", "broker CPU µs/rec"},
+	{"broker-jit-µs/rec", "of it, JIT µs/rec"},
 	{"txn/s", "Kafka txn/s"},
 	{"p50-ms", "p50 ms"},
 	{"p99-ms", "p99 ms"},
