@@ -170,12 +170,12 @@ const (
 	DefaultQueueTimeout          = 30 * time.Second
 	DefaultMarkBackoff           = 10 * time.Millisecond
 	DefaultMaxMarkBackoff        = time.Second
-	DefaultMaxInFlightRecords    = 2000
+	DefaultMaxInFlightRecords    = 4000
 	DefaultMaxKeyRun             = 1
 	DefaultCommitCadence         = 50 * time.Millisecond
 	DefaultSendConcurrency       = 8
 	DefaultSendBuffer            = 10
-	DefaultMarkQueryRecords      = 500
+	DefaultMarkQueryRecords      = 1000
 	DefaultMinMetricsInterval    = 5 * time.Second
 	DefaultBacklogSampleInterval = 10 * time.Second
 	DefaultHeldCheckInterval     = time.Second
