@@ -105,6 +105,16 @@ func startCadenceRigWith(t *testing.T, limits Limits, leading func() bool, prelo
 	if preload != nil {
 		preload(store.Store)
 	}
+	return startEpochOn(t, limits, leading, store, driver.Features{})
+}
+
+// startCadenceRigOn is startCadenceRig on store, with features (a listener's, say).
+func startCadenceRigOn(t *testing.T, limits Limits, store *claimCounter, features driver.Features) *cadenceRig {
+	return startEpochOn(t, limits, func() bool { return true }, store, features)
+}
+
+// startEpochOn starts the rig's epoch on store.
+func startEpochOn(t *testing.T, limits Limits, leading func() bool, store *claimCounter, features driver.Features) *cadenceRig {
 	broker := memory.NewBroker()
 	prod := &commitClock{Producer: broker.NewProducer("cadence"), broker: broker}
 	if err := prod.InitTransactions(t.Context()); err != nil {
@@ -114,9 +124,9 @@ func startCadenceRigWith(t *testing.T, limits Limits, leading func() bool, prelo
 		t.Fatal(err)
 	}
 	p := Start(Deps{
-		LeaderID: uuid.New(), Limits: limits, Store: store, Producer: prod,
+		LeaderID: uuid.New(), Limits: limits, Store: store, Features: features, Producer: prod,
 		Log: slog.New(slog.DiscardHandler), Emit: func(event.Event) {}, Meter: metric.NewMeter("t", time.Hour),
-		DBTrouble: &outage.Logger{What: "database"}, Metrics: NewMetrics("t", nil, nil),
+		DBTrouble: &outage.Logger{What: "database"}, Notify: &outage.Logger{What: "notifications"}, Metrics: NewMetrics("t", nil, nil),
 		Leading: leading, BusyEpochs: new(atomic.Int32), Failures: &Failures{},
 		Notes: driver.NotePlace{Group: "notes", Topic: "leader"},
 	})
@@ -345,4 +355,81 @@ func TestCommitCadenceStopEndsTheWait(t *testing.T) {
 			})
 		})
 	}
+}
+
+// notifyingStore is the in-memory outbox with notifications that cover every write, as the
+// Postgres store's trigger gives: each write wakes the marker, and so does notify, which stands
+// for another shard's write (a notification does not say whose rows were written).
+type notifyingStore struct {
+	*claimCounter
+	notes chan struct{}
+}
+
+func (s *notifyingStore) Listen(ctx context.Context, wake func()) error {
+	return s.ListenCovering(ctx, wake, func(bool) {})
+}
+
+func (s *notifyingStore) ListenCovering(ctx context.Context, wake func(), covered func(bool)) error {
+	covered(true)
+	defer covered(false)
+	wake()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.notes:
+			wake()
+		}
+	}
+}
+
+func (s *notifyingStore) notify() {
+	select {
+	case s.notes <- struct{}{}:
+	default:
+	}
+}
+
+// One of 8 shards at light load: notifications arrive on every writer's commit, one every 2ms,
+// and only one in 50 brings a row of this shard. The marker must claim about once a cadence, not
+// once a notification (each claim finding nothing), and still commit each of its rows within a
+// cadence and a quarter of its write.
+func TestCommitCadenceOtherShardsNotifications(t *testing.T) {
+	const cadence = 50 * time.Millisecond
+	synctest.Test(t, func(t *testing.T) {
+		store := &notifyingStore{claimCounter: &claimCounter{Store: memory.NewStore()}, notes: make(chan struct{}, 1)}
+		r := startCadenceRigOn(t, cadenceLimits(cadence), store.claimCounter, driver.FeaturesOf(store))
+		defer r.stop()
+		synctest.Wait()
+		const notifications, mine = 500, 10
+		claimsBefore := r.store.claims.Load()
+		first := time.Now()
+		tick := time.NewTicker(2 * time.Millisecond)
+		for i := range notifications {
+			if i > 0 {
+				<-tick.C
+			}
+			if i%(notifications/mine) == 0 {
+				r.write(fmt.Sprint("k", i))
+			}
+			store.notify()
+		}
+		tick.Stop()
+		last := time.Now()
+		claims := r.store.claims.Load() - claimsBefore
+		t.Logf("%d claims in the %v of %d notifications", claims, last.Sub(first), notifications)
+		if cadences := int64(last.Sub(first)/cadence) + 1; claims > cadences+2 {
+			t.Errorf("%d claims in %d cadences of notifications; want one a cadence", claims, cadences)
+		}
+		advanceTo(last.Add(2 * cadence))
+		lat := r.latencies()
+		if len(lat) != mine {
+			t.Fatalf("%d of %d records committed", len(lat), mine)
+		}
+		for i, l := range lat {
+			if l > cadence+cadence/4+time.Millisecond {
+				t.Fatalf("record %d committed %v after its write; the cadence is %v", i, l, cadence)
+			}
+		}
+	})
 }

@@ -160,6 +160,12 @@ func (p *Epoch) markLoop() {
 				// then the outbox holds nothing to claim, and nothing in flight or held can make a
 				// row claimable again, so there is nothing to poll for.
 				p.markerWaits(markerRows, 0, p.written)
+				// A notification does not say whose rows were written: with shards, most are
+				// other shards'. Claimed at once, each would cost a claim that finds nothing, one
+				// per writer's commit. So the marker claims no more often than once a cadence
+				// window, as after a partial claim; a lone record, after a quiet spell, is claimed
+				// at once, its window being past.
+				p.awaitClaimWindow(began)
 				continue
 			}
 			p.markerWaits(markerRows, idle, p.written)
@@ -199,16 +205,15 @@ func (p *Epoch) markLoop() {
 // in nine reads. So at light load the marker claims once a cadence, in the cadence's last
 // quarter (nextClaimWindow), soon enough for what it finds to join the commit at the point. A row
 // written after that claim waits for the next one, so a record is committed within a cadence and
-// a quarter of its write; a lone record, written after a claim that found nothing, is claimed on
-// its notification and committed within a cadence. Notifications that arrive meanwhile are kept
+// a quarter of its write; a lone record, written after a quiet spell, is claimed on its
+// notification and committed within a cadence (after a claim that found nothing, the marker
+// waits for a notification and then for this same window: see markLoop). Notifications that arrive meanwhile are kept
 // for the wait that follows, which ends at once on one; without them (a store that cannot
 // notify), the marker claims again once MarkBackoff has passed since this claim began, as it did
 // before. Without a cadence (CommitCadence no longer than txnGather) there is no window to wait
 // for.
 func (p *Epoch) awaitNextClaim(began time.Time, idle time.Duration) {
-	if wait := time.Until(p.nextClaimWindow(began)); wait > 0 {
-		p.markerWaits(markerRows, wait, nil)
-	}
+	p.awaitClaimWindow(began)
 	if wait := idle - time.Since(began); wait > 0 {
 		p.markerWaits(markerRows, wait, p.written)
 		return
@@ -217,6 +222,13 @@ func (p *Epoch) awaitNextClaim(began time.Time, idle time.Duration) {
 	select {
 	case <-p.written:
 	default:
+	}
+}
+
+// awaitClaimWindow waits until nextClaimWindow(began).
+func (p *Epoch) awaitClaimWindow(began time.Time) {
+	if wait := time.Until(p.nextClaimWindow(began)); wait > 0 {
+		p.markerWaits(markerRows, wait, nil)
 	}
 }
 

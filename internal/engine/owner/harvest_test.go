@@ -613,13 +613,14 @@ func (d *coveringDB) ListenCovering(ctx context.Context, wake func(), covered fu
 
 // startCovered starts a harvester on the fake database with a coveringDB's listener, inside the
 // calling bubble, and returns once it leads and its first claims, after the listener's first
-// wake-up, are done.
+// wake-up, are done: that claim waits for the commit cadence's claim window.
 func startCovered(t *testing.T, limits epoch.Limits) (*rig, *coveringDB) {
 	r := newRig(t, limits)
 	db := &coveringDB{fakeDB: r.db, notify: make(chan struct{}), cover: make(chan bool)}
 	r.store = db
 	r.start()
 	r.waitFor("leadership", 5*time.Second, r.h.IsLeader)
+	advanceTo(time.Now().Add(limits.WithDefaults().CommitCadence))
 	synctest.Wait()
 	return r, db
 }
