@@ -133,6 +133,21 @@ func (h *listenHub) serve(ctx context.Context, b *Store, c *hubConn) {
 // listenConn is ListenCovering on a connection of its own (to the listen data source, see
 // WithListenDataSource), outside the pool, which it closes on return. It returns nil when ctx is
 // done, and an error when the connection fails.
+//
+// A LISTEN can succeed and still hear nothing: through a pooler in transaction mode the session
+// that ran it goes back to the pool as soon as it ends, and the pooler drops what the server
+// sends it later. So once listening, it sends a notification on its channel from the pool,
+// another connection, and waits up to the probe timeout for any notification to arrive. If none
+// does, it returns an error wrapping ErrNotificationsLost. (Checking that the backend's process
+// ID stays the same across transactions would not do: a pooler with little to do often hands
+// the same server connection back, and the check would pass until it did not.)
+//
+// Heard, it reports its notifications covering when the table has a trigger that notifies on
+// insert (see coverSQL), and asks that again, on its own connection, once no notification has
+// come for about listenCheckInterval (at most that; on the process's wake grid): the answer is
+// also the proof that the connection still works, which a connection cut without a word (no
+// FIN, no RST) would otherwise hide for as long as TCP's keepalives take. Without such a trigger
+// (a writer that notifies by hand, say) the wake-ups still come, but the harvester polls too.
 func (b *Store) listenConn(ctx context.Context, wake func(), covered func(bool)) error {
 	conn, err := pgx.ConnectConfig(ctx, b.listen)
 	if err != nil {

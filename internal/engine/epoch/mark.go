@@ -207,11 +207,11 @@ func (p *Epoch) markLoop() {
 // written after that claim waits for the next one, so a record is committed within a cadence and
 // a quarter of its write; a lone record, written after a quiet spell, is claimed on its
 // notification and committed within a cadence (after a claim that found nothing, the marker
-// waits for a notification and then for this same window: see markLoop). Notifications that arrive meanwhile are kept
-// for the wait that follows, which ends at once on one; without them (a store that cannot
-// notify), the marker claims again once MarkBackoff has passed since this claim began, as it did
-// before. Without a cadence (CommitCadence no longer than txnGather) there is no window to wait
-// for.
+// waits for a notification and then for this same window: see markLoop). Notifications that
+// arrive meanwhile are kept for the wait that follows, which ends at once on one; without them (a
+// store that cannot notify), the marker claims again once MarkBackoff has passed since this claim
+// began, as it did before. Without a cadence (CommitCadence no longer than txnGather) there is no
+// window to wait for.
 func (p *Epoch) awaitNextClaim(began time.Time, idle time.Duration) {
 	p.awaitClaimWindow(began)
 	if wait := idle - time.Since(began); wait > 0 {
