@@ -589,35 +589,24 @@ func (k benchBroker) cpu(b *testing.B) time.Duration {
 // hot code in its first minutes, and a benchmark's broker is minutes old: in 20 s at 2,000
 // records/s a fresh broker's compiler took about as much CPU as the rest of it did, and a broker
 // that has run for hours spends nearly none. A compiler thread that ends takes its CPU out of
-// the sum, so a figure taken as cpu less this one can only be too high. Zero for kfake, whose
-// broker is this process.
+// the sum, so a figure taken as cpu less this one can only be too high. Zero for kfake, a Go
+// process.
 func (k benchBroker) jitCPU(b *testing.B) time.Duration {
 	var total time.Duration
 	for _, pid := range k.pids() {
-		if pid == os.Getpid() {
-			continue
-		}
-		tasks, err := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*"))
+		tasks, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
 		if err != nil {
 			b.Fatal(err)
 		}
 		for _, task := range tasks {
-			comm, err := os.ReadFile(filepath.Join(task, "comm"))
+			comm, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "task", task.Name(), "comm"))
 			if err != nil || !jitThread.Match(comm) {
 				continue // ended, or not a compiler
 			}
-			stat, err := os.ReadFile(filepath.Join(task, "stat"))
-			if err != nil {
-				continue
+			tid, _ := strconv.Atoi(task.Name())
+			if cpu, err := pgcluster.ThreadCPU(pid, tid); err == nil { // else it ended meanwhile
+				total += cpu
 			}
-			_, rest, _ := strings.Cut(string(stat), ") ")
-			fields := strings.Fields(rest)
-			if len(fields) < 13 {
-				b.Fatalf("%s/stat: unexpected format", task)
-			}
-			utime, _ := strconv.ParseInt(fields[11], 10, 64)
-			stime, _ := strconv.ParseInt(fields[12], 10, 64)
-			total += time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ is 100
 		}
 	}
 	return total

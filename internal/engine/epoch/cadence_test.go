@@ -108,12 +108,7 @@ func startCadenceRigWith(t *testing.T, limits Limits, leading func() bool, prelo
 	return startEpochOn(t, limits, leading, store, driver.Features{})
 }
 
-// startCadenceRigOn is startCadenceRig on store, with features (a listener's, say).
-func startCadenceRigOn(t *testing.T, limits Limits, store *claimCounter, features driver.Features) *cadenceRig {
-	return startEpochOn(t, limits, func() bool { return true }, store, features)
-}
-
-// startEpochOn starts the rig's epoch on store.
+// startEpochOn starts the rig's epoch on store, with features (a listener's, say).
 func startEpochOn(t *testing.T, limits Limits, leading func() bool, store *claimCounter, features driver.Features) *cadenceRig {
 	broker := memory.NewBroker()
 	prod := &commitClock{Producer: broker.NewProducer("cadence"), broker: broker}
@@ -398,7 +393,7 @@ func TestCommitCadenceOtherShardsNotifications(t *testing.T) {
 	const cadence = 50 * time.Millisecond
 	synctest.Test(t, func(t *testing.T) {
 		store := &notifyingStore{claimCounter: &claimCounter{Store: memory.NewStore()}, notes: make(chan struct{}, 1)}
-		r := startCadenceRigOn(t, cadenceLimits(cadence), store.claimCounter, driver.FeaturesOf(store))
+		r := startEpochOn(t, cadenceLimits(cadence), func() bool { return true }, store.claimCounter, driver.FeaturesOf(store))
 		defer r.stop()
 		synctest.Wait()
 		const notifications, mine = 500, 10

@@ -105,13 +105,14 @@ type Limits struct {
 	// MaxInFlightRecords, is taken, so nothing more can join until it commits), when a record it
 	// carries was claimed twice this long ago (it waited for its key's previous run), and under a
 	// backlog (a claim that fills its room), where it commits as soon as it cannot grow, as it
-	// did before this setting. At light load the marker claims once a cadence too, in its last
-	// quarter, rather than on every writer's commit: a record is committed within a cadence and a
-	// quarter of its write (within a cadence when nothing was claimed just before it); so is the
-	// start of a burst written just after such a claim, which the next claim finds a backlog. A longer
-	// cadence puts more records in each transaction and each claim, so fewer commits for the
-	// broker and fewer reads and purges for Postgres, and adds up to this much latency; 1ms is no
-	// cadence: a transaction commits as soon as nothing more can join it.
+	// did before this setting. At light load the marker claims at most once a cadence too, in its
+	// last quarter, rather than on every writer's commit (with shards, each shard hears every
+	// writer's commit): a record is committed within a cadence and a quarter of its write (within
+	// a cadence when no claim came in that quarter before it), and so are the first records of a
+	// burst, which the next claim finds a backlog. A longer cadence puts more records in each
+	// transaction and each claim, so fewer commits for the broker and fewer reads and purges for
+	// Postgres, and adds up to this much latency; 1ms is no cadence: a transaction commits as
+	// soon as nothing more can join it.
 	// Stop, or the end of leadership, commits a waiting transaction at once.
 	// Default: DefaultCommitCadence. Range: 1ms to 1s.
 	CommitCadence time.Duration `yaml:"commitCadence"`

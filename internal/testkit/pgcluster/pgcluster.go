@@ -225,7 +225,17 @@ func (s *Server) CPUTime() (time.Duration, error) {
 
 // ProcessCPU returns the CPU time (user and system) a process has used so far. Linux only.
 func ProcessCPU(pid int) (time.Duration, error) {
-	fields, err := statFields(pid)
+	return statCPU(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+}
+
+// ThreadCPU returns the CPU time (user and system) one thread of a process has used so far.
+// Linux only.
+func ThreadCPU(pid, tid int) (time.Duration, error) {
+	return statCPU(filepath.Join("/proc", strconv.Itoa(pid), "task", strconv.Itoa(tid), "stat"))
+}
+
+func statCPU(path string) (time.Duration, error) {
+	fields, err := statFieldsAt(path)
 	if err != nil {
 		return 0, err
 	}
@@ -235,14 +245,19 @@ func ProcessCPU(pid int) (time.Duration, error) {
 // statFields returns the fields of /proc/PID/stat after the command (which may hold spaces):
 // state, ppid, ..., utime (index 11), stime (index 12).
 func statFields(pid int) ([]string, error) {
-	stat, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	return statFieldsAt(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+}
+
+// statFieldsAt is statFields of a stat file, a process's or a thread's.
+func statFieldsAt(path string) ([]string, error) {
+	stat, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
 	_, rest, ok := strings.Cut(string(stat), ") ")
 	fields := strings.Fields(rest)
 	if !ok || len(fields) < 13 {
-		return nil, fmt.Errorf("pgcluster: /proc/%d/stat: unexpected format", pid)
+		return nil, fmt.Errorf("pgcluster: %s: unexpected format", path)
 	}
 	return fields, nil
 }
